@@ -1,0 +1,124 @@
+"""Golden baselines on disk (DESIGN 4): where they live, how they are read safely and written
+atomically.
+
+One baseline per test key and config: ``<root>/<key>/<config>.npz`` holds the float32 reference
+(no pickle: loaded with ``allow_pickle=False``), ``<config>.json`` beside it holds the metadata
+(schema version, torch version, device, config, seed, input spec and checksum) and the accepted
+error budgets, keyed by device type so a CPU acceptance never vouches for a GPU.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import tempfile
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+__all__ = ["SCHEMA_VERSION", "BaselineError", "Baseline", "BaselineStore", "checksum", "sanitize_key"]
+
+SCHEMA_VERSION = 1
+UPDATE_OPTION = "--precision-update-baselines"
+
+
+class BaselineError(Exception):
+    """A baseline file that cannot be trusted: corrupt, truncated, wrong schema or inconsistent."""
+
+
+def checksum(t: torch.Tensor) -> str:
+    """sha256 of a tensor's bytes (dtype and shape included), to notice a generator change."""
+    a = t.detach().cpu().contiguous()
+    h = hashlib.sha256(f"{a.dtype}{tuple(a.shape)}".encode())
+    h.update(a.view(torch.uint8).numpy().tobytes() if a.numel() else b"")
+    return h.hexdigest()
+
+
+def sanitize_key(key: str) -> str:
+    """A relative path from a test key: '/'-separated parts, unsafe characters replaced by '_'."""
+    parts = [re.sub(r"[^A-Za-z0-9._+-]", "_", p) for p in key.replace("::", "/").split("/") if p]
+    parts = [p for p in parts if p not in (".", "..")]
+    if not parts:
+        raise ValueError(f"empty baseline key {key!r}")
+    return "/".join(parts)
+
+
+@dataclass
+class Baseline:
+    reference: torch.Tensor  # float32
+    meta: dict = field(default_factory=dict)
+    npz_path: Path | None = None
+    json_path: Path | None = None
+
+    def budgets_for(self, device: str) -> dict | None:
+        return self.meta.get("budgets", {}).get(device)
+
+
+class BaselineStore:
+    """Baselines under one root directory."""
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def paths(self, key: str, config_id: str) -> tuple[Path, Path]:
+        d = self.root / sanitize_key(key)
+        return d / f"{config_id}.npz", d / f"{config_id}.json"
+
+    def load(self, key: str, config_id: str) -> Baseline | None:
+        """The baseline, or None when neither file exists; BaselineError naming the file otherwise."""
+        npz, meta_path = self.paths(key, config_id)
+        if not npz.exists() and not meta_path.exists():
+            return None
+        for p in (npz, meta_path):
+            if not p.exists():
+                raise BaselineError(f"{p}: missing (its companion {npz if p is meta_path else meta_path} exists)")
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BaselineError(f"{meta_path}: corrupt baseline metadata ({e})") from e
+        if not isinstance(meta, dict):
+            raise BaselineError(f"{meta_path}: corrupt baseline metadata (not a JSON object)")
+        version = meta.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise BaselineError(
+                f"{meta_path}: baseline schema version {version!r}, this pytest-precision reads version "
+                f"{SCHEMA_VERSION}; rewrite it with {UPDATE_OPTION} after checking the results"
+            )
+        try:
+            with np.load(npz, allow_pickle=False) as data:
+                ref = np.array(data["reference"])
+        except (zipfile.BadZipFile, ValueError, OSError, KeyError, EOFError) as e:
+            raise BaselineError(f"{npz}: corrupt or truncated baseline tensors ({type(e).__name__}: {e})") from e
+        if ref.dtype != np.float32:
+            raise BaselineError(f"{npz}: reference has dtype {ref.dtype}, expected float32")
+        return Baseline(torch.from_numpy(ref), meta, npz, meta_path)
+
+    def write(self, key: str, config_id: str, reference: torch.Tensor, meta: dict) -> tuple[Path, Path]:
+        """Write both files atomically (temp file + rename): readers and other xdist workers see
+        the old file or the new one, never half of one."""
+        npz, meta_path = self.paths(key, config_id)
+        npz.parent.mkdir(parents=True, exist_ok=True)
+        arr = reference.detach().to(torch.float32).cpu().numpy()
+        _atomic_write(npz, lambda f: np.savez_compressed(f, reference=arr))
+        body = json.dumps({"schema_version": SCHEMA_VERSION, **meta}, indent=2, sort_keys=True, allow_nan=True)
+        _atomic_write(meta_path, lambda f: f.write((body + "\n").encode("utf-8")))
+        return npz, meta_path
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,73 @@
+"""The suite's pytest items: one per suite x target x config x regime, with stable ids."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .checking import PrecisionFailure
+from .golden import Golden
+from .session import SESSION_KEY, PrecisionSession
+from .targets import Target, TargetError, registered
+
+__all__ = ["SuiteCollector", "SuiteItem", "suite_targets"]
+
+
+def suite_targets(suite, session: PrecisionSession) -> list[Target]:
+    """Registered (and ini) targets of the suite's kinds; the suite's defaults when there are none."""
+    mine = [t for t in registered() + session.ini_targets if t.kind in suite.KINDS]
+    return mine or suite.default_targets()
+
+
+class SuiteCollector(pytest.Collector):
+    """Parent of the suite items (node id prefix ``precision-suite``)."""
+
+    def collect(self):
+        from pytest_precision.suites import SUITES
+
+        session: PrecisionSession = self.config.stash[SESSION_KEY]
+        items = []
+        for suite in SUITES.values():
+            for target in suite_targets(suite, session):
+                for config in session.configs:
+                    for regime in suite.REGIMES:
+                        name = f"{target.kind}[{target.name}-{config.id}-{regime}]"
+                        item = SuiteItem.from_parent(self, name=name, suite=suite, target=target,
+                                                     config_=config, regime=regime)
+                        reason = config.skip_reason(session.device)
+                        if reason:
+                            item.add_marker(pytest.mark.skip(reason=reason))
+                        items.append(item)
+        return items
+
+
+class SuiteItem(pytest.Item):
+    def __init__(self, *, suite, target: Target, config_, regime: str, **kw):
+        super().__init__(**kw)
+        self.suite, self.target, self.precision_config, self.regime = suite, target, config_, regime
+        self.add_marker("precision")
+        self.add_marker("precision_suite")
+        self.outcome = None
+
+    def runtest(self) -> None:
+        session: PrecisionSession = self.config.stash[SESSION_KEY]
+        key = f"{self.target.kind}/{self.target.name}/{self.regime}"
+        golden = Golden(session.store, key, self.precision_config.id, session.device, session.update,
+                        session.update_command(suite_item=self.name, config_id=self.precision_config.id))
+        outcome = self.suite.run_case(self.target, self.precision_config, self.regime, session.device, golden)
+        self.outcome = outcome
+        session.records.append(outcome.record())
+        if not outcome.passed:
+            raise PrecisionFailure(outcome.message(self.nodeid))
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, PrecisionFailure):
+            return str(excinfo.value)
+        if isinstance(excinfo.value, TargetError):
+            cause = excinfo.value.__cause__
+            tb = "" if cause is None else "\n" + str(super().repr_failure(pytest.ExceptionInfo.from_exception(cause)))
+            return f"{self.nodeid}: {excinfo.value}{tb}"
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return Path(self.suite.__file__), 0, self.nodeid

@@ -1,0 +1,166 @@
+"""One comparison of an output with its reference: ULP, abs/rel, SQNR, cosine, and the counts
+of overflow, underflow and NaN (DESIGN 2.4, 2.5), plus the worst elements for the message."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from tabulate import tabulate
+
+from .formats import format_of, ulp_distance
+
+__all__ = ["Comparison", "compare", "WORST_SHOWN"]
+
+WORST_SHOWN = 5
+
+
+@dataclass
+class Comparison:
+    """Statistics of ``out`` against ``ref``, ULPs counted in ``dtype``.
+
+    ``max_ulp`` covers every element (a NaN or inf facing a finite value makes it inf); the
+    mean, p99, abs, rel, SQNR and cosine cover the elements finite on both sides. ``max_rel``
+    skips references below the dtype's smallest normal, where relative error says nothing.
+    """
+
+    shape: tuple[int, ...]
+    dtype: str
+    numel: int
+    max_ulp: float
+    p99_ulp: float
+    mean_ulp: float
+    max_abs: float
+    max_rel: float
+    sqnr_db: float
+    cosine: float
+    overflow: int
+    underflow: int
+    nan: int
+    missing_nan: int  # reference NaN (defined as NaN, e.g. a fully masked row) but out is not
+    flushed_subnormal: int  # out 0 where ref rounds to a nonzero subnormal: reported, not failed
+    worst: list[dict] = field(default_factory=list)
+    ulps: torch.Tensor | None = field(default=None, repr=False)
+
+    def count_over(self, ulp_budget: float) -> int:
+        """Elements further than ``ulp_budget`` ULPs from the reference."""
+        if self.ulps is None:
+            return 0
+        return int((self.ulps > ulp_budget).sum())
+
+    def summary(self) -> dict:
+        """The JSON-able statistics (what baselines record and the summary table shows)."""
+        keys = ("max_ulp", "p99_ulp", "mean_ulp", "max_abs", "max_rel", "sqnr_db", "cosine",
+                "overflow", "underflow", "nan", "missing_nan", "flushed_subnormal")
+        return {k: getattr(self, k) for k in keys}
+
+    def statistics_lines(self) -> list[str]:
+        return [
+            f"max ULP {_num(self.max_ulp)}, p99 ULP {_num(self.p99_ulp)}, mean ULP {_num(self.mean_ulp)}"
+            f" (ULPs of {self.dtype})",
+            f"max abs {_num(self.max_abs)}, max rel {_num(self.max_rel)}, SQNR {_num(self.sqnr_db)} dB,"
+            f" cosine {self.cosine:.6f}",
+            f"overflow {self.overflow}, underflow {self.underflow}, NaN {self.nan},"
+            f" NaN expected but missing {self.missing_nan}, subnormals flushed {self.flushed_subnormal}",
+        ]
+
+    def worst_table(self) -> str:
+        rows = [(str(w["index"]), _num(w["out"]), _num(w["ref"]), _num(w["ulp"])) for w in self.worst]
+        return tabulate(rows, headers=("index", "out", "reference", "ULP"), tablefmt="plain")
+
+
+def _num(v: float) -> str:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return str(v)
+    return f"{v:.4g}"
+
+
+def compare(
+    out: torch.Tensor,
+    ref: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    *,
+    scale: float = 1.0,
+    log_domain: bool = False,
+    keep_ulps: bool = True,
+) -> Comparison:
+    """Compare ``out`` with ``ref`` (float64 oracle or float32 golden), ULPs counted in ``dtype``.
+
+    ``scale``: per-tensor scale of a scaled format (fp8): ULPs and the range limits apply to
+    ``out / scale`` and ``ref / scale``. ``log_domain``: the values are logarithms of
+    probabilities (log_softmax), so ``-inf`` where the reference is finite is the probability
+    underflowing, counted as underflow, not overflow.
+    """
+    if tuple(out.shape) != tuple(ref.shape):
+        raise ValueError(f"shape mismatch: output {tuple(out.shape)} vs reference {tuple(ref.shape)}")
+    dtype = dtype or out.dtype
+    fmt = format_of(dtype)
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(device=o.device, dtype=torch.float64)
+    os_, rs = o / scale, r / scale
+    ulps = ulp_distance(os_, rs, dtype)
+
+    o_nan, r_nan = torch.isnan(o), torch.isnan(r)
+    r_fin = torch.isfinite(r)
+    o_posinf, o_neginf = o == math.inf, o == -math.inf
+    if log_domain:
+        overflow = o_posinf & r_fin
+        underflow = o_neginf & r_fin
+    else:
+        overflow = (o_posinf | o_neginf) & r_fin
+        if not fmt.has_inf:  # saturating format: clipped at max while the true value lies beyond
+            overflow |= (os_.abs() >= fmt.max) & (rs.abs() > fmt.max) & r_fin
+        underflow = (o == 0) & (rs.abs() >= fmt.smallest_normal) & r_fin
+    flushed = (o == 0) & (rs.abs() > fmt.smallest_subnormal / 2) & (rs.abs() < fmt.smallest_normal)
+
+    both = torch.isfinite(o) & r_fin
+    fo, fr = o[both], r[both]
+    fu = ulps[both]
+    n_fin = fo.numel()
+    if n_fin:
+        diff = (fo - fr).abs()
+        max_abs = float(diff.max())
+        big = fr.abs() >= fmt.smallest_normal * scale
+        max_rel = float((diff[big] / fr[big].abs()).max()) if bool(big.any()) else 0.0
+        mean_ulp = float(fu.mean())
+        p99_ulp = float(torch.quantile(fu.float(), 0.99)) if n_fin <= 16_000_000 else float(fu.max())
+        err = float(torch.linalg.vector_norm(fo - fr))
+        sig = float(torch.linalg.vector_norm(fr))
+        sqnr = math.inf if err == 0 else (20 * math.log10(sig / err) if sig > 0 else -math.inf)
+        den = float(torch.linalg.vector_norm(fo)) * sig
+        cosine = float((fo * fr).sum()) / den if den > 0 else (1.0 if err == 0 else 0.0)
+    else:
+        max_abs = max_rel = mean_ulp = p99_ulp = 0.0
+        sqnr, cosine = math.inf, 1.0
+
+    worst = []
+    numel = ulps.numel()
+    if numel:
+        k = min(WORST_SHOWN, numel)
+        key = torch.nan_to_num(ulps, nan=math.inf).flatten()
+        vals, idx = torch.topk(key, k)
+        for v, i in zip(vals.tolist(), idx.tolist()):
+            if v == 0:
+                break
+            index = tuple(int(j) for j in torch.unravel_index(torch.tensor(i), tuple(out.shape)))
+            worst.append({"index": index, "out": float(o.flatten()[i]), "ref": float(r.flatten()[i]), "ulp": v})
+
+    return Comparison(
+        shape=tuple(out.shape),
+        dtype=fmt.name,
+        numel=numel,
+        max_ulp=float(ulps.max()) if numel else 0.0,
+        p99_ulp=p99_ulp,
+        mean_ulp=mean_ulp,
+        max_abs=max_abs,
+        max_rel=max_rel,
+        sqnr_db=sqnr,
+        cosine=cosine,
+        overflow=int(overflow.sum()),
+        underflow=int(underflow.sum()),
+        nan=int((o_nan & ~r_nan).sum()),
+        missing_nan=int((r_nan & ~o_nan).sum()),
+        flushed_subnormal=int(flushed.sum()),
+        worst=worst,
+        ulps=ulps if keep_ulps else None,
+    )

@@ -1,0 +1,79 @@
+"""pytest hooks of pytest-precision. Only wiring: the work is in the modules named below."""
+from __future__ import annotations
+
+import pytest
+
+from .collection import SuiteCollector
+from .fixtures import golden, parametrize_precision_config, precision_config  # noqa: F401 (fixtures)
+from .session import SESSION_KEY, PrecisionSession
+from .summary import render_summary
+
+RECORDS_KEY = "precision_records"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("precision", "numerical precision checks (pytest-precision)")
+    group.addoption("--precision-suite", action="store_true",
+                    help="run the built-in suites on the registered targets (torch's ops when none)")
+    group.addoption("--precision-update-baselines", action="store_true",
+                    help="write golden baselines (atomically) and print old vs new budgets")
+    group.addoption("--precision-configs", metavar="ID,ID",
+                    help="configs to run: fp32,tf32,fp16,bf16,amp-fp16,amp-bf16,fp8-e4m3 (default: all the device runs)")
+    group.addoption("--precision-device", choices=("cpu", "cuda"),
+                    help="device to run on (default: cuda when available, else cpu)")
+    parser.addini("precision_baseline_dir", "directory of golden baselines, relative to the rootdir",
+                  default="precision_baselines")
+    parser.addini("precision_targets", "targets as 'package.module:function kind' lines", type="linelist", default=[])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "precision: a numerical precision check (suite case or user test)")
+    config.addinivalue_line("markers", "precision_suite: a case of the built-in suites (--precision-suite)")
+    config.stash[SESSION_KEY] = PrecisionSession.from_config(config)
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_XdistController(), "precision-xdist")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "precision_config" in metafunc.fixturenames:
+        parametrize_precision_config(metafunc)
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k / -m deselection, so they apply to suite items too
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    for item in items:
+        if "precision_config" in getattr(item, "fixturenames", ()) or "golden" in getattr(item, "fixturenames", ()):
+            item.add_marker("precision")
+    if config.stash[SESSION_KEY].run_suite:
+        collector = SuiteCollector.from_parent(session, name="precision-suite", nodeid="precision-suite")
+        items.extend(collector.collect())
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: the controller prints the table
+        workeroutput[RECORDS_KEY] = session.config.stash[SESSION_KEY].records
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    if hasattr(config, "workeroutput"):
+        return
+    state = config.stash[SESSION_KEY]
+    if not state.records:
+        return
+    updates = sorted(r["baseline_update"] for r in state.records if r.get("baseline_update"))
+    if updates:
+        terminalreporter.write_sep("=", f"precision baselines written: {len(updates)} (under {state.store.root})")
+        for line in updates:
+            terminalreporter.write_line(line)
+    terminalreporter.write_sep("=", f"precision summary (device {state.device})")
+    terminalreporter.write_line(render_summary(state.records, [c.id for c in state.configs]))
+
+
+class _XdistController:
+    """Merges the workers' records on the controller (as syrupy does with workeroutput)."""
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        records = getattr(node, "workeroutput", {}).get(RECORDS_KEY, [])
+        node.config.stash[SESSION_KEY].records.extend(records)

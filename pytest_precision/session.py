@@ -1,0 +1,62 @@
+"""Options of one pytest run, resolved once: device, configs, baseline store, and the records the
+summary is built from."""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from .baselines import BaselineStore
+from .configs import Config, select_configs
+from .targets import Target, parse_ini_targets
+
+__all__ = ["PrecisionSession", "SESSION_KEY"]
+
+
+@dataclass
+class PrecisionSession:
+    device: str
+    configs: list[Config]
+    store: BaselineStore
+    update: bool
+    run_suite: bool
+    default_device: str
+    ini_targets: list[Target] = field(default_factory=list)
+    records: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> "PrecisionSession":
+        default_device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = config.getoption("precision_device") or default_device
+        if device == "cuda" and not torch.cuda.is_available():
+            raise pytest.UsageError("--precision-device=cuda: torch.cuda.is_available() is False on this machine")
+        try:
+            configs = select_configs(config.getoption("precision_configs"))
+            ini_targets = parse_ini_targets(config.getini("precision_targets"))
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+        root = Path(config.getini("precision_baseline_dir") or "precision_baselines")
+        if not root.is_absolute():
+            root = config.rootpath / root
+        return cls(device, configs, BaselineStore(root), bool(config.getoption("precision_update_baselines")),
+                   bool(config.getoption("precision_suite")), default_device, ini_targets)
+
+    def update_command(self, *, nodeid: str | None = None, suite_item: str | None = None, config_id: str = "") -> str:
+        """The exact command that (re)writes one baseline."""
+        parts = ["pytest"]
+        if nodeid is not None:
+            parts.append(nodeid)
+        else:
+            parts += ["--precision-suite", "-k", suite_item or ""]
+        if config_id:
+            parts.append(f"--precision-configs={config_id}")
+        if self.device != self.default_device:
+            parts.append(f"--precision-device={self.device}")
+        parts.append("--precision-update-baselines")
+        return " ".join(shlex.quote(p) for p in parts)
+
+
+SESSION_KEY = pytest.StashKey[PrecisionSession]()

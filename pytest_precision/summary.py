@@ -1,0 +1,44 @@
+"""The end-of-run summary table: one row per target and config, merged across xdist workers."""
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+from tabulate import tabulate
+
+__all__ = ["summary_rows", "render_summary", "HEADERS"]
+
+HEADERS = ("target", "config", "cases", "max ULP", "max rel", "SQNR dB", "overflow", "underflow", "NaN", "verdict")
+
+
+def _fmt(v: float) -> str:
+    if isinstance(v, str):
+        return v
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    return f"{v:.3g}"
+
+
+def summary_rows(records: list[dict], config_order: list[str] | None = None) -> list[tuple]:
+    groups: "OrderedDict[tuple[str, str], list[dict]]" = OrderedDict()
+    order = {c: i for i, c in enumerate(config_order or [])}
+    for r in sorted(records, key=lambda r: (r["target"], order.get(r["config"], len(order)), r["config"])):
+        groups.setdefault((r["target"], r["config"]), []).append(r)
+    rows = []
+    for (target, config), rs in groups.items():
+        failed = [r for r in rs if not r["passed"]]
+        cats = sorted({c for r in failed for c in r["categories"]})
+        verdict = "pass" if not failed else f"FAIL {len(failed)}/{len(rs)}: {','.join(cats)}"
+        rows.append((
+            target, config, len(rs),
+            _fmt(max(float(r["max_ulp"]) for r in rs)),
+            _fmt(max(float(r["max_rel"]) for r in rs)),
+            _fmt(min(float(r["sqnr_db"]) for r in rs)),
+            sum(r["overflow"] for r in rs), sum(r["underflow"] for r in rs), sum(r["nan"] for r in rs),
+            verdict,
+        ))
+    return rows
+
+
+def render_summary(records: list[dict], config_order: list[str] | None = None) -> str:
+    return tabulate(summary_rows(records, config_order), headers=HEADERS, tablefmt="github")

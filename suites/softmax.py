@@ -1,0 +1,161 @@
+"""The softmax suite: softmax / log_softmax targets x configs x input regimes.
+
+Each case is judged three ways (float64 oracle with the peer budget, golden with the regression
+budget, overflow / underflow / NaN counts); the peer is torch's own op of the kind run in the
+same config on the same inputs.
+
+Fully masked rows (every logit -inf): the expected output is NaN in every position of the row,
+for softmax and log_softmax alike. That is the exact value (0/0) and what torch.softmax and
+torch.log_softmax return; a target returning zeros or a uniform row there fails with
+"NaN expected but missing". Partially masked positions must be exactly 0 (softmax) or -inf
+(log_softmax), which the oracle holds them to.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from pytest_precision.checking import CaseOutcome, judge
+from pytest_precision.configs import Config
+from pytest_precision.budgets import peer_budget
+from pytest_precision.faults import first_fault
+from pytest_precision.golden import Golden
+from pytest_precision.metrics import compare
+from pytest_precision.targets import Target, TargetError
+
+NAME = "softmax"
+KINDS = ("softmax", "log_softmax")
+BASE_SEED = 20261122
+ROWS, COLS = 16, 256  # small: goldens are committed, and 16 rows already show every row effect
+
+
+@dataclass(frozen=True)
+class Regime:
+    name: str
+    description: str
+    make: Callable[[torch.Generator], torch.Tensor]  # float32, CPU
+
+    @property
+    def seed(self) -> int:
+        return BASE_SEED + zlib.crc32(self.name.encode()) % 100_000
+
+    def inputs(self) -> torch.Tensor:
+        g = torch.Generator(device="cpu").manual_seed(self.seed)
+        return self.make(g)
+
+    def spec(self) -> dict:
+        x = self.inputs()
+        return {"regime": self.name, "shape": list(x.shape), "dtype": "float32", "seed": self.seed}
+
+
+def _randn(g, *shape, scale=1.0):
+    return torch.randn(*shape, generator=g, dtype=torch.float32) * scale
+
+
+def _near_ties(g):
+    # 10.0 against 10.01: fp16 spacing at 10 is 2**-7, bf16 2**-4, so bf16 cannot tell them apart
+    return 10.0 + 0.01 * torch.randint(0, 2, (ROWS, COLS), generator=g).to(torch.float32)
+
+
+def _sharp_peak(g):
+    x = _randn(g, ROWS, COLS)
+    cols = torch.randint(0, COLS, (ROWS,), generator=g)
+    x[torch.arange(ROWS), cols] = 30.0  # exp(30) overflows fp16 without max subtraction
+    return x
+
+
+def _masked(g):
+    x = _randn(g, ROWS, COLS, scale=5.0)
+    mask = torch.rand(ROWS, COLS, generator=g) < 0.5
+    keep = torch.randint(0, COLS, (ROWS,), generator=g)
+    mask[torch.arange(ROWS), keep] = False  # every row keeps one finite logit
+    return x.masked_fill(mask, float("-inf"))
+
+
+def _fully_masked(g):
+    x = _masked(g)
+    x[3] = float("-inf")
+    x[11] = float("-inf")
+    return x
+
+
+REGIMES: dict[str, Regime] = {r.name: r for r in (
+    Regime("unit", "N(0, 1) logits, 16 x 256", lambda g: _randn(g, ROWS, COLS)),
+    Regime("scale20", "N(0, 20^2) logits", lambda g: _randn(g, ROWS, COLS, scale=20.0)),
+    Regime("scale200", "N(0, 200^2) logits", lambda g: _randn(g, ROWS, COLS, scale=200.0)),
+    Regime("near-ties", "logits 10.0 and 10.01 at random", _near_ties),
+    Regime("sharp-peak", "N(0, 1) with one logit of 30 per row", _sharp_peak),
+    Regime("len1", "rows of length 1", lambda g: _randn(g, ROWS, 1, scale=5.0)),
+    Regime("len1000", "rows of length 1000", lambda g: _randn(g, 8, 1000, scale=5.0)),
+    Regime("len32768", "rows of length 32768", lambda g: _randn(g, 2, 32768, scale=5.0)),
+    Regime("masked", "half the logits -inf, one finite per row", _masked),
+    Regime("fully-masked", "rows 3 and 11 entirely -inf (expected: NaN rows)", _fully_masked),
+    Regime("large-negative", "N(-1000, 5^2) logits: exp underflows without max subtraction",
+           lambda g: _randn(g, ROWS, COLS, scale=5.0) - 1000.0),
+)}
+
+
+def _torch_op(kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    op = torch.softmax if kind == "softmax" else torch.log_softmax
+    return lambda x: op(x, -1)
+
+
+def default_targets() -> list[Target]:
+    return [Target(f"torch.{k}", _torch_op(k), k, origin="built-in") for k in KINDS]
+
+
+def oracle(kind: str, x64: torch.Tensor) -> torch.Tensor:
+    """Exact-enough result of the kind on the rounded inputs: float64 arithmetic."""
+    return _torch_op(kind)(x64.to(torch.float64))
+
+
+def _call(target: Target, config: Config, x: torch.Tensor, device: str, regime: str) -> torch.Tensor:
+    where = f"target {target.name!r} ({target.kind}) under config {config.id} on regime {regime}"
+    try:
+        with config.active(device):
+            out = target.fn(x)
+    except torch.OutOfMemoryError as e:
+        raise TargetError(f"{where}: out of memory ({e}); input shape {tuple(x.shape)}") from e
+    except Exception as e:
+        raise TargetError(f"{where} raised {type(e).__name__}: {e}") from e
+    if not isinstance(out, torch.Tensor):
+        raise TargetError(f"{where} returned {type(out).__name__}, expected a tensor")
+    if tuple(out.shape) != tuple(x.shape):
+        raise TargetError(f"{where}: shape mismatch, output {tuple(out.shape)} for input {tuple(x.shape)}")
+    if config.autocast_dtype is None and config.fp8 is None and out.dtype != x.dtype:
+        raise TargetError(f"{where}: output dtype {out.dtype}, the kind requires the input's {x.dtype}")
+    if not out.is_floating_point():
+        raise TargetError(f"{where}: output dtype {out.dtype} is not floating point")
+    return out
+
+
+def run_case(target: Target, config: Config, regime_name: str, device: str, golden: Golden) -> CaseOutcome:
+    regime = REGIMES[regime_name]
+    log_domain = target.kind == "log_softmax"
+    x = regime.inputs()
+    prep = config.prepare(x, device)
+    ref = oracle(target.kind, prep.exact)
+
+    out = _call(target, config, prep.value, device, regime_name)
+    peer_target = Target(f"torch.{target.kind}", _torch_op(target.kind), target.kind)
+    peer_out = _call(peer_target, config, prep.value, device, regime_name)
+
+    dtype = config.ulp_dtype(out)
+    out_c, scale = config.finish(out)
+    peer_c, peer_scale = config.finish(peer_out)
+    oracle_cmp = compare(out_c, ref, dtype, scale=scale, log_domain=log_domain)
+    peer_cmp = compare(peer_c, ref, dtype, scale=peer_scale, log_domain=log_domain)
+    golden.seed, golden.input_spec = regime.seed, regime.spec()
+    gold = golden.check(out_c, ref, dtype=dtype, inputs=x, scale=scale, log_domain=log_domain)
+
+    outcome = judge(suite=NAME, target=target.name, config=config.id, regime=regime_name,
+                    oracle=oracle_cmp, peer=peer_cmp, peer_budget=peer_budget(peer_cmp), golden=gold)
+    if not outcome.passed and not bool(torch.isfinite(out).all()):
+        def traced():
+            with config.active(device):
+                target.fn(prep.value)
+        outcome.fault = first_fault(traced)
+    return outcome
