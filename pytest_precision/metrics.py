@@ -137,7 +137,7 @@ def compare(
     numel = ulps.numel()
     if numel:
         k = min(WORST_SHOWN, numel)
-        key = torch.nan_to_num(ulps, nan=math.inf).flatten()
+        key = torch.nan_to_num(ulps, nan=math.inf, posinf=math.inf).flatten()
         vals, idx = torch.topk(key, k)
         for v, i in zip(vals.tolist(), idx.tolist()):
             if v == 0:

@@ -7,6 +7,7 @@ from .collection import SuiteCollector
 from .fixtures import golden, parametrize_precision_config, precision_config  # noqa: F401 (fixtures)
 from .session import SESSION_KEY, PrecisionSession
 from .summary import render_summary
+from .targets import clear as clear_targets
 
 RECORDS_KEY = "precision_records"
 
@@ -34,6 +35,10 @@ def pytest_configure(config: pytest.Config) -> None:
         config.pluginmanager.register(_XdistController(), "precision-xdist")
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    clear_targets()  # registrations belong to one session (pytester runs several in one process)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "precision_config" in metafunc.fixturenames:
         parametrize_precision_config(metafunc)
@@ -46,7 +51,9 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             item.add_marker("precision")
     if config.stash[SESSION_KEY].run_suite:
         collector = SuiteCollector.from_parent(session, name="precision-suite", nodeid="precision-suite")
-        items.extend(collector.collect())
+        report = collector.ihook.pytest_make_collect_report(collector=collector)
+        collector.ihook.pytest_collectreport(report=report)  # counted in "collected N items"
+        items.extend(report.result)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -1,0 +1,272 @@
+"""The softmax suite end to end, in real pytest sessions (pytester): each verdict passes a
+correct target and catches a planted defect."""
+import json
+
+import numpy as np
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = """
+import torch
+import pytest_precision
+
+{body}
+"""
+
+CORRECT = """
+@pytest_precision.register("mine", kind="softmax")
+def mine(x):
+    # fp32 arithmetic inside, as torch's and every fused kernel's softmax: the same formula in
+    # bf16 arithmetic is 57 ULP off at scale 20 and the suite fails it
+    xf = x.float()
+    e = (xf - xf.amax(-1, keepdim=True)).exp()
+    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
+"""
+
+NO_MAX_SUBTRACTION = """
+@pytest_precision.register("naive", kind="softmax")
+def naive(x):
+    e = x.exp()
+    return e / e.sum(-1, keepdim=True)
+"""
+
+LOG_OF_SOFTMAX = """
+@pytest_precision.register("log_of_softmax", kind="log_softmax")
+def log_of_softmax(x):
+    return torch.softmax(x, -1).log()
+"""
+
+
+def _setup(pytester, body, ini=""):
+    pytester.makeconftest(CONFTEST.format(body=body))
+    pytester.makeini(f"[pytest]\n{ini}\n")
+
+
+def _line_of(pytester, text):
+    lines = (pytester.path / "conftest.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
+
+
+def _run(pytester, *args):
+    return pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", *args)
+
+
+def test_correct_softmax_passes_every_config(pytester):
+    _setup(pytester, CORRECT)
+    first = _run(pytester, "--precision-update-baselines")
+    first.assert_outcomes(passed=66, skipped=11)  # tf32: CUDA only
+    result = _run(pytester)
+    result.assert_outcomes(passed=66, skipped=11)
+    result.stdout.fnmatch_lines(["*precision summary (device cpu)*"])
+    for config in ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8-e4m3"):
+        result.stdout.fnmatch_lines([f"*| mine *| {config} *| *11 | *pass*"])
+
+
+def test_missing_max_subtraction_is_reported_as_overflow(pytester):
+    _setup(pytester, NO_MAX_SUBTRACTION)
+    _run(pytester, "--precision-update-baselines", "--precision-configs=fp16")
+    result = _run(pytester, "--precision-configs=fp16", "-k", "sharp-peak")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*softmax[[]naive-fp16-sharp-peak[]]: FAIL overflow*",
+        f"*first overflow in aten::exp at conftest.py:{_line_of(pytester, 'x.exp()')}: produced inf from finite inputs under fp16*",
+        "*| naive *| fp16 *| *1 | *FAIL 1/1: *overflow*",
+    ])
+
+
+def test_log_of_softmax_is_caught_as_underflow(pytester):
+    _setup(pytester, LOG_OF_SOFTMAX)
+    _run(pytester, "--precision-update-baselines", "--precision-configs=fp32")
+    result = _run(pytester, "--precision-configs=fp32", "-k", "scale200")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*log_softmax[[]log_of_softmax-fp32-scale200[]]: FAIL underflow*oracle: underflow * > 0 allowed*",
+        "*first underflow in aten::log at conftest.py:*: produced -inf from finite inputs under fp32*",
+    ])
+
+
+def test_inaccurate_softmax_fails_the_peer_budget(pytester):
+    _setup(pytester, """
+@pytest_precision.register("sloppy_exp", kind="softmax")
+def sloppy_exp(x):
+    z = x - x.amax(-1, keepdim=True)
+    e = z.to(torch.bfloat16).exp().to(x.dtype)  # exp in 8 bits inside an fp32 softmax
+    return e / e.sum(-1, keepdim=True)
+""")
+    result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*FAIL accuracy*oracle: max ULP * > budget *", "*worst elements:*"])
+
+
+def test_fully_masked_row_rule(pytester):
+    _setup(pytester, """
+@pytest_precision.register("nan_to_zero", kind="softmax")
+def nan_to_zero(x):
+    return torch.nan_to_num(torch.softmax(x, -1), nan=0.0)
+""")
+    result = _run(pytester, "--precision-configs=fp32", "-k", "masked")
+    result.assert_outcomes(failed=2)  # no goldens: both fail on that; the oracle check is what we look at
+    result.stdout.fnmatch_lines(["*fully-masked*FAIL missing_nan*NaN expected but missing 512 > 0 allowed*"])
+    assert "masked]: FAIL baseline" in result.stdout.str()  # partial masks: only the golden is missing
+
+
+def test_regression_against_golden(pytester):
+    """A target more accurate than torch gets a tight golden; making it torch-like later passes the
+    peer budget but fails the regression budget."""
+    accurate = """
+@pytest_precision.register("mine", kind="softmax")
+def mine(x):
+    return torch.softmax(x.double(), -1).to(x.dtype)
+"""
+    _setup(pytester, accurate)
+    _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "scale20 and not scale200").assert_outcomes(passed=1)
+    _setup(pytester, accurate.replace("x.double()", "x"))
+    result = _run(pytester, "--precision-configs=fp32", "-k", "scale20 and not scale200")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*FAIL regression (golden: max ULP * > budget *",
+        "*against the golden (regression budget max ULP *",
+    ])
+    assert "oracle:" not in result.stdout.str()  # within the peer budget: only the regression fires
+
+
+def test_missing_baseline_names_the_command(pytester):
+    _setup(pytester, CORRECT)
+    result = _run(pytester, "--precision-configs=bf16", "-k", "unit")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*no golden baseline at *precision_baselines/softmax/mine/unit/bf16.npz",
+        "*write it with: pytest --precision-suite -k 'softmax[[]mine-bf16-unit[]]' --precision-configs=bf16 "
+        "--precision-update-baselines",
+    ])
+    assert not (pytester.path / "precision_baselines").exists()  # nothing written without the flag
+    # the printed command works
+    fix = _run(pytester, "-k", "softmax[mine-bf16-unit]", "--precision-configs=bf16", "--precision-update-baselines")
+    fix.assert_outcomes(passed=1)
+    _run(pytester, "--precision-configs=bf16", "-k", "unit").assert_outcomes(passed=1)
+
+
+@pytest.mark.parametrize("damage", ["corrupt-npz", "truncated-npz", "corrupt-json", "schema", "pickle"])
+def test_damaged_baseline_is_named_and_kept(pytester, damage):
+    _setup(pytester, CORRECT)
+    _run(pytester, "--precision-update-baselines", "--precision-configs=fp16", "-k", "unit").assert_outcomes(passed=1)
+    d = pytester.path / "precision_baselines" / "softmax" / "mine" / "unit"
+    npz, meta = d / "fp16.npz", d / "fp16.json"
+    if damage == "corrupt-npz":
+        npz.write_bytes(b"not a zip file at all")
+        expect = f"*{npz}: corrupt or truncated baseline tensors*"
+    elif damage == "truncated-npz":
+        npz.write_bytes(npz.read_bytes()[:100])
+        expect = f"*{npz}: corrupt or truncated baseline tensors*"
+    elif damage == "corrupt-json":
+        meta.write_text("{ not json")
+        expect = f"*{meta}: corrupt baseline metadata*"
+    elif damage == "schema":
+        m = json.loads(meta.read_text())
+        m["schema_version"] = 99
+        meta.write_text(json.dumps(m))
+        expect = f"*{meta}: baseline schema version 99, this pytest-precision reads version 1*"
+    else:
+        np.savez(npz, reference=np.array([object()], dtype=object))
+        expect = f"*{npz}: corrupt or truncated baseline tensors (ValueError*pickle*"
+    before = (npz.read_bytes(), meta.read_bytes())
+    result = _run(pytester, "--precision-configs=fp16", "-k", "unit")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([expect, "*the file is left as it is; --precision-update-baselines rewrites it*"])
+    assert (npz.read_bytes(), meta.read_bytes()) == before
+    _run(pytester, "--precision-update-baselines", "--precision-configs=fp16", "-k", "unit").assert_outcomes(passed=1)
+    _run(pytester, "--precision-configs=fp16", "-k", "unit").assert_outcomes(passed=1)
+
+
+def test_changed_inputs_are_not_called_a_regression(pytester):
+    _setup(pytester, CORRECT)
+    _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "unit").assert_outcomes(passed=1)
+    meta = pytester.path / "precision_baselines" / "softmax" / "mine" / "unit" / "fp32.json"
+    m = json.loads(meta.read_text())
+    m["input_checksum"] = "0" * 64
+    meta.write_text(json.dumps(m))
+    result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
+    result.stdout.fnmatch_lines(["*the inputs changed since the golden was accepted*not a precision regression*"])
+
+
+def test_update_prints_old_and_new_budgets(pytester):
+    accurate = """
+@pytest_precision.register("mine", kind="softmax")
+def mine(x):
+    return torch.softmax(x.double(), -1).to(x.dtype)
+"""
+    _setup(pytester, accurate)
+    first = _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "scale20 and not scale200")
+    first.stdout.fnmatch_lines(["*precision baselines written: 1*", "softmax/mine/scale20 [[]fp32[]] new: max ULP *"])
+    _setup(pytester, accurate.replace("x.double()", "x"))
+    second = _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "scale20 and not scale200")
+    second.stdout.fnmatch_lines(["softmax/mine/scale20 [[]fp32[]] changed: max_ulp * -> *"])
+
+
+def test_builtin_targets_and_config_selection(pytester):
+    pytester.makeini("[pytest]\n")
+    result = _run(pytester, "--precision-configs=fp32,tf32", "--collect-only", "-q")
+    out = result.stdout.str()
+    assert "precision-suite::softmax[torch.softmax-fp32-unit]" in out
+    assert "precision-suite::log_softmax[torch.log_softmax-tf32-len32768]" in out
+    assert "fp16" not in out
+    ran = _run(pytester, "--precision-configs=tf32", "-rs", "-k", "unit")
+    ran.assert_outcomes(skipped=2)
+    ran.stdout.fnmatch_lines(["*tf32: TF32 is a CUDA tensor-core mode; the CPU has no TF32 path*"])
+
+
+def test_unknown_config_and_device_are_usage_errors(pytester):
+    pytester.makeini("[pytest]\n")
+    r = _run(pytester, "--precision-configs=fp16,fp64")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines(["*--precision-configs: unknown config id(s) fp64; known: fp32, tf32, fp16*"])
+    r = _run(pytester, "--precision-device=cuda")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines(["*--precision-device=cuda: torch.cuda.is_available() is False*"])
+
+
+def test_target_that_raises_is_named(pytester):
+    _setup(pytester, """
+@pytest_precision.register("broken", kind="softmax")
+def broken(x):
+    if x.dtype == torch.float16:
+        raise RuntimeError("no fp16 kernel")
+    return torch.softmax(x, -1)
+""")
+    result = _run(pytester, "--precision-configs=fp16", "-k", "unit")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*target 'broken' (softmax) under config fp16 on regime unit raised RuntimeError: no fp16 kernel*"])
+
+
+def test_wrong_shape_is_named(pytester):
+    _setup(pytester, """
+@pytest_precision.register("flat", kind="softmax")
+def flat(x):
+    return torch.softmax(x, -1).flatten()
+""")
+    result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
+    result.stdout.fnmatch_lines(["*target 'flat' (softmax) under config fp32 on regime unit: shape mismatch, output (4096,) for input (16, 256)*"])
+
+
+def test_ini_targets(pytester):
+    pytester.makepyfile(mykernels="""
+import torch
+def softmax(x):
+    return torch.softmax(x, -1)
+""")
+    pytester.syspathinsert()
+    pytester.makeini("[pytest]\nprecision_targets =\n    mykernels:softmax softmax\n")
+    result = _run(pytester, "--precision-configs=fp32", "--collect-only", "-q")
+    assert "softmax[mykernels:softmax-fp32-unit]" in result.stdout.str()
+    pytester.makeini("[pytest]\nprecision_targets =\n    mykernels:nothing softmax\n")
+    bad = _run(pytester, "--precision-configs=fp32")
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    bad.stderr.fnmatch_lines(["*precision_targets: cannot import 'mykernels:nothing'*"])
+
+
+def test_baseline_dir_ini(pytester):
+    _setup(pytester, CORRECT, ini="precision_baseline_dir = goldens/here")
+    _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "unit").assert_outcomes(passed=1)
+    assert (pytester.path / "goldens" / "here" / "softmax" / "mine" / "unit" / "fp32.npz").exists()
