@@ -1,0 +1,77 @@
+"""metrics.compare: each count and statistic on hand-made cases."""
+import math
+
+import pytest
+import torch
+
+from pytest_precision.metrics import compare
+
+
+def t(*v, dtype=torch.float64):
+    return torch.tensor(v, dtype=dtype)
+
+
+def test_identical_is_clean():
+    x = torch.randn(100, dtype=torch.float32)
+    c = compare(x, x.double())
+    assert (c.max_ulp, c.max_abs, c.overflow, c.underflow, c.nan) == (0, 0, 0, 0, 0)
+    assert c.sqnr_db == math.inf and c.cosine == pytest.approx(1.0)
+    assert c.worst == []
+
+
+def test_overflow_underflow_nan_counts():
+    out = t(math.inf, -math.inf, 0.0, math.nan, 0.0, 1.0, dtype=torch.float16)
+    ref = t(7e4, -1.0, 1e-4, 2.0, 1e-9, math.nan)  # 1e-9 is below fp16's range: reported, not failed
+    c = compare(out, ref)
+    assert (c.overflow, c.underflow, c.nan, c.missing_nan) == (2, 1, 1, 1)
+    assert c.flushed_subnormal == 0
+    assert c.max_ulp == math.inf
+    assert c.worst[0]["ulp"] == math.inf
+
+
+def test_flushed_subnormal_is_reported():
+    c = compare(t(0.0, dtype=torch.float16), t(1e-6))  # 1e-6 is an fp16 subnormal
+    assert (c.underflow, c.flushed_subnormal) == (0, 1)
+
+
+def test_log_domain_counts_minus_inf_as_underflow():
+    out, ref = t(-math.inf, math.inf, dtype=torch.float32), t(-120.0, 3.0)
+    assert (compare(out, ref, log_domain=True).underflow, compare(out, ref, log_domain=True).overflow) == (1, 1)
+    assert compare(out, ref).overflow == 2
+
+
+def test_fp8_saturation_is_overflow_and_ulps_use_the_scale():
+    e4m3 = torch.float8_e4m3fn
+    c = compare(t(448.0), t(600.0), e4m3)
+    assert c.overflow == 1
+    # scale 2**-4: 448 * 2**-4 = 28 is e4m3's max after scaling; 28 vs 30 is beyond it
+    assert compare(t(28.0), t(30.0), e4m3, scale=2**-4).overflow == 1
+    assert compare(t(1.0), t(1.0625), e4m3, scale=1.0).max_ulp == 0.5
+    assert compare(t(1.0), t(1.0625), e4m3, scale=2**-4).max_ulp == 0.5
+
+
+def test_statistics_values():
+    ref = t(1.0, 2.0, 4.0)
+    out = (ref * (1 + 2**-10)).to(torch.float16)  # one fp16 ULP above at every binade
+    c = compare(out, ref)
+    assert c.max_ulp == 1 and c.mean_ulp == 1
+    assert c.max_rel == pytest.approx(2**-10)
+    assert c.max_abs == pytest.approx(4 * 2**-10)
+    err = math.sqrt(sum((v * 2**-10) ** 2 for v in (1, 2, 4)))
+    assert c.sqnr_db == pytest.approx(20 * math.log10(math.sqrt(21) / err))
+    assert c.count_over(0.5) == 3 and c.count_over(1) == 0
+    assert sorted(w["index"] for w in c.worst) == [(0,), (1,), (2,)]
+
+
+def test_worst_elements_point_at_the_defect():
+    ref = torch.linspace(0.1, 1.0, 200, dtype=torch.float64).reshape(10, 20)
+    out = ref.float().clone()
+    out[7, 3] *= 1.01
+    c = compare(out, ref)
+    assert c.worst[0]["index"] == (7, 3)
+    assert "(7, 3)" in c.worst_table()
+
+
+def test_shape_mismatch_is_an_error():
+    with pytest.raises(ValueError, match=r"shape mismatch: output \(2,\) vs reference \(3,\)"):
+        compare(torch.ones(2), torch.ones(3))
