@@ -3,7 +3,6 @@ budget, against the golden with the regression budget, and by its overflow / und
 counts. Builds the verdict, the summary record and the pytest-regressions-style message."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from .budgets import Budget, violations
@@ -103,7 +102,3 @@ def judge(
     for cat, s in golden.problems:
         problems.append(("golden", "regression" if cat == "accuracy" else cat, f"golden: {s}"))
     return CaseOutcome(suite, target, config, regime, oracle, peer, peer_budget, golden, fault, problems)
-
-
-def finite_or_str(v: float) -> float | str:
-    return v if math.isfinite(v) else str(v)

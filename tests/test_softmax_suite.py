@@ -24,6 +24,14 @@ def mine(x):
     return (e / e.sum(-1, keepdim=True)).to(x.dtype)
 """
 
+CORRECT_LOG = """
+@pytest_precision.register("mine_log", kind="log_softmax")
+def mine_log(x):
+    z = x.float()
+    z = z - z.amax(-1, keepdim=True)
+    return (z - z.exp().sum(-1, keepdim=True).log()).to(x.dtype)
+"""
+
 NO_MAX_SUBTRACTION = """
 @pytest_precision.register("naive", kind="softmax")
 def naive(x):
@@ -52,15 +60,16 @@ def _run(pytester, *args):
     return pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", *args)
 
 
-def test_correct_softmax_passes_every_config(pytester):
-    _setup(pytester, CORRECT)
+def test_correct_softmax_and_log_softmax_pass_every_config(pytester):
+    _setup(pytester, CORRECT + CORRECT_LOG)
     first = _run(pytester, "--precision-update-baselines")
-    first.assert_outcomes(passed=66, skipped=11)  # tf32: CUDA only
+    first.assert_outcomes(passed=132, skipped=22)  # tf32: CUDA only
     result = _run(pytester)
-    result.assert_outcomes(passed=66, skipped=11)
+    result.assert_outcomes(passed=132, skipped=22)
     result.stdout.fnmatch_lines(["*precision summary (device cpu)*"])
     for config in ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8-e4m3"):
         result.stdout.fnmatch_lines([f"*| mine *| {config} *| *11 | *pass*"])
+        result.stdout.fnmatch_lines([f"*| mine_log *| {config} *| *11 | *pass*"])
 
 
 def test_missing_max_subtraction_is_reported_as_overflow(pytester):
