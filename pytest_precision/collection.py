@@ -32,12 +32,8 @@ class SuiteCollector(pytest.Collector):
                 for config in session.configs:
                     for regime in suite.REGIMES:
                         name = f"{target.kind}[{target.name}-{config.id}-{regime}]"
-                        item = SuiteItem.from_parent(self, name=name, suite=suite, target=target,
-                                                     config_=config, regime=regime)
-                        reason = config.skip_reason(session.device)
-                        if reason:
-                            item.add_marker(pytest.mark.skip(reason=reason))
-                        items.append(item)
+                        items.append(SuiteItem.from_parent(self, name=name, suite=suite, target=target,
+                                                           config_=config, regime=regime))
         return items
 
 
@@ -51,6 +47,11 @@ class SuiteItem(pytest.Item):
 
     def runtest(self) -> None:
         session: PrecisionSession = self.config.stash[SESSION_KEY]
+        reason = self.precision_config.skip_reason(session.device)
+        if reason:  # recorded, so the summary shows the config as skipped rather than dropping it
+            session.records.append({"target": self.target.name, "config": self.precision_config.id,
+                                    "regime": self.regime, "skipped": reason})
+            pytest.skip(reason)
         key = f"{self.target.kind}/{self.target.name}/{self.regime}"
         golden = Golden(session.store, key, self.precision_config.id, session.device, session.update,
                         session.update_command(suite_item=self.name, config_id=self.precision_config.id))

@@ -25,7 +25,11 @@ def summary_rows(records: list[dict], config_order: list[str] | None = None) -> 
     for r in sorted(records, key=lambda r: (r["target"], order.get(r["config"], len(order)), r["config"])):
         groups.setdefault((r["target"], r["config"]), []).append(r)
     rows = []
-    for (target, config), rs in groups.items():
+    for (target, config), all_rs in groups.items():
+        rs = [r for r in all_rs if "skipped" not in r]
+        if not rs:
+            rows.append((target, config, 0, "-", "-", "-", "-", "-", "-", f"skip: {all_rs[0]['skipped']}"))
+            continue
         failed = [r for r in rs if not r["passed"]]
         cats = sorted({c for r in failed for c in r["categories"]})
         verdict = "pass" if not failed else f"FAIL {len(failed)}/{len(rs)}: {','.join(cats)}"

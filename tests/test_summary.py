@@ -19,3 +19,9 @@ def test_rows_aggregate_per_target_and_config_in_matrix_order():
     table = render_summary(records, ["fp32", "fp16"])
     assert all(h in table.splitlines()[0] for h in HEADERS)
     assert len(table.splitlines()) == 2 + 3
+
+
+def test_skipped_configs_are_shown_with_their_reason():
+    records = [{"target": "a", "config": "tf32", "regime": "r", "skipped": "tf32: no CUDA"}, rec("a", "fp32", 1)]
+    rows = summary_rows(records, ["fp32", "tf32"])
+    assert rows[1] == ("a", "tf32", 0, "-", "-", "-", "-", "-", "-", "skip: tf32: no CUDA")
