@@ -59,7 +59,7 @@ class CaseOutcome:
             "baseline_update": self.golden.updated,
         }
 
-    def message(self, nodeid: str) -> str:
+    def message(self, nodeid: str, update_command: str) -> str:
         o = self.oracle
         lines = [f"{nodeid}: {self.verdict} ({', '.join(s for _, _, s in self.problems)})"]
         if self.fault is not None:
@@ -85,6 +85,11 @@ class CaseOutcome:
             lines.append(f"  against the golden (regression budget max ULP {g.budget.max_ulp:.4g}):")
             lines.append(f"    max ULP {gc.max_ulp:.4g}, {gc.count_over(g.budget.max_ulp)} of {gc.numel} elements over;"
                          f" overflow {gc.overflow}, underflow {gc.underflow}, NaN {gc.nan}")
+        if not g.error:
+            lines.append(f"  if the new results are intended, accept them as the golden with: {update_command}")
+            if any(check == "oracle" for check, _, _ in self.problems):
+                lines.append("  (the oracle check compares with torch's op in the same config and fails until the target"
+                             " is fixed)")
         return "\n".join(lines)
 
 

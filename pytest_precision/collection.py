@@ -59,7 +59,7 @@ class SuiteItem(pytest.Item):
         self.outcome = outcome
         session.records.append(outcome.record())
         if not outcome.passed:
-            raise PrecisionFailure(outcome.message(self.nodeid))
+            raise PrecisionFailure(outcome.message(self.nodeid, golden.update_command))
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, PrecisionFailure):
