@@ -38,8 +38,6 @@ class Golden:
     device: str
     update: bool
     update_command: str
-    seed: int | None = None
-    input_spec: dict | None = None
 
     def check(
         self,
@@ -50,6 +48,8 @@ class Golden:
         inputs: torch.Tensor | None = None,
         scale: float = 1.0,
         log_domain: bool = False,
+        seed: int | None = None,
+        input_spec: dict | None = None,
     ) -> GoldenResult:
         """Compare ``out`` with the stored reference under the regression budget, or (update
         flag) store ``reference`` and the error ``out`` has against it as the new budget."""
@@ -62,7 +62,7 @@ class Golden:
                 return GoldenResult(error=f"{e}\n(the file is left as it is; {UPDATE_OPTION} rewrites it)")
             base = None
         if self.update:
-            return self._write(out, reference, dtype, scale, log_domain, input_sum, base)
+            return self._write(out, reference, dtype, scale, log_domain, input_sum, base, seed, input_spec)
         npz, _ = self.store.paths(self.key, self.config_id)
         if base is None:
             return GoldenResult(error=f"no golden baseline at {npz}\nwrite it with: {self.update_command}")
@@ -91,7 +91,7 @@ class Golden:
         cmp = compare(out, base.reference, dtype, scale=scale, log_domain=log_domain)
         return GoldenResult(cmp, budget, violations(cmp, budget))
 
-    def _write(self, out, reference, dtype, scale, log_domain, input_sum, old: Baseline | None) -> GoldenResult:
+    def _write(self, out, reference, dtype, scale, log_domain, input_sum, old: Baseline | None, seed, input_spec) -> GoldenResult:
         ref32 = reference.detach().to(torch.float32).cpu()
         cmp = compare(out, ref32, dtype, scale=scale, log_domain=log_domain)
         budget = regression_budget(cmp)
@@ -111,8 +111,8 @@ class Golden:
             "dtype": cmp.dtype,
             "written_on": self.device,
             "torch": torch.__version__,
-            "seed": self.seed,
-            "input_spec": self.input_spec,
+            "seed": seed,
+            "input_spec": input_spec,
             "input_checksum": input_sum,
             "budgets": budgets,
         })

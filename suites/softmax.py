@@ -46,9 +46,8 @@ class Regime:
         g = torch.Generator(device="cpu").manual_seed(self.seed)
         return self.make(g)
 
-    def spec(self) -> dict:
-        x = self.inputs()
-        return {"regime": self.name, "shape": list(x.shape), "dtype": "float32", "seed": self.seed}
+    def spec(self, x: torch.Tensor) -> dict:
+        return {"regime": self.name, "shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch."), "seed": self.seed}
 
 
 def _randn(g, *shape, scale=1.0):
@@ -148,8 +147,8 @@ def run_case(target: Target, config: Config, regime_name: str, device: str, gold
     peer_c, peer_scale = config.finish(peer_out)
     oracle_cmp = compare(out_c, ref, dtype, scale=scale, log_domain=log_domain)
     peer_cmp = compare(peer_c, ref, dtype, scale=peer_scale, log_domain=log_domain)
-    golden.seed, golden.input_spec = regime.seed, regime.spec()
-    gold = golden.check(out_c, ref, dtype=dtype, inputs=x, scale=scale, log_domain=log_domain)
+    gold = golden.check(out_c, ref, dtype=dtype, inputs=x, scale=scale, log_domain=log_domain,
+                        seed=regime.seed, input_spec=regime.spec(x))
 
     outcome = judge(suite=NAME, target=target.name, config=config.id, regime=regime_name,
                     oracle=oracle_cmp, peer=peer_cmp, peer_budget=peer_budget(peer_cmp), golden=gold)
