@@ -1,0 +1,217 @@
+"""Hypothesis strategies for extreme softmax and attention inputs, for every dtype of the matrix.
+
+Hypothesis draws Python floats (at most 64, 32 or 16 bits wide); bfloat16 and fp8 values are
+drawn as float32 and rounded to the dtype, so every value a strategy returns is representable in
+the dtype it was asked for. Tensors come back in that dtype, except fp8: torch cannot compute in
+fp8, so fp8 draws come back as float32 tensors holding fp8-representable values.
+
+Small rows are drawn element by element, so a failing example shrinks to a short row of simple
+values (one row, one logit of 11.1, say). Long rows and attention tensors are filled from a drawn
+seed: too many values for Hypothesis to draw one by one, and the shape still shrinks.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from hypothesis import settings, strategies as st
+
+from .formats import format_of
+
+__all__ = [
+    "LOGIT_REGIMES", "exp_overflow_threshold", "exp_underflow_threshold", "representable", "logits",
+    "AttentionInputs", "attention_inputs", "register_profile", "PROFILE",
+]
+
+FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+LOGIT_REGIMES = ("normal", "overflow", "underflow", "near-ties", "peak", "flat", "masked", "subnormal", "long")
+PROFILE = "pytest-precision"
+
+
+def exp_overflow_threshold(dtype: torch.dtype) -> float:
+    """Largest x whose exp is finite in ``dtype`` (fp16: 11.09)."""
+    return math.log(format_of(dtype).max)
+
+
+def exp_underflow_threshold(dtype: torch.dtype) -> float:
+    """x below which exp(x) rounds to 0 in ``dtype`` (fp16: -17.3)."""
+    return math.log(format_of(dtype).smallest_subnormal / 2)
+
+
+def _round_to(dtype: torch.dtype, v: float) -> float:
+    return float(torch.tensor(v, dtype=torch.float64).to(dtype).to(torch.float64))
+
+
+def representable(dtype: torch.dtype, min_value: float | None = None, max_value: float | None = None,
+                  *, allow_subnormal: bool = True) -> st.SearchStrategy[float]:
+    """Finite floats exactly representable in ``dtype``, within [min_value, max_value] when given
+    (rounding to the dtype may land one step outside a bound that is not itself representable)."""
+    fmt = format_of(dtype)
+    lo = -fmt.max if min_value is None else max(min_value, -fmt.max)
+    hi = fmt.max if max_value is None else min(max_value, fmt.max)
+    width = {torch.float64: 64, torch.float32: 32, torch.float16: 16}.get(dtype, 32)
+    lo, hi = _inside(lo, hi, width)
+    tiny = float(torch.finfo({64: torch.float64, 32: torch.float32, 16: torch.float16}[width]).tiny)
+    spans_subnormals = lo < tiny and hi > -tiny
+    base = st.floats(min_value=lo, max_value=hi, allow_nan=False, allow_infinity=False, width=width,
+                     allow_subnormal=allow_subnormal if spans_subnormals else None)
+    if width == 32 and dtype != torch.float32:  # bf16 and fp8: round the float32 draw
+        base = base.map(lambda v: _round_to(dtype, v))
+        if not allow_subnormal:
+            base = base.filter(lambda v: v == 0 or abs(v) >= fmt.smallest_normal)
+    return base
+
+
+def _inside(lo: float, hi: float, width: int) -> tuple[float, float]:
+    """Bounds rounded inwards to floats of ``width`` bits (Hypothesis needs representable bounds)."""
+    if width == 64:
+        return lo, hi
+    npt = np.float16 if width == 16 else np.float32
+    a, b = npt(lo), npt(hi)
+    if float(a) < lo:
+        a = np.nextafter(a, npt(np.inf))
+    if float(b) > hi:
+        b = np.nextafter(b, npt(-np.inf))
+    return float(a), float(b)
+
+
+def _carrier(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in FP8 else dtype
+
+
+@st.composite
+def _row(draw, dtype: torch.dtype, cols: int, regime: str) -> list[float]:
+    fmt = format_of(dtype)
+    over = exp_overflow_threshold(dtype)
+    under = exp_underflow_threshold(dtype)
+    rep = lambda lo, hi: representable(dtype, lo, hi)  # noqa: E731
+    if regime == "normal":
+        return draw(st.lists(rep(-8, 8), min_size=cols, max_size=cols))
+    if regime == "overflow":  # logits at and past exp's overflow point
+        return draw(st.lists(rep(over - 1, min(over + 4, fmt.max)), min_size=cols, max_size=cols))
+    if regime == "underflow":  # every exp underflows unless the max is subtracted
+        return draw(st.lists(rep(max(under - 50, -fmt.max), under), min_size=cols, max_size=cols))
+    if regime == "near-ties":  # large magnitude, tiny gaps (10.0 against 10.01)
+        base = draw(st.sampled_from([10.0, 100.0, 1000.0]))
+        return [_round_to(dtype, base + 0.01 * draw(st.integers(0, 1))) for _ in range(cols)]
+    if regime == "peak":  # one sharp logit over a normal row
+        row = draw(st.lists(rep(-2, 2), min_size=cols, max_size=cols))
+        row[draw(st.integers(0, cols - 1))] = draw(rep(min(over, 30.0), min(2 * over, 60.0)))
+        return row
+    if regime == "flat":
+        return [draw(rep(-100, 100))] * cols
+    if regime == "masked":  # some -inf, possibly all (a fully masked row)
+        row = draw(st.lists(rep(-8, 8), min_size=cols, max_size=cols))
+        masked = draw(st.lists(st.booleans(), min_size=cols, max_size=cols))
+        return [-math.inf if m else v for v, m in zip(row, masked)]
+    if regime == "subnormal":
+        return draw(st.lists(rep(-fmt.smallest_normal, fmt.smallest_normal), min_size=cols, max_size=cols))
+    raise ValueError(f"unknown logit regime {regime!r}; known: {', '.join(LOGIT_REGIMES)}")
+
+
+@st.composite
+def logits(draw, dtype: torch.dtype = torch.float32, *, rows: st.SearchStrategy[int] | None = None,
+           cols: st.SearchStrategy[int] | None = None, regimes: tuple[str, ...] = LOGIT_REGIMES,
+           long_cols: tuple[int, int] = (1000, 8192), mixed_scales: bool = True) -> torch.Tensor:
+    """A (rows, cols) tensor of logits whose rows each follow one of ``regimes`` (combined freely
+    across rows), in ``dtype`` (float32 carrying fp8 values for fp8 dtypes).
+
+    Regimes: ``normal``, ``overflow`` (at and past exp's overflow point of the dtype), ``underflow``
+    (every exp underflows without max subtraction), ``near-ties``, ``peak``, ``flat``, ``masked``
+    (-inf, fully masked rows included), ``subnormal``, ``long`` (``long_cols`` wide, seeded fill).
+    ``mixed_scales`` multiplies rows by different powers of two.
+    """
+    unknown = set(regimes) - set(LOGIT_REGIMES)
+    if unknown or not regimes:
+        raise ValueError(f"logits(): unknown regimes {sorted(unknown)}; known: {', '.join(LOGIT_REGIMES)}")
+    n_rows = draw(rows if rows is not None else st.integers(1, 4))
+    short = [r for r in regimes if r != "long"]
+    if "long" in regimes and (not short or draw(st.integers(0, 9)) == 0):
+        n_cols = draw(st.integers(*long_cols))
+        g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
+        x = torch.randn(n_rows, n_cols, generator=g) * draw(st.sampled_from([1.0, 5.0, 20.0]))
+        return x.to(dtype).to(_carrier(dtype))
+    n_cols = draw(cols if cols is not None else st.integers(1, 16))
+    chosen = [draw(st.sampled_from(short)) for _ in range(n_rows)]
+    data = [draw(_row(dtype, n_cols, r)) for r in chosen]
+    x = torch.tensor(data, dtype=torch.float64)
+    if mixed_scales and n_rows > 1 and draw(st.booleans()):
+        shifts = torch.tensor([draw(st.integers(-4, 4)) for _ in range(n_rows)], dtype=torch.float64)
+        x = x * torch.pow(2.0, shifts)[:, None]
+    # rounding to the dtype keeps every value representable (scaled values may leave the range: inf)
+    return x.to(dtype).to(_carrier(dtype))
+
+
+@dataclass
+class AttentionInputs:
+    """q (B, H, S_q, D); k, v (B, H_kv, S_k, D) with H divisible by H_kv (grouped-query heads);
+    ``key_padding_mask`` (B, S_k) bool, True where a key is padding; ``q_scale`` the factor q was
+    multiplied by (sharper attention as it grows)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    causal: bool
+    key_padding_mask: torch.Tensor | None
+    q_scale: float
+    seed: int
+
+    @property
+    def gqa(self) -> bool:
+        return self.k.shape[1] != self.q.shape[1]
+
+    def __repr__(self) -> str:  # what Hypothesis prints for a falsifying example
+        return (f"AttentionInputs(q={tuple(self.q.shape)}, k={tuple(self.k.shape)}, dtype={self.q.dtype}, "
+                f"causal={self.causal}, padded={self.key_padding_mask is not None}, q_scale={self.q_scale}, "
+                f"seed={self.seed})")
+
+
+@st.composite
+def attention_inputs(draw, dtype: torch.dtype = torch.float32, *,
+                     batch: st.SearchStrategy[int] = st.integers(1, 2),
+                     heads: st.SearchStrategy[int] = st.sampled_from([1, 2, 4]),
+                     q_len: st.SearchStrategy[int] = st.sampled_from([1, 7, 16, 113]),
+                     k_len: st.SearchStrategy[int] = st.sampled_from([1, 9, 16, 203]),
+                     head_dim: st.SearchStrategy[int] = st.sampled_from([16, 32, 59, 64, 111]),
+                     gqa: bool = True, causal: st.SearchStrategy[bool] = st.booleans(),
+                     padding: st.SearchStrategy[bool] = st.booleans(),
+                     q_scale: st.SearchStrategy[float] = st.sampled_from([1.0, 10.0, 40.0]),
+                     outliers: st.SearchStrategy[bool] = st.booleans()) -> AttentionInputs:
+    """Attention inputs with irregular sizes, grouped-query heads, causal and padding masks, a q
+    scale that sets how sharp attention is, and value outliers. Tensors in ``dtype`` (float32
+    carrying fp8 values for fp8 dtypes)."""
+    b, h, sq, sk, d = draw(batch), draw(heads), draw(q_len), draw(k_len), draw(head_dim)
+    h_kv = draw(st.sampled_from([x for x in (1, 2, h) if h % x == 0])) if gqa else h
+    is_causal = draw(causal)
+    scale = draw(q_scale)
+    seed = draw(st.integers(0, 2**31 - 1))
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, h, sq, d, generator=g) * scale
+    k = torch.randn(b, h_kv, sk, d, generator=g)
+    v = torch.randn(b, h_kv, sk, d, generator=g)
+    if draw(outliers):
+        idx = torch.randint(0, sk, (max(1, sk // 16),), generator=g)
+        v[..., idx, :] *= 100.0
+    mask = None
+    if draw(padding) and sk > 1:
+        keep = torch.randint(1, sk + 1, (b,), generator=g)  # every batch keeps at least one key
+        mask = torch.arange(sk)[None, :] >= keep[:, None]
+    carrier = _carrier(dtype)
+    return AttentionInputs(q.to(dtype).to(carrier), k.to(dtype).to(carrier), v.to(dtype).to(carrier),
+                           is_causal, mask, scale, seed)
+
+
+def register_profile(name: str = PROFILE) -> str:
+    """Register the profile the suites use: derandomised under CI (same examples every run), no
+    deadline when a GPU may be timed (first calls compile kernels). Returns its name."""
+    kw: dict = {"derandomize": bool(os.environ.get("CI")), "print_blob": True}
+    if torch.cuda.is_available():
+        kw["deadline"] = None
+    settings.register_profile(name, **kw)
+    return name
+
+
+register_profile()
