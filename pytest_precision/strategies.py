@@ -129,7 +129,8 @@ def logits(draw, dtype: torch.dtype = torch.float32, *, rows: st.SearchStrategy[
         raise ValueError(f"logits(): unknown regimes {sorted(unknown)}; known: {', '.join(LOGIT_REGIMES)}")
     n_rows = draw(rows if rows is not None else st.integers(1, 4))
     short = [r for r in regimes if r != "long"]
-    if "long" in regimes and (not short or draw(st.integers(0, 9)) == 0):
+    # 1 in 10 when mixed with others; on 9, not 0, so shrinking (toward 0) leaves long rows
+    if "long" in regimes and (not short or draw(st.integers(0, 9)) == 9):
         n_cols = draw(st.integers(*long_cols))
         g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
         x = torch.randn(n_rows, n_cols, generator=g) * draw(st.sampled_from([1.0, 5.0, 20.0]))
