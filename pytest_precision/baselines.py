@@ -1,8 +1,9 @@
 """Golden baselines on disk (DESIGN 4): where they live, how they are read safely and written
 atomically.
 
-One baseline per test key and config: ``<root>/<key>/<config>.npz`` holds the float32 reference
-(no pickle: loaded with ``allow_pickle=False``), ``<config>.json`` beside it holds the metadata
+One baseline per test key and config: ``<root>/<key>/<config>.npz`` holds the float32 references,
+one array per named output ("reference" when there is one; "out", "dq", "dk", "dv" for attention;
+no pickle: loaded with ``allow_pickle=False``), ``<config>.json`` beside it holds the metadata
 (schema version, torch version, device, config, seed, input spec and checksum) and the accepted
 error budgets, keyed by device type so a CPU acceptance never vouches for a GPU.
 """
@@ -50,7 +51,7 @@ def sanitize_key(key: str) -> str:
 
 @dataclass
 class Baseline:
-    reference: torch.Tensor  # float32
+    arrays: dict[str, torch.Tensor]  # float32 references by output name
     meta: dict = field(default_factory=dict)
     npz_path: Path | None = None
     json_path: Path | None = None
@@ -91,20 +92,21 @@ class BaselineStore:
             )
         try:
             with np.load(npz, allow_pickle=False) as data:
-                ref = np.array(data["reference"])
+                arrays = {name: np.array(data[name]) for name in data.files}
         except (zipfile.BadZipFile, ValueError, OSError, KeyError, EOFError) as e:
             raise BaselineError(f"{npz}: corrupt or truncated baseline tensors ({type(e).__name__}: {e})") from e
-        if ref.dtype != np.float32:
-            raise BaselineError(f"{npz}: reference has dtype {ref.dtype}, expected float32")
-        return Baseline(torch.from_numpy(ref), meta, npz, meta_path)
+        for name, a in arrays.items():
+            if a.dtype != np.float32:
+                raise BaselineError(f"{npz}: {name} has dtype {a.dtype}, expected float32")
+        return Baseline({n: torch.from_numpy(a) for n, a in arrays.items()}, meta, npz, meta_path)
 
-    def write(self, key: str, config_id: str, reference: torch.Tensor, meta: dict) -> tuple[Path, Path]:
+    def write(self, key: str, config_id: str, arrays: dict[str, torch.Tensor], meta: dict) -> tuple[Path, Path]:
         """Write both files atomically (temp file + rename): readers and other xdist workers see
         the old file or the new one, never half of one."""
         npz, meta_path = self.paths(key, config_id)
         npz.parent.mkdir(parents=True, exist_ok=True)
-        arr = reference.detach().to(torch.float32).cpu().numpy()
-        _atomic_write(npz, lambda f: np.savez_compressed(f, reference=arr))
+        np_arrays = {n: t.detach().to(torch.float32).cpu().numpy() for n, t in arrays.items()}
+        _atomic_write(npz, lambda f: np.savez_compressed(f, **np_arrays))
         body = json.dumps({"schema_version": SCHEMA_VERSION, **meta}, indent=2, sort_keys=True, allow_nan=True)
         _atomic_write(meta_path, lambda f: f.write((body + "\n").encode("utf-8")))
         return npz, meta_path

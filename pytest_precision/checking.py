@@ -80,11 +80,14 @@ class CaseOutcome:
         if g.error:
             lines.append("  golden baseline:")
             lines += ["    " + s for s in g.error.splitlines()]
-        elif g.comparison is not None and g.budget is not None:
-            gc = g.comparison
-            lines.append(f"  against the golden (regression budget max ULP {g.budget.max_ulp:.4g}):")
-            lines.append(f"    max ULP {gc.max_ulp:.4g}, {gc.count_over(g.budget.max_ulp)} of {gc.numel} elements over;"
-                         f" overflow {gc.overflow}, underflow {gc.underflow}, NaN {gc.nan}")
+        else:
+            for name, gc in g.comparisons.items():
+                b = g.budgets[name]
+                label = "" if len(g.comparisons) == 1 else f"{name} "
+                lines.append(f"  {label}against the golden (regression budget {b.describe()}):")
+                over = f", {gc.count_over(b.max_ulp)} of {gc.numel} elements over" if b.max_ulp is not None else ""
+                lines.append(f"    max ULP {gc.max_ulp:.4g}, max abs {gc.max_abs:.4g}{over};"
+                             f" overflow {gc.overflow}, underflow {gc.underflow}, NaN {gc.nan}")
         if not g.error:
             lines.append(f"  if the new results are intended, accept them as the golden with: {update_command}")
             if any(check == "oracle" for check, _, _ in self.problems):

@@ -1,9 +1,9 @@
-"""The golden check: compare an output with its accepted baseline, or write a new baseline.
+"""The golden check: compare outputs with their accepted baseline, or write a new baseline.
 
-Used by the suites and by the ``golden`` fixture. The reference is the float64 oracle on the
-config's rounded inputs, stored as float32 (DESIGN 2.1, 2.2); the accepted budgets are keyed by
-device type. Nothing is written without the update flag; a missing baseline fails and says the
-command that writes it.
+Used by the suites and by the ``golden`` fixture. References are float64 oracles on the config's
+rounded inputs, stored as float32 (DESIGN 2.1, 2.2); the accepted budgets are keyed by device
+type, then by output name. Nothing is written without the update flag; a missing baseline fails
+and says the command that writes it.
 """
 from __future__ import annotations
 
@@ -13,19 +13,51 @@ from dataclasses import dataclass, field
 import torch
 
 from .baselines import UPDATE_OPTION, Baseline, BaselineError, BaselineStore, checksum
-from .budgets import Budget, regression_budget, violations
+from .budgets import Budget, abs_floor, regression_budget, violations
+from .formats import format_of
 from .metrics import Comparison, compare
 
-__all__ = ["Golden", "GoldenResult"]
+__all__ = ["Golden", "GoldenResult", "Output"]
+
+SINGLE = "reference"  # the array name when a case has one output
+
+
+@dataclass
+class Output:
+    """One output under golden check: what the run gave and its float64 oracle."""
+
+    out: torch.Tensor
+    reference: torch.Tensor
+    dtype: torch.dtype
+    scale: float = 1.0
+    log_domain: bool = False
+    abs_budget: bool = False  # regression budget on max abs error instead of max ULP (attention)
+
+    def compare_with(self, ref: torch.Tensor) -> Comparison:
+        return compare(self.out, ref, self.dtype, scale=self.scale, log_domain=self.log_domain)
+
+    def budget_for(self, accepted: Comparison, ref: torch.Tensor) -> Budget:
+        if not self.abs_budget:
+            return regression_budget(accepted)
+        top = float(ref[torch.isfinite(ref)].abs().max()) if bool(torch.isfinite(ref).any()) else 0.0
+        return regression_budget(accepted, abs_floor_value=abs_floor(top, format_of(self.dtype).mantissa_bits))
 
 
 @dataclass
 class GoldenResult:
-    comparison: Comparison | None = None
-    budget: Budget | None = None
+    comparisons: dict[str, Comparison] = field(default_factory=dict)
+    budgets: dict[str, Budget] = field(default_factory=dict)
     problems: list[tuple[str, str]] = field(default_factory=list)  # (category, sentence)
     error: str | None = None  # the baseline cannot be used: missing, corrupt, inconsistent
     updated: str | None = None  # "old -> new" line when the baseline was (re)written
+
+    @property
+    def comparison(self) -> Comparison | None:
+        return next(iter(self.comparisons.values()), None)
+
+    @property
+    def budget(self) -> Budget | None:
+        return next(iter(self.budgets.values()), None)
 
 
 @dataclass
@@ -39,21 +71,16 @@ class Golden:
     update: bool
     update_command: str
 
-    def check(
-        self,
-        out: torch.Tensor,
-        reference: torch.Tensor,
-        *,
-        dtype: torch.dtype | None = None,
-        inputs: torch.Tensor | None = None,
-        scale: float = 1.0,
-        log_domain: bool = False,
-        seed: int | None = None,
-        input_spec: dict | None = None,
-    ) -> GoldenResult:
-        """Compare ``out`` with the stored reference under the regression budget, or (update
-        flag) store ``reference`` and the error ``out`` has against it as the new budget."""
-        dtype = dtype or out.dtype
+    def check(self, out: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype | None = None,
+              inputs: torch.Tensor | None = None, scale: float = 1.0, log_domain: bool = False,
+              seed: int | None = None, input_spec: dict | None = None) -> GoldenResult:
+        """One output: compare ``out`` with the stored reference under the regression budget, or
+        (update flag) store ``reference`` and the error ``out`` has against it as the new budget."""
+        one = Output(out, reference, dtype or out.dtype, scale, log_domain)
+        return self.check_outputs({SINGLE: one}, inputs=inputs, seed=seed, input_spec=input_spec)
+
+    def check_outputs(self, outputs: dict[str, Output], *, inputs: torch.Tensor | None = None,
+                      seed: int | None = None, input_spec: dict | None = None) -> GoldenResult:
         input_sum = checksum(inputs) if inputs is not None else None
         try:
             base = self.store.load(self.key, self.config_id)
@@ -62,70 +89,84 @@ class Golden:
                 return GoldenResult(error=f"{e}\n(the file is left as it is; {UPDATE_OPTION} rewrites it)")
             base = None
         if self.update:
-            return self._write(out, reference, dtype, scale, log_domain, input_sum, base, seed, input_spec)
+            return self._write(outputs, input_sum, base, seed, input_spec)
         npz, _ = self.store.paths(self.key, self.config_id)
         if base is None:
             return GoldenResult(error=f"no golden baseline at {npz}\nwrite it with: {self.update_command}")
-        return self._compare(base, out, dtype, scale, log_domain, input_sum)
+        return self._compare(base, outputs, input_sum)
 
-    def _compare(self, base: Baseline, out, dtype, scale, log_domain, input_sum) -> GoldenResult:
+    def _compare(self, base: Baseline, outputs: dict[str, Output], input_sum) -> GoldenResult:
         stored_sum = base.meta.get("input_checksum")
         if input_sum is not None and stored_sum is not None and stored_sum != input_sum:
             return GoldenResult(error=(
                 f"{base.json_path}: the inputs changed since the golden was accepted (checksum "
                 f"{stored_sum[:12]} -> {input_sum[:12]}): a generator or input-spec change, not a precision "
                 f"regression; check it and re-accept with: {self.update_command}"))
-        if tuple(base.reference.shape) != tuple(out.shape):
+        if set(base.arrays) != set(outputs):
             return GoldenResult(error=(
-                f"{base.npz_path}: shape mismatch, golden reference {tuple(base.reference.shape)} vs output "
-                f"{tuple(out.shape)}; re-accept with: {self.update_command}"))
-        budget_d = base.budgets_for(self.device)
-        if budget_d is None:
+                f"{base.npz_path}: holds outputs {sorted(base.arrays)}, this check has {sorted(outputs)}; "
+                f"re-accept with: {self.update_command}"))
+        device_budgets = base.budgets_for(self.device)
+        if device_budgets is None:
             return GoldenResult(error=(
                 f"{base.json_path}: no accepted budget for device '{self.device}' (has: "
                 f"{', '.join(base.meta.get('budgets', {})) or 'none'}); accept with: {self.update_command}"))
-        try:
-            budget = Budget.from_dict(budget_d["budget"])
-        except (KeyError, TypeError) as e:
-            return GoldenResult(error=f"{base.json_path}: corrupt budget for device '{self.device}' ({e!r})")
-        cmp = compare(out, base.reference, dtype, scale=scale, log_domain=log_domain)
-        return GoldenResult(cmp, budget, violations(cmp, budget))
+        result = GoldenResult()
+        for name, o in outputs.items():
+            ref = base.arrays[name]
+            if tuple(ref.shape) != tuple(o.out.shape):
+                return GoldenResult(error=(
+                    f"{base.npz_path}: shape mismatch for {name}, golden {tuple(ref.shape)} vs output "
+                    f"{tuple(o.out.shape)}; re-accept with: {self.update_command}"))
+            try:
+                budget = Budget.from_dict(device_budgets["outputs"][name]["budget"])
+            except (KeyError, TypeError) as e:
+                return GoldenResult(error=f"{base.json_path}: corrupt budget for device '{self.device}' ({e!r})")
+            cmp = o.compare_with(ref)
+            result.comparisons[name], result.budgets[name] = cmp, budget
+            prefix = "" if name == SINGLE else f"{name}: "
+            result.problems += [(cat, prefix + s) for cat, s in violations(cmp, budget)]
+        return result
 
-    def _write(self, out, reference, dtype, scale, log_domain, input_sum, old: Baseline | None, seed, input_spec) -> GoldenResult:
-        ref32 = reference.detach().to(torch.float32).cpu()
-        cmp = compare(out, ref32, dtype, scale=scale, log_domain=log_domain)
-        budget = regression_budget(cmp)
-        meta = dict(old.meta) if old is not None and old.reference.shape == ref32.shape else {}
+    def _write(self, outputs: dict[str, Output], input_sum, old: Baseline | None, seed, input_spec) -> GoldenResult:
+        refs = {n: o.reference.detach().to(torch.float32).cpu() for n, o in outputs.items()}
+        result = GoldenResult()
+        entries = {}
+        for name, o in outputs.items():
+            cmp = o.compare_with(refs[name])
+            budget = o.budget_for(cmp, refs[name])
+            result.comparisons[name], result.budgets[name] = cmp, budget
+            entries[name] = {"budget": budget.as_dict(), "accepted": cmp.summary()}
+        same_outputs = old is not None and set(old.arrays) == set(refs) and all(
+            old.arrays[n].shape == refs[n].shape for n in refs)
+        meta = dict(old.meta) if same_outputs else {}
         meta.pop("schema_version", None)
         budgets = dict(meta.get("budgets", {}))
-        old_budget = budgets.get(self.device, {}).get("budget")
-        budgets[self.device] = {
-            "budget": budget.as_dict(),
-            "accepted": cmp.summary(),
-            "torch": torch.__version__,
-            "machine": _machine(self.device),
-        }
+        old_entries = budgets.get(self.device, {}).get("outputs", {})
+        budgets[self.device] = {"outputs": entries, "torch": torch.__version__, "machine": _machine(self.device)}
         meta.update({
-            "key": self.key,
-            "config": self.config_id,
-            "dtype": cmp.dtype,
-            "written_on": self.device,
-            "torch": torch.__version__,
-            "seed": seed,
-            "input_spec": input_spec,
-            "input_checksum": input_sum,
-            "budgets": budgets,
+            "key": self.key, "config": self.config_id,
+            "dtypes": {n: c.dtype for n, c in result.comparisons.items()},
+            "written_on": self.device, "torch": torch.__version__, "seed": seed,
+            "input_spec": input_spec, "input_checksum": input_sum, "budgets": budgets,
         })
-        self.store.write(self.key, self.config_id, ref32, meta)
-        new = budget.as_dict()
-        if old_budget is None:
-            line = f"{self.key} [{self.config_id}] new: max ULP {new['max_ulp']:.4g}"
-        elif old_budget == new:
-            line = f"{self.key} [{self.config_id}] unchanged: max ULP {new['max_ulp']:.4g}"
-        else:
-            moved = ", ".join(f"{k} {old_budget.get(k)!r} -> {v!r}" for k, v in new.items() if old_budget.get(k) != v)
-            line = f"{self.key} [{self.config_id}] changed: {moved}"
-        return GoldenResult(cmp, budget, [], updated=line)
+        self.store.write(self.key, self.config_id, refs, meta)
+        result.updated = self._change_line(old_entries, entries)
+        return result
+
+    def _change_line(self, old: dict, new: dict) -> str:
+        head = f"{self.key} [{self.config_id}]"
+        if not old:
+            return f"{head} new: " + "; ".join(_label(n) + Budget.from_dict(e["budget"]).describe() for n, e in new.items())
+        moved = []
+        for name, e in new.items():
+            before = old.get(name, {}).get("budget", {})
+            moved += [f"{_label(name)}{k} {before.get(k)!r} -> {v!r}" for k, v in e["budget"].items() if before.get(k) != v]
+        return f"{head} changed: {', '.join(moved)}" if moved else f"{head} unchanged"
+
+
+def _label(name: str) -> str:
+    return "" if name == SINGLE else f"{name} "
 
 
 def _machine(device: str) -> str:

@@ -11,10 +11,11 @@ from pytest_precision.baselines import SCHEMA_VERSION, BaselineError, BaselineSt
 def test_roundtrip_and_no_leftovers(tmp_path):
     store = BaselineStore(tmp_path)
     ref = torch.randn(3, 5, dtype=torch.float64)
-    npz, meta = store.write("softmax/my target/unit", "fp16", ref, {"seed": 3})
+    npz, meta = store.write("softmax/my target/unit", "fp16", {"reference": ref, "dq": ref * 2}, {"seed": 3})
     assert npz == tmp_path / "softmax" / "my_target" / "unit" / "fp16.npz"
     b = store.load("softmax/my target/unit", "fp16")
-    assert torch.equal(b.reference, ref.float()) and b.meta["seed"] == 3
+    assert torch.equal(b.arrays["reference"], ref.float()) and torch.equal(b.arrays["dq"], (ref * 2).float())
+    assert b.meta["seed"] == 3
     assert b.meta["schema_version"] == SCHEMA_VERSION
     assert sorted(p.name for p in npz.parent.iterdir()) == ["fp16.json", "fp16.npz"]
     assert store.load("softmax/other", "fp16") is None
@@ -22,7 +23,7 @@ def test_roundtrip_and_no_leftovers(tmp_path):
 
 def test_companion_missing(tmp_path):
     store = BaselineStore(tmp_path)
-    npz, meta = store.write("k", "fp32", torch.ones(2), {})
+    npz, meta = store.write("k", "fp32", {"reference": torch.ones(2)}, {})
     meta.unlink()
     with pytest.raises(BaselineError, match="fp32.json: missing"):
         store.load("k", "fp32")
@@ -30,7 +31,7 @@ def test_companion_missing(tmp_path):
 
 def test_wrong_dtype_and_pickle_refused(tmp_path):
     store = BaselineStore(tmp_path)
-    npz, _ = store.write("k", "fp32", torch.ones(2), {})
+    npz, _ = store.write("k", "fp32", {"reference": torch.ones(2)}, {})
     np.savez(npz, reference=np.ones(2, dtype=np.float64))
     with pytest.raises(BaselineError, match="reference has dtype float64, expected float32"):
         store.load("k", "fp32")
@@ -41,7 +42,7 @@ def test_wrong_dtype_and_pickle_refused(tmp_path):
 
 def test_json_not_an_object(tmp_path):
     store = BaselineStore(tmp_path)
-    _, meta = store.write("k", "fp32", torch.ones(2), {})
+    _, meta = store.write("k", "fp32", {"reference": torch.ones(2)}, {})
     meta.write_text(json.dumps([1, 2]))
     with pytest.raises(BaselineError, match="not a JSON object"):
         store.load("k", "fp32")
