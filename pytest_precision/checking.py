@@ -1,6 +1,10 @@
-"""One case, judged three ways (issue 2, DESIGN 2.3): against the float64 oracle with the peer
-budget, against the golden with the regression budget, and by its overflow / underflow / NaN
-counts. Builds the verdict, the summary record and the pytest-regressions-style message."""
+"""One case, judged three ways (DESIGN 2.3): against the float64 oracle with the peer budget,
+against the golden with the regression budget, and by its overflow / underflow / NaN counts.
+Builds the verdict, the summary record and the pytest-regressions-style message.
+
+A case may have several named outputs (attention: ``out``, ``dq``, ``dk``, ``dv``); the first is
+the forward output the summary table shows, and counts are added over all of them.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,16 +30,21 @@ class CaseOutcome:
     target: str
     config: str
     regime: str
-    oracle: Comparison
-    peer: Comparison | None
-    peer_budget: Budget | None
+    oracle: dict[str, Comparison]
+    peer: dict[str, Comparison]
+    peer_budget: dict[str, Budget]
     golden: GoldenResult
+    peer_name: str = "torch's op"
     fault: Fault | None = None
     problems: list[tuple[str, str, str]] = field(default_factory=list)  # (check, category, sentence)
 
     @property
     def passed(self) -> bool:
         return not self.problems
+
+    @property
+    def forward(self) -> Comparison:
+        return next(iter(self.oracle.values()))
 
     @property
     def categories(self) -> list[str]:
@@ -50,32 +59,37 @@ class CaseOutcome:
 
     def record(self) -> dict:
         """The summary row of this case (plain types: it crosses to the xdist controller)."""
-        o = self.oracle
+        o = self.forward
+        every = self.oracle.values()
         return {
             "suite": self.suite, "target": self.target, "config": self.config, "regime": self.regime,
             "max_ulp": o.max_ulp, "max_rel": o.max_rel, "sqnr_db": o.sqnr_db,
-            "overflow": o.overflow, "underflow": o.underflow, "nan": o.nan,
+            "overflow": sum(c.overflow for c in every), "underflow": sum(c.underflow for c in every),
+            "nan": sum(c.nan for c in every),
             "passed": self.passed, "categories": self.categories,
             "baseline_update": self.golden.updated,
         }
 
     def message(self, nodeid: str, update_command: str) -> str:
-        o = self.oracle
         lines = [f"{nodeid}: {self.verdict} ({', '.join(s for _, _, s in self.problems)})"]
         if self.fault is not None:
             lines.append(f"  {self.fault.describe()} under {self.config}")
-        lines.append(f"  shape {o.shape}, ULPs in {o.dtype}")
-        lines.append("  against the float64 oracle on the rounded inputs:")
-        lines += [f"    {s}" for s in o.statistics_lines()]
-        if self.peer is not None and self.peer_budget is not None:
-            pb = self.peer_budget
-            lines.append(f"    peer (torch's op, same config): max ULP {self.peer.max_ulp:.4g} -> budget {pb.max_ulp:.4g};"
-                         f" peer overflow {pb.overflow}, underflow {pb.underflow}, NaN {pb.nan}")
-            over = o.count_over(pb.max_ulp)
-            lines.append(f"    {over} of {o.numel} elements over the peer budget")
-        if o.worst:
-            lines.append("    worst elements:")
-            lines += ["      " + row for row in o.worst_table().splitlines()]
+        several = len(self.oracle) > 1
+        for name, o in self.oracle.items():
+            label = f"{name}: " if several else ""
+            lines.append(f"  {label}shape {o.shape}, ULPs in {o.dtype}; against the float64 oracle on the rounded inputs:")
+            lines += [f"    {s}" for s in o.statistics_lines()]
+            peer, pb = self.peer.get(name), self.peer_budget.get(name)
+            if peer is not None and pb is not None:
+                lines.append(f"    peer ({self.peer_name}, same config): max ULP {peer.max_ulp:.4g}, max abs "
+                             f"{peer.max_abs:.4g} -> budget {pb.describe()}; peer overflow {pb.overflow}, "
+                             f"underflow {pb.underflow}, NaN {pb.nan}")
+                if pb.max_ulp is not None:
+                    lines.append(f"    {o.count_over(pb.max_ulp)} of {o.numel} elements over the peer budget")
+            if o.worst and (not several or any(c == "oracle" and s.startswith(f"oracle: {name}:")
+                                               for c, _, s in self.problems)):
+                lines.append("    worst elements:")
+                lines += ["      " + row for row in o.worst_table().splitlines()]
         g = self.golden
         if g.error:
             lines.append("  golden baseline:")
@@ -83,30 +97,30 @@ class CaseOutcome:
         else:
             for name, gc in g.comparisons.items():
                 b = g.budgets[name]
-                label = "" if len(g.comparisons) == 1 else f"{name} "
+                label = f"{name} " if several else ""
                 lines.append(f"  {label}against the golden (regression budget {b.describe()}):")
                 over = f", {gc.count_over(b.max_ulp)} of {gc.numel} elements over" if b.max_ulp is not None else ""
                 lines.append(f"    max ULP {gc.max_ulp:.4g}, max abs {gc.max_abs:.4g}{over};"
                              f" overflow {gc.overflow}, underflow {gc.underflow}, NaN {gc.nan}")
-        if not g.error:
             lines.append(f"  if the new results are intended, accept them as the golden with: {update_command}")
             if any(check == "oracle" for check, _, _ in self.problems):
-                lines.append("  (the oracle check compares with torch's op in the same config and fails until the target"
-                             " is fixed)")
+                lines.append(f"  (the oracle check compares with {self.peer_name} in the same config and fails until"
+                             " the target is fixed)")
         return "\n".join(lines)
 
 
-def judge(
-    *, suite: str, target: str, config: str, regime: str,
-    oracle: Comparison, peer: Comparison | None, peer_budget: Budget | None,
-    golden: GoldenResult, fault: Fault | None = None,
-) -> CaseOutcome:
+def judge(*, suite: str, target: str, config: str, regime: str, oracle: dict[str, Comparison],
+          peer: dict[str, Comparison], peer_budget: dict[str, Budget], golden: GoldenResult,
+          peer_name: str = "torch's op") -> CaseOutcome:
     problems: list[tuple[str, str, str]] = []
-    if peer_budget is not None:
-        for cat, s in violations(oracle, peer_budget):
-            problems.append(("oracle", cat, f"oracle: {s}"))
+    several = len(oracle) > 1
+    for name, cmp in oracle.items():
+        if name in peer_budget:
+            label = f"{name}: " if several else ""
+            for cat, s in violations(cmp, peer_budget[name]):
+                problems.append(("oracle", cat, f"oracle: {label}{s}"))
     if golden.error:
         problems.append(("golden", "baseline", golden.error.splitlines()[0]))
     for cat, s in golden.problems:
         problems.append(("golden", "regression" if cat == "accuracy" else cat, f"golden: {s}"))
-    return CaseOutcome(suite, target, config, regime, oracle, peer, peer_budget, golden, fault, problems)
+    return CaseOutcome(suite, target, config, regime, oracle, peer, peer_budget, golden, peer_name, None, problems)

@@ -151,7 +151,8 @@ def run_case(target: Target, config: Config, regime_name: str, device: str, gold
                         seed=regime.seed, input_spec=regime.spec(x))
 
     outcome = judge(suite=NAME, target=target.name, config=config.id, regime=regime_name,
-                    oracle=oracle_cmp, peer=peer_cmp, peer_budget=peer_budget(peer_cmp), golden=gold)
+                    oracle={"reference": oracle_cmp}, peer={"reference": peer_cmp},
+                    peer_budget={"reference": peer_budget(peer_cmp)}, golden=gold)
     if not outcome.passed and not bool(torch.isfinite(out).all()):
         def traced():
             with config.active(device):
