@@ -30,17 +30,19 @@ class SuiteCollector(pytest.Collector):
         for suite in SUITES.values():
             for target in suite_targets(suite, session):
                 for config in session.configs:
-                    for regime in suite.REGIMES:
-                        name = f"{target.kind}[{target.name}-{config.id}-{regime}]"
-                        items.append(SuiteItem.from_parent(self, name=name, suite=suite, target=target,
-                                                           config_=config, regime=regime))
+                    for variant in suite.variants(session.device):
+                        for regime in suite.REGIMES:
+                            name = f"{target.kind}[{target.name}-{config.id}{variant}-{regime}]"
+                            items.append(SuiteItem.from_parent(self, name=name, suite=suite, target=target,
+                                                               config_=config, regime=regime, variant=variant))
         return items
 
 
 class SuiteItem(pytest.Item):
-    def __init__(self, *, suite, target: Target, config_, regime: str, **kw):
+    def __init__(self, *, suite, target: Target, config_, regime: str, variant: str = "", **kw):
         super().__init__(**kw)
         self.suite, self.target, self.precision_config, self.regime = suite, target, config_, regime
+        self.variant = variant
         self.add_marker("precision")
         self.add_marker("precision_suite")
         self.outcome = None
@@ -49,13 +51,14 @@ class SuiteItem(pytest.Item):
         session: PrecisionSession = self.config.stash[SESSION_KEY]
         reason = self.precision_config.skip_reason(session.device)
         if reason:  # recorded, so the summary shows the config as skipped rather than dropping it
-            session.records.append({"target": self.target.name, "config": self.precision_config.id,
+            session.records.append({"target": self.target.name, "config": self.precision_config.id + self.variant,
                                     "regime": self.regime, "skipped": reason})
             pytest.skip(reason)
         key = f"{self.target.kind}/{self.target.name}/{self.regime}"
-        golden = Golden(session.store, key, self.precision_config.id, session.device, session.update,
+        golden = Golden(session.store, key, self.precision_config.id + self.variant, session.device, session.update,
                         session.update_command(suite_item=self.name, config_id=self.precision_config.id))
-        outcome = self.suite.run_case(self.target, self.precision_config, self.regime, session.device, golden)
+        outcome = self.suite.run_case(self.target, self.precision_config, self.regime, session.device, golden,
+                                      self.variant)
         self.outcome = outcome
         session.records.append(outcome.record())
         if not outcome.passed:

@@ -32,9 +32,11 @@ class Output:
     scale: float = 1.0
     log_domain: bool = False
     abs_budget: bool = False  # regression budget on max abs error instead of max ULP (attention)
+    underflow_floor: float = 0.0  # see metrics.compare
 
     def compare_with(self, ref: torch.Tensor) -> Comparison:
-        return compare(self.out, ref, self.dtype, scale=self.scale, log_domain=self.log_domain)
+        return compare(self.out, ref, self.dtype, scale=self.scale, log_domain=self.log_domain,
+                       underflow_floor=self.underflow_floor)
 
     def budget_for(self, accepted: Comparison, ref: torch.Tensor) -> Budget:
         if not self.abs_budget:

@@ -82,6 +82,7 @@ def compare(
     *,
     scale: float = 1.0,
     log_domain: bool = False,
+    underflow_floor: float = 0.0,
     keep_ulps: bool = True,
 ) -> Comparison:
     """Compare ``out`` with ``ref`` (float64 oracle or float32 golden), ULPs counted in ``dtype``.
@@ -89,7 +90,9 @@ def compare(
     ``scale``: per-tensor scale of a scaled format (fp8): ULPs and the range limits apply to
     ``out / scale`` and ``ref / scale``. ``log_domain``: the values are logarithms of
     probabilities (log_softmax), so ``-inf`` where the reference is finite is the probability
-    underflowing, counted as underflow, not overflow.
+    underflowing, counted as underflow, not overflow. ``underflow_floor``: a zero counts as
+    underflow only where |ref| is also above this (for sums of mixed-sign terms, attention outputs
+    and gradients, a zero within rounding noise of the largest value is cancellation, not underflow).
     """
     if tuple(out.shape) != tuple(ref.shape):
         raise ValueError(f"shape mismatch: output {tuple(out.shape)} vs reference {tuple(ref.shape)}")
@@ -110,7 +113,7 @@ def compare(
         overflow = (o_posinf | o_neginf) & r_fin
         if not fmt.has_inf:  # saturating format: clipped at max while the true value lies beyond
             overflow |= (os_.abs() >= fmt.max) & (rs.abs() > fmt.max) & r_fin
-        underflow = (o == 0) & (rs.abs() >= fmt.smallest_normal) & r_fin
+        underflow = (o == 0) & (rs.abs() >= max(fmt.smallest_normal, underflow_floor / scale)) & r_fin
     flushed = (o == 0) & (rs.abs() > fmt.smallest_subnormal / 2) & (rs.abs() < fmt.smallest_normal)
 
     both = torch.isfinite(o) & r_fin

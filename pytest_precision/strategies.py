@@ -23,7 +23,7 @@ from .formats import format_of
 
 __all__ = [
     "LOGIT_REGIMES", "exp_overflow_threshold", "exp_underflow_threshold", "representable", "logits",
-    "AttentionInputs", "attention_inputs", "register_profile", "PROFILE",
+    "AttentionInputs", "attention_inputs", "build_attention_inputs", "register_profile", "PROFILE",
 ]
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -186,23 +186,31 @@ def attention_inputs(draw, dtype: torch.dtype = torch.float32, *,
     carrying fp8 values for fp8 dtypes)."""
     b, h, sq, sk, d = draw(batch), draw(heads), draw(q_len), draw(k_len), draw(head_dim)
     h_kv = draw(st.sampled_from([x for x in (1, 2, h) if h % x == 0])) if gqa else h
-    is_causal = draw(causal)
-    scale = draw(q_scale)
-    seed = draw(st.integers(0, 2**31 - 1))
+    a = build_attention_inputs(seed=draw(st.integers(0, 2**31 - 1)), batch=b, heads=h, kv_heads=h_kv, q_len=sq,
+                               k_len=sk, head_dim=d, causal=draw(causal), padding=draw(padding),
+                               q_scale=draw(q_scale), outliers=draw(outliers))
+    carrier = _carrier(dtype)
+    a.q, a.k, a.v = (t.to(dtype).to(carrier) for t in (a.q, a.k, a.v))
+    return a
+
+
+def build_attention_inputs(*, seed: int, batch: int, heads: int, kv_heads: int, q_len: int, k_len: int,
+                           head_dim: int, causal: bool = False, padding: bool = False, q_scale: float = 1.0,
+                           outliers: bool = False) -> AttentionInputs:
+    """Float32 attention inputs from a CPU generator seed (the same bits on every machine): what
+    ``attention_inputs`` draws from and what the attention suite's named regimes are made of."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, sq, d, generator=g) * scale
-    k = torch.randn(b, h_kv, sk, d, generator=g)
-    v = torch.randn(b, h_kv, sk, d, generator=g)
-    if draw(outliers):
-        idx = torch.randint(0, sk, (max(1, sk // 16),), generator=g)
+    q = torch.randn(batch, heads, q_len, head_dim, generator=g) * q_scale
+    k = torch.randn(batch, kv_heads, k_len, head_dim, generator=g)
+    v = torch.randn(batch, kv_heads, k_len, head_dim, generator=g)
+    if outliers:
+        idx = torch.randint(0, k_len, (max(1, k_len // 16),), generator=g)
         v[..., idx, :] *= 100.0
     mask = None
-    if draw(padding) and sk > 1:
-        keep = torch.randint(1, sk + 1, (b,), generator=g)  # every batch keeps at least one key
-        mask = torch.arange(sk)[None, :] >= keep[:, None]
-    carrier = _carrier(dtype)
-    return AttentionInputs(q.to(dtype).to(carrier), k.to(dtype).to(carrier), v.to(dtype).to(carrier),
-                           is_causal, mask, scale, seed)
+    if padding and k_len > 1:
+        keep = torch.randint(1, k_len + 1, (batch,), generator=g)  # every batch keeps at least one key
+        mask = torch.arange(k_len)[None, :] >= keep[:, None]
+    return AttentionInputs(q, k, v, causal, mask, q_scale, seed)
 
 
 def register_profile(name: str = PROFILE) -> str:

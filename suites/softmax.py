@@ -131,7 +131,12 @@ def _call(target: Target, config: Config, x: torch.Tensor, device: str, regime: 
     return out
 
 
-def run_case(target: Target, config: Config, regime_name: str, device: str, golden: Golden) -> CaseOutcome:
+def variants(device: str) -> list[str]:
+    return [""]
+
+
+def run_case(target: Target, config: Config, regime_name: str, device: str, golden: Golden,
+             variant: str = "") -> CaseOutcome:
     regime = REGIMES[regime_name]
     log_domain = target.kind == "log_softmax"
     x = regime.inputs()
