@@ -16,6 +16,7 @@ __all__ = ["Target", "TargetError", "KINDS", "register", "registered", "clear", 
 KINDS: dict[str, str] = {
     "softmax": "fn(x) -> softmax over the last dimension, same shape and dtype as x",
     "log_softmax": "fn(x) -> log_softmax over the last dimension, same shape and dtype as x",
+    "attention": "fn(q, k, v, causal[, key_padding_mask=]) -> (B, H, S_q, D) in q's dtype",
 }
 
 
