@@ -31,7 +31,7 @@ class SuiteCollector(pytest.Collector):
             for target in suite_targets(suite, session):
                 for config in session.configs:
                     for variant in suite.variants(session.device):
-                        for regime in suite.REGIMES:
+                        for regime in getattr(suite, "REGIME_NAMES", suite.REGIMES):
                             name = f"{target.kind}[{target.name}-{config.id}{variant}-{regime}]"
                             items.append(SuiteItem.from_parent(self, name=name, suite=suite, target=target,
                                                                config_=config, regime=regime, variant=variant))

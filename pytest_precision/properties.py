@@ -17,6 +17,7 @@ from hypothesis import currently_in_test_context, target
 
 from .checking import PrecisionFailure
 from .formats import format_of, ulp_distance
+from .inputs import seeded_normal
 from .metrics import Comparison, compare
 
 __all__ = [
@@ -215,8 +216,8 @@ def attention_causal_ignores_future(attention: Callable, q, k, v, *, split: int 
     split = max(1, sk // 2) if split is None else split
     g = torch.Generator().manual_seed(1)
     k2, v2 = k.clone(), v.clone()
-    k2[..., split:, :] = torch.randn(k2[..., split:, :].shape, generator=g).to(k.dtype) * 3
-    v2[..., split:, :] = torch.randn(v2[..., split:, :].shape, generator=g).to(v.dtype) * 3
+    k2[..., split:, :] = seeded_normal(g, *k2[..., split:, :].shape, scale=3.0, dtype=k.dtype)
+    v2[..., split:, :] = seeded_normal(g, *v2[..., split:, :].shape, scale=3.0, dtype=v.dtype)
     a = attention(q, k, v, causal=True)[..., :split, :]
     b = attention(q, k2, v2, causal=True)[..., :split, :]
     err, e = _row_scaled_error(a, b)

@@ -20,14 +20,17 @@ import torch
 from hypothesis import settings, strategies as st
 
 from .formats import format_of
+from .inputs import seeded_normal
 
 __all__ = [
-    "LOGIT_REGIMES", "exp_overflow_threshold", "exp_underflow_threshold", "representable", "logits",
+    "LOGIT_REGIMES", "DEFAULT_LOGIT_REGIMES", "exp_overflow_threshold", "exp_underflow_threshold", "representable", "logits",
     "AttentionInputs", "attention_inputs", "build_attention_inputs", "register_profile", "PROFILE",
 ]
 
 FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 LOGIT_REGIMES = ("normal", "overflow", "underflow", "near-ties", "peak", "flat", "masked", "subnormal", "long")
+# "long" is opt-in: its rows are filled from a seed, so a failure found there shrinks in shape only
+DEFAULT_LOGIT_REGIMES = tuple(r for r in LOGIT_REGIMES if r != "long")
 PROFILE = "pytest-precision"
 
 
@@ -83,61 +86,67 @@ def _carrier(dtype: torch.dtype) -> torch.dtype:
 
 
 @st.composite
-def _row(draw, dtype: torch.dtype, cols: int, regime: str) -> list[float]:
+def _row(draw, dtype: torch.dtype, regime: str, min_size: int, max_size: int) -> list[float]:
+    """One row of ``regime`` with a length in [min_size, max_size]: drawn as a list so that
+    shrinking deletes elements (the first row fixes the width; later rows are drawn at it)."""
     fmt = format_of(dtype)
     over = exp_overflow_threshold(dtype)
     under = exp_underflow_threshold(dtype)
     rep = lambda lo, hi: representable(dtype, lo, hi)  # noqa: E731
+    sized = lambda elements: st.lists(elements, min_size=min_size, max_size=max_size)  # noqa: E731
     if regime == "normal":
-        return draw(st.lists(rep(-8, 8), min_size=cols, max_size=cols))
+        return draw(sized(rep(-8, 8)))
     if regime == "overflow":  # logits at and past exp's overflow point
-        return draw(st.lists(rep(over - 1, min(over + 4, fmt.max)), min_size=cols, max_size=cols))
+        return draw(sized(rep(over - 1, min(over + 4, fmt.max))))
     if regime == "underflow":  # every exp underflows unless the max is subtracted
-        return draw(st.lists(rep(max(under - 50, -fmt.max), under), min_size=cols, max_size=cols))
+        return draw(sized(rep(max(under - 50, -fmt.max), under)))
     if regime == "near-ties":  # large magnitude, tiny gaps (10.0 against 10.01)
         base = draw(st.sampled_from([10.0, 100.0, 1000.0]))
-        return [_round_to(dtype, base + 0.01 * draw(st.integers(0, 1))) for _ in range(cols)]
+        return draw(sized(st.sampled_from([_round_to(dtype, base), _round_to(dtype, base + 0.01)])))
     if regime == "peak":  # one sharp logit over a normal row
-        row = draw(st.lists(rep(-2, 2), min_size=cols, max_size=cols))
-        row[draw(st.integers(0, cols - 1))] = draw(rep(min(over, 30.0), min(2 * over, 60.0)))
+        row = draw(sized(rep(-2, 2)))
+        row[draw(st.integers(0, len(row) - 1))] = draw(rep(min(over, 30.0), min(2 * over, 60.0)))
         return row
     if regime == "flat":
-        return [draw(rep(-100, 100))] * cols
+        v = draw(rep(-100, 100))
+        return draw(sized(st.just(v)))
     if regime == "masked":  # some -inf, possibly all (a fully masked row)
-        row = draw(st.lists(rep(-8, 8), min_size=cols, max_size=cols))
-        masked = draw(st.lists(st.booleans(), min_size=cols, max_size=cols))
-        return [-math.inf if m else v for v, m in zip(row, masked)]
+        return draw(sized(st.one_of(rep(-8, 8), st.just(-math.inf))))
     if regime == "subnormal":
-        return draw(st.lists(rep(-fmt.smallest_normal, fmt.smallest_normal), min_size=cols, max_size=cols))
+        return draw(sized(rep(-fmt.smallest_normal, fmt.smallest_normal)))
     raise ValueError(f"unknown logit regime {regime!r}; known: {', '.join(LOGIT_REGIMES)}")
 
 
 @st.composite
-def logits(draw, dtype: torch.dtype = torch.float32, *, rows: st.SearchStrategy[int] | None = None,
-           cols: st.SearchStrategy[int] | None = None, regimes: tuple[str, ...] = LOGIT_REGIMES,
+def logits(draw, dtype: torch.dtype = torch.float32, *, rows: tuple[int, int] = (1, 4),
+           cols: tuple[int, int] = (1, 16), regimes: tuple[str, ...] = DEFAULT_LOGIT_REGIMES,
            long_cols: tuple[int, int] = (1000, 8192), mixed_scales: bool = True) -> torch.Tensor:
     """A (rows, cols) tensor of logits whose rows each follow one of ``regimes`` (combined freely
     across rows), in ``dtype`` (float32 carrying fp8 values for fp8 dtypes).
 
     Regimes: ``normal``, ``overflow`` (at and past exp's overflow point of the dtype), ``underflow``
     (every exp underflows without max subtraction), ``near-ties``, ``peak``, ``flat``, ``masked``
-    (-inf, fully masked rows included), ``subnormal``, ``long`` (``long_cols`` wide, seeded fill).
-    ``mixed_scales`` multiplies rows by different powers of two.
+    (-inf, fully masked rows included), ``subnormal``; and, only when asked for, ``long``
+    (``long_cols`` wide, seeded fill).
+    ``mixed_scales`` multiplies rows by different powers of two. ``rows`` and ``cols`` are
+    (min, max) sizes; rows are drawn as a list so shrinking can delete any of them.
     """
     unknown = set(regimes) - set(LOGIT_REGIMES)
     if unknown or not regimes:
         raise ValueError(f"logits(): unknown regimes {sorted(unknown)}; known: {', '.join(LOGIT_REGIMES)}")
-    n_rows = draw(rows if rows is not None else st.integers(1, 4))
     short = [r for r in regimes if r != "long"]
     # 1 in 10 when mixed with others; on 9, not 0, so shrinking (toward 0) leaves long rows
     if "long" in regimes and (not short or draw(st.integers(0, 9)) == 9):
+        n_rows = draw(st.integers(*rows))
         n_cols = draw(st.integers(*long_cols))
         g = torch.Generator().manual_seed(draw(st.integers(0, 2**31 - 1)))
-        x = torch.randn(n_rows, n_cols, generator=g) * draw(st.sampled_from([1.0, 5.0, 20.0]))
+        x = seeded_normal(g, n_rows, n_cols, scale=draw(st.sampled_from([1.0, 5.0, 20.0])))
         return x.to(dtype).to(_carrier(dtype))
-    n_cols = draw(cols if cols is not None else st.integers(1, 16))
-    chosen = [draw(st.sampled_from(short)) for _ in range(n_rows)]
-    data = [draw(_row(dtype, n_cols, r)) for r in chosen]
+    first = draw(st.sampled_from(short).flatmap(lambda r: _row(dtype, r, cols[0], cols[1])))
+    n_cols = len(first)
+    row = st.sampled_from(short).flatmap(lambda r: _row(dtype, r, n_cols, n_cols))
+    data = [first] + draw(st.lists(row, min_size=max(rows[0] - 1, 0), max_size=rows[1] - 1))
+    n_rows = len(data)
     x = torch.tensor(data, dtype=torch.float64)
     if mixed_scales and n_rows > 1 and draw(st.booleans()):
         shifts = torch.tensor([draw(st.integers(-4, 4)) for _ in range(n_rows)], dtype=torch.float64)
@@ -200,9 +209,9 @@ def build_attention_inputs(*, seed: int, batch: int, heads: int, kv_heads: int, 
     """Float32 attention inputs from a CPU generator seed (the same bits on every machine): what
     ``attention_inputs`` draws from and what the attention suite's named regimes are made of."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, heads, q_len, head_dim, generator=g) * q_scale
-    k = torch.randn(batch, kv_heads, k_len, head_dim, generator=g)
-    v = torch.randn(batch, kv_heads, k_len, head_dim, generator=g)
+    q = seeded_normal(g, batch, heads, q_len, head_dim, scale=q_scale)
+    k = seeded_normal(g, batch, kv_heads, k_len, head_dim)
+    v = seeded_normal(g, batch, kv_heads, k_len, head_dim)
     if outliers:
         idx = torch.randint(0, k_len, (max(1, k_len // 16),), generator=g)
         v[..., idx, :] *= 100.0

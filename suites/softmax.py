@@ -23,6 +23,7 @@ from pytest_precision.configs import Config
 from pytest_precision.budgets import peer_budget
 from pytest_precision.faults import first_fault
 from pytest_precision.golden import Golden
+from pytest_precision.inputs import seeded_normal
 from pytest_precision.metrics import compare
 from pytest_precision.targets import Target, TargetError
 
@@ -50,8 +51,8 @@ class Regime:
         return {"regime": self.name, "shape": list(x.shape), "dtype": str(x.dtype).removeprefix("torch."), "seed": self.seed}
 
 
-def _randn(g, *shape, scale=1.0):
-    return torch.randn(*shape, generator=g, dtype=torch.float32) * scale
+def _randn(g, *shape, scale=1.0, shift=0.0):
+    return seeded_normal(g, *shape, scale=scale, shift=shift)
 
 
 def _near_ties(g):
@@ -93,8 +94,14 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
     Regime("masked", "half the logits -inf, one finite per row", _masked),
     Regime("fully-masked", "rows 3 and 11 entirely -inf (expected: NaN rows)", _fully_masked),
     Regime("large-negative", "N(-1000, 5^2) logits: exp underflows without max subtraction",
-           lambda g: _randn(g, ROWS, COLS, scale=5.0) - 1000.0),
+           lambda g: _randn(g, ROWS, COLS, scale=5.0, shift=-1000.0)),
 )}
+# Not a fixed input: Hypothesis attacks the target with extreme logits (pytest_precision.strategies)
+# under the suite's profile. No golden for it (one baseline cannot hold many examples): the oracle
+# with the peer budget and the counts judge each example, and a failure shows the shrunk input.
+HYPOTHESIS_REGIME = "hypothesis"
+HYPOTHESIS_EXAMPLES = 30
+REGIME_NAMES = (*REGIMES, HYPOTHESIS_REGIME)
 
 
 def _torch_op(kind: str) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -135,23 +142,78 @@ def variants(device: str) -> list[str]:
     return [""]
 
 
-def run_case(target: Target, config: Config, regime_name: str, device: str, golden: Golden,
-             variant: str = "") -> CaseOutcome:
-    regime = REGIMES[regime_name]
+def _judge_inputs(target: Target, config: Config, x: torch.Tensor, device: str, regime_name: str):
+    """Run target and peer on ``x`` under ``config``: (prepared inputs, output as compared, its
+    scale and ULP dtype, oracle comparison, peer comparison, float64 reference)."""
     log_domain = target.kind == "log_softmax"
-    x = regime.inputs()
     prep = config.prepare(x, device)
     ref = oracle(target.kind, prep.exact)
-
     out = _call(target, config, prep.value, device, regime_name)
     peer_target = Target(f"torch.{target.kind}", _torch_op(target.kind), target.kind)
     peer_out = _call(peer_target, config, prep.value, device, regime_name)
-
     dtype = config.ulp_dtype(out)
     out_c, scale = config.finish(out)
     peer_c, peer_scale = config.finish(peer_out)
     oracle_cmp = compare(out_c, ref, dtype, scale=scale, log_domain=log_domain)
     peer_cmp = compare(peer_c, ref, dtype, scale=peer_scale, log_domain=log_domain)
+    return prep, out, out_c, scale, dtype, oracle_cmp, peer_cmp, ref
+
+
+class _Falsified(AssertionError):
+    def __init__(self, x: torch.Tensor, oracle_cmp, peer_cmp, problems):
+        super().__init__("; ".join(problems))
+        self.x, self.oracle_cmp, self.peer_cmp = x, oracle_cmp, peer_cmp
+
+
+def _attack(target: Target, config: Config, device: str, golden: Golden) -> CaseOutcome:
+    """Hypothesis search for an input on which the target breaks its peer budget or counts."""
+    from hypothesis import given, settings
+    from hypothesis import target as steer
+
+    from pytest_precision.budgets import violations
+    from pytest_precision.golden import GoldenResult
+    from pytest_precision.strategies import PROFILE, logits
+
+    draw_dtype = config.input_dtype if config.fp8 is None else torch.float32
+    seen = {"oracle": None, "peer": None}
+
+    @settings(settings.get_profile(PROFILE), max_examples=HYPOTHESIS_EXAMPLES, database=None, deadline=None)
+    @given(logits(draw_dtype))
+    def attack(x):
+        _, _, _, _, _, oc, pc, _ = _judge_inputs(target, config, x.to(torch.float32), device, HYPOTHESIS_REGIME)
+        if seen["oracle"] is None or oc.max_ulp > seen["oracle"].max_ulp:
+            seen["oracle"], seen["peer"] = oc, pc
+        steer(min(oc.max_ulp, 1e300) if oc.max_ulp == oc.max_ulp else 1e300, label="max ULP")
+        problems = [s for _, s in violations(oc, peer_budget(pc))]
+        if problems:
+            raise _Falsified(x, oc, pc, problems)
+
+    problems: list[str] = []
+    try:
+        attack()
+    except _Falsified as f:
+        seen["oracle"], seen["peer"] = f.oracle_cmp, f.peer_cmp
+        rows = "\n".join("      " + line for line in repr(f.x.tolist()).splitlines())
+        problems = [f"Hypothesis found (after shrinking) logits of shape {tuple(f.x.shape)}, {draw_dtype}:\n{rows}"]
+    oc, pc = seen["oracle"], seen["peer"]
+    outcome = judge(suite=NAME, target=target.name, config=config.id, regime=HYPOTHESIS_REGIME,
+                    oracle={"reference": oc}, peer={"reference": pc}, peer_budget={"reference": peer_budget(pc)},
+                    golden=GoldenResult())
+    if problems:
+        outcome.problems = [("oracle", c, s) for c, s in violations(oc, peer_budget(pc))] or \
+            [("oracle", "accuracy", "oracle: budget exceeded")]
+        outcome.problems.append(("oracle", "hypothesis", problems[0]))
+    return outcome
+
+
+def run_case(target: Target, config: Config, regime_name: str, device: str, golden: Golden,
+             variant: str = "") -> CaseOutcome:
+    if regime_name == HYPOTHESIS_REGIME:
+        return _attack(target, config, device, golden)
+    regime = REGIMES[regime_name]
+    log_domain = target.kind == "log_softmax"
+    x = regime.inputs()
+    prep, out, out_c, scale, dtype, oracle_cmp, peer_cmp, ref = _judge_inputs(target, config, x, device, regime_name)
     gold = golden.check(out_c, ref, dtype=dtype, inputs=x, scale=scale, log_domain=log_domain,
                         seed=regime.seed, input_spec=regime.spec(x))
 

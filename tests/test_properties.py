@@ -87,11 +87,12 @@ def test_attention_properties_hold_for_sdpa_and_catch_defects():
 
 
 def test_public_api_finds_and_shrinks_the_fp16_overflow():
-    """find() runs the default example budget and shrinks: the minimal failing input is one short row."""
+    """find() shrinks to one short row; restricted to the overflow-side regimes, the row must overflow exp
+    (with every regime the shrinker may as well land on the underflow side, a 0 / 0)."""
     def broken(x):
         return not softmax_in_unit_interval(naive_softmax(x), x)
 
-    x = find(logits(torch.float16), broken, settings=settings(max_examples=100, database=None, derandomize=True))
+    x = find(logits(torch.float16, regimes=("normal", "overflow", "peak")), broken, settings=settings(max_examples=100, database=None, derandomize=True))
     assert x.shape[0] == 1 and x.shape[1] <= 3, x
     assert float(x.max()) > 11.09  # past fp16's exp overflow
 
@@ -114,6 +115,7 @@ def test_naive(x):
 """)
     r = pytester.runpytest("-p", "no:cacheprovider")
     r.assert_outcomes(failed=1)
-    # shrunk to one logit that is lost in fp16's exp (here the underflow side: 0 / 0)
+    # shrunk to one logit that is lost in fp16's exp (here the underflow side: 0 / 0). Hypothesis's own
+    # header line changed between versions ("Falsifying example" / "Failing test case"): not matched.
     r.stdout.fnmatch_lines(["*softmax rows sum to 1: VIOLATED: ULP inf*", "*worst row sums to nan (1 elements)*",
-                            "*Falsifying example*", "*x=tensor([[][[]*[]][]], dtype=torch.float16)*"])
+                            "*x=tensor([[][[]*[]][]], dtype=torch.float16)*"])
