@@ -56,9 +56,6 @@ class Baseline:
     npz_path: Path | None = None
     json_path: Path | None = None
 
-    def budgets_for(self, device: str) -> dict | None:
-        return self.meta.get("budgets", {}).get(device)
-
 
 class BaselineStore:
     """Baselines under one root directory."""

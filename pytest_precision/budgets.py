@@ -48,6 +48,14 @@ class Budget:
             parts.append(f"max abs {self.max_abs:.4g}")
         return ", ".join(parts)
 
+    @classmethod
+    def widest(cls, budgets: "list[Budget]") -> "Budget":
+        """Each limit at its loosest across ``budgets`` (None, not limited, is loosest)."""
+        def loosest(values):
+            return None if any(v is None for v in values) else max(values)
+        return cls(loosest([b.max_ulp for b in budgets]), *(max(getattr(b, k) for b in budgets) for k in COUNTS),
+                   max_abs=loosest([b.max_abs for b in budgets]))
+
 
 def abs_floor(ref_max_abs: float, dtype_mantissa_bits: int, ulps: float = ULP_FLOOR) -> float:
     """A floor of ``ulps`` ULPs of the dtype at the reference's largest magnitude."""

@@ -17,7 +17,7 @@ from .metrics import Comparison
 __all__ = ["CaseOutcome", "PrecisionFailure", "judge"]
 
 # headline order: the most specific cause first
-_CATEGORY_ORDER = ("overflow", "underflow", "nan", "missing_nan", "accuracy", "regression", "baseline")
+_CATEGORY_ORDER = ("overflow", "underflow", "nan", "missing_nan", "accuracy", "regression", "baseline", "hypothesis")
 
 
 class PrecisionFailure(AssertionError):
@@ -68,6 +68,7 @@ class CaseOutcome:
             "nan": sum(c.nan for c in every),
             "passed": self.passed, "categories": self.categories,
             "baseline_update": self.golden.updated,
+            "borrowed_budget": self.golden.note is not None,
         }
 
     def message(self, nodeid: str, update_command: str) -> str:
@@ -102,6 +103,8 @@ class CaseOutcome:
                 over = f", {gc.count_over(b.max_ulp)} of {gc.numel} elements over" if b.max_ulp is not None else ""
                 lines.append(f"    max ULP {gc.max_ulp:.4g}, max abs {gc.max_abs:.4g}{over};"
                              f" overflow {gc.overflow}, underflow {gc.underflow}, NaN {gc.nan}")
+            if g.note:
+                lines.append(f"    ({g.note})")
             lines.append(f"  if the new results are intended, accept them as the golden with: {update_command}")
             if any(check == "oracle" for check, _, _ in self.problems):
                 lines.append(f"  (the oracle check compares with {self.peer_name} in the same config and fails until"

@@ -1,19 +1,21 @@
 """The golden check: compare outputs with their accepted baseline, or write a new baseline.
 
 Used by the suites and by the ``golden`` fixture. References are float64 oracles on the config's
-rounded inputs, stored as float32 (DESIGN 2.1, 2.2); the accepted budgets are keyed by device
-type, then by output name. Nothing is written without the update flag; a missing baseline fails
+rounded inputs, stored as float32 (DESIGN 2.1, 2.2); the accepted budgets are keyed by the
+numerics key of the machine (``devices.numerics_key``: device type and CPU ISA or GPU compute
+capability), then by output name. A machine with no budget of its own is judged by the widest
+budget recorded for its device type, and the message says so. Nothing is written without the update flag; a missing baseline fails
 and says the command that writes it.
 """
 from __future__ import annotations
 
-import platform
 from dataclasses import dataclass, field
 
 import torch
 
 from .baselines import UPDATE_OPTION, Baseline, BaselineError, BaselineStore, checksum
 from .budgets import Budget, abs_floor, regression_budget, violations
+from .devices import device_class, machine_name, numerics_key
 from .formats import format_of
 from .metrics import Comparison, compare
 
@@ -52,6 +54,7 @@ class GoldenResult:
     problems: list[tuple[str, str]] = field(default_factory=list)  # (category, sentence)
     error: str | None = None  # the baseline cannot be used: missing, corrupt, inconsistent
     updated: str | None = None  # "old -> new" line when the baseline was (re)written
+    note: str | None = None  # the budget came from other machines of the device type
 
     @property
     def comparison(self) -> Comparison | None:
@@ -72,6 +75,10 @@ class Golden:
     device: str
     update: bool
     update_command: str
+
+    @property
+    def budget_key(self) -> str:
+        return numerics_key(self.device)
 
     def check(self, out: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype | None = None,
               inputs: torch.Tensor | None = None, scale: float = 1.0, log_domain: bool = False,
@@ -108,12 +115,17 @@ class Golden:
             return GoldenResult(error=(
                 f"{base.npz_path}: holds outputs {sorted(base.arrays)}, this check has {sorted(outputs)}; "
                 f"re-accept with: {self.update_command}"))
-        device_budgets = base.budgets_for(self.device)
-        if device_budgets is None:
+        key = self.budget_key
+        recorded = base.meta.get("budgets", {})
+        sources = [key] if key in recorded else sorted(k for k in recorded if device_class(k) == device_class(key))
+        if not sources:
             return GoldenResult(error=(
-                f"{base.json_path}: no accepted budget for device '{self.device}' (has: "
-                f"{', '.join(base.meta.get('budgets', {})) or 'none'}); accept with: {self.update_command}"))
+                f"{base.json_path}: no accepted budget for '{key}' nor any {device_class(key)} machine (has: "
+                f"{', '.join(recorded) or 'none'}); accept with: {self.update_command}"))
         result = GoldenResult()
+        if sources != [key]:
+            result.note = (f"no budget recorded for {key}: judged by the widest recorded for "
+                           f"{', '.join(sources)}; record this machine's with: {self.update_command}")
         for name, o in outputs.items():
             ref = base.arrays[name]
             if tuple(ref.shape) != tuple(o.out.shape):
@@ -121,9 +133,9 @@ class Golden:
                     f"{base.npz_path}: shape mismatch for {name}, golden {tuple(ref.shape)} vs output "
                     f"{tuple(o.out.shape)}; re-accept with: {self.update_command}"))
             try:
-                budget = Budget.from_dict(device_budgets["outputs"][name]["budget"])
+                budget = Budget.widest([Budget.from_dict(recorded[k]["outputs"][name]["budget"]) for k in sources])
             except (KeyError, TypeError) as e:
-                return GoldenResult(error=f"{base.json_path}: corrupt budget for device '{self.device}' ({e!r})")
+                return GoldenResult(error=f"{base.json_path}: corrupt budget for '{name}' under {', '.join(sources)} ({e!r})")
             cmp = o.compare_with(ref)
             result.comparisons[name], result.budgets[name] = cmp, budget
             prefix = "" if name == SINGLE else f"{name}: "
@@ -144,12 +156,13 @@ class Golden:
         meta = dict(old.meta) if same_outputs else {}
         meta.pop("schema_version", None)
         budgets = dict(meta.get("budgets", {}))
-        old_entries = budgets.get(self.device, {}).get("outputs", {})
-        budgets[self.device] = {"outputs": entries, "torch": torch.__version__, "machine": _machine(self.device)}
+        key = self.budget_key
+        old_entries = budgets.get(key, {}).get("outputs", {})
+        budgets[key] = {"outputs": entries, "torch": torch.__version__, "machine": machine_name(self.device)}
         meta.update({
             "key": self.key, "config": self.config_id,
             "dtypes": {n: c.dtype for n, c in result.comparisons.items()},
-            "written_on": self.device, "torch": torch.__version__, "seed": seed,
+            "written_on": key, "torch": torch.__version__, "seed": seed,
             "input_spec": input_spec, "input_checksum": input_sum, "budgets": budgets,
         })
         self.store.write(self.key, self.config_id, refs, meta)
@@ -157,7 +170,7 @@ class Golden:
         return result
 
     def _change_line(self, old: dict, new: dict) -> str:
-        head = f"{self.key} [{self.config_id}]"
+        head = f"{self.key} [{self.config_id}] on {self.budget_key}"
         if not old:
             return f"{head} new: " + "; ".join(_label(n) + Budget.from_dict(e["budget"]).describe() for n, e in new.items())
         moved = []
@@ -170,8 +183,3 @@ class Golden:
 def _label(name: str) -> str:
     return "" if name == SINGLE else f"{name} "
 
-
-def _machine(device: str) -> str:
-    if device == "cuda" and torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    return platform.processor() or platform.machine()

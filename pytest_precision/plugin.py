@@ -6,7 +6,8 @@ import pytest
 from .collection import SuiteCollector
 from .fixtures import golden, parametrize_precision_config, precision_config  # noqa: F401 (fixtures)
 from .session import SESSION_KEY, PrecisionSession
-from .summary import render_summary
+from .devices import numerics_key
+from .summary import borrowed_budgets_line, render_summary
 from .targets import clear as clear_targets
 
 RECORDS_KEY = "precision_records"
@@ -73,8 +74,12 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         terminalreporter.write_sep("=", f"precision baselines written: {len(updates)} (under {state.store.root})")
         for line in updates:
             terminalreporter.write_line(line)
-    terminalreporter.write_sep("=", f"precision summary (device {state.device})")
+    key = numerics_key(state.device)
+    terminalreporter.write_sep("=", f"precision summary (device {state.device}, budgets keyed {key})")
     terminalreporter.write_line(render_summary(state.records, [c.id for c in state.configs]))
+    borrowed = borrowed_budgets_line(state.records, key)
+    if borrowed:
+        terminalreporter.write_line(borrowed)
 
 
 class _XdistController:

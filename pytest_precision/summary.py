@@ -6,7 +6,9 @@ from collections import OrderedDict
 
 from tabulate import tabulate
 
-__all__ = ["summary_rows", "render_summary", "HEADERS"]
+from .devices import device_class
+
+__all__ = ["summary_rows", "render_summary", "borrowed_budgets_line", "HEADERS"]
 
 HEADERS = ("target", "config", "cases", "max ULP", "max rel", "SQNR dB", "overflow", "underflow", "NaN", "verdict")
 
@@ -46,3 +48,12 @@ def summary_rows(records: list[dict], config_order: list[str] | None = None) -> 
 
 def render_summary(records: list[dict], config_order: list[str] | None = None) -> str:
     return tabulate(summary_rows(records, config_order), headers=HEADERS, tablefmt="github")
+
+
+def borrowed_budgets_line(records: list[dict], key: str) -> str | None:
+    """Says how many cases were judged by budgets recorded on other machines (golden.Golden)."""
+    n = sum(1 for r in records if r.get("borrowed_budget"))
+    if not n:
+        return None
+    return (f"{n} case(s) had no budget recorded for {key} and were judged by the widest recorded for other "
+            f"{device_class(key)} machines; record this machine's with --precision-update-baselines")

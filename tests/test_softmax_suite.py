@@ -70,13 +70,13 @@ def _run(pytester, *args):
 def test_correct_softmax_and_log_softmax_pass_every_config(pytester):
     _setup(pytester, CORRECT + CORRECT_LOG)
     first = _run(pytester, "--precision-update-baselines")
-    first.assert_outcomes(passed=132, skipped=22)  # tf32: CUDA only
+    first.assert_outcomes(passed=144, skipped=24)  # 2 targets x 6 configs x 12 regimes; tf32: CUDA only
     result = _run(pytester)
-    result.assert_outcomes(passed=132, skipped=22)
-    result.stdout.fnmatch_lines(["*precision summary (device cpu)*"])
+    result.assert_outcomes(passed=144, skipped=24)
+    result.stdout.fnmatch_lines(["*precision summary (device cpu, budgets keyed cpu-*)*"])
     for config in ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8-e4m3"):
-        result.stdout.fnmatch_lines([f"*| mine *| {config} *| *11 | *pass*"])
-        result.stdout.fnmatch_lines([f"*| mine_log *| {config} *| *11 | *pass*"])
+        result.stdout.fnmatch_lines([f"*| mine *| {config} *| *12 | *pass*"])
+        result.stdout.fnmatch_lines([f"*| mine_log *| {config} *| *12 | *pass*"])
 
 
 def test_missing_max_subtraction_is_reported_as_overflow(pytester):
@@ -216,10 +216,10 @@ def mine(x):
 """
     _setup(pytester, accurate)
     first = _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "scale20 and not scale200")
-    first.stdout.fnmatch_lines(["*precision baselines written: 1*", "softmax/mine/scale20 [[]fp32[]] new: max ULP *"])
+    first.stdout.fnmatch_lines(["*precision baselines written: 1*", "softmax/mine/scale20 [[]fp32[]] on cpu-* new: max ULP *"])
     _setup(pytester, accurate.replace("x.double()", "x"))
     second = _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "scale20 and not scale200")
-    second.stdout.fnmatch_lines(["softmax/mine/scale20 [[]fp32[]] changed: max_ulp * -> *"])
+    second.stdout.fnmatch_lines(["softmax/mine/scale20 [[]fp32[]] on cpu-* changed: max_ulp * -> *"])
 
 
 def test_builtin_targets_and_config_selection(pytester):
@@ -288,3 +288,76 @@ def test_baseline_dir_ini(pytester):
     _setup(pytester, CORRECT, ini="precision_baseline_dir = goldens/here")
     _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "unit").assert_outcomes(passed=1)
     assert (pytester.path / "goldens" / "here" / "softmax" / "mine" / "unit" / "fp32.npz").exists()
+
+
+def test_hypothesis_regime_finds_and_shrinks_the_overflow(pytester):
+    _setup(pytester, NO_MAX_SUBTRACTION)
+    result = _run(pytester, "--precision-configs=fp16", "-k", "hypothesis")
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert "softmax[naive-fp16-hypothesis]: FAIL" in out
+    line = next(l for l in out.splitlines() if "Hypothesis found (after shrinking) logits of shape" in l)
+    rows, cols = eval(line.split("of shape ")[1].split(",", 2)[0] + "," + line.split("of shape ")[1].split(",", 2)[1])
+    assert rows == 1 and cols <= 3, line  # a short row, readable
+
+
+def _rekey_budgets(meta_path, rename: dict, extra: dict | None = None):
+    m = json.loads(meta_path.read_text())
+    m["budgets"] = {rename.get(k, k): v for k, v in m["budgets"].items()}
+    m["budgets"].update(extra or {})
+    meta_path.write_text(json.dumps(m))
+    return m
+
+
+def test_budgets_are_keyed_by_the_cpu_vector_isa(pytester):
+    import torch
+    _setup(pytester, CORRECT)
+    result = _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "unit")
+    result.assert_outcomes(passed=1)
+    isa = torch.backends.cpu.get_cpu_capability().lower()
+    result.stdout.fnmatch_lines([f"*precision summary (device cpu, budgets keyed cpu-{isa})*"])
+    meta = json.loads((pytester.path / "precision_baselines" / "softmax" / "mine" / "unit" / "fp32.json").read_text())
+    assert list(meta["budgets"]) == [f"cpu-{isa}"] and meta["written_on"] == f"cpu-{isa}"
+
+
+def test_machine_without_a_budget_is_judged_by_the_widest_of_its_device_type(pytester):
+    """A CI runner with another vector ISA than the one that accepted the golden: the budgets of
+    the other CPU machines judge it (the loosest limit of each), and the output says so."""
+    import torch
+    isa = f"cpu-{torch.backends.cpu.get_cpu_capability().lower()}"
+    accurate = """
+@pytest_precision.register("mine", kind="softmax")
+def mine(x):
+    return torch.softmax(x.double(), -1).to(x.dtype)
+"""
+    _setup(pytester, accurate)
+    _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "scale20 and not scale200").assert_outcomes(passed=1)
+    meta_path = pytester.path / "precision_baselines" / "softmax" / "mine" / "scale20" / "fp32.json"
+    tight = _rekey_budgets(meta_path, {isa: "cpu-tight"})["budgets"]["cpu-tight"]
+
+    # torch's fp32 softmax (tens of ULP) against the tight budget of the accurate target: fails, and says whose
+    _setup(pytester, accurate.replace("x.double()", "x"))
+    failed = _run(pytester, "--precision-configs=fp32", "-k", "scale20 and not scale200")
+    failed.assert_outcomes(failed=1)
+    failed.stdout.fnmatch_lines([f"*(no budget recorded for {isa}: judged by the widest recorded for cpu-tight; "
+                                 "record this machine's with: pytest --precision-suite *--precision-update-baselines)",
+                                 "*1 case(s) had no budget recorded for*judged by the widest recorded for other cpu machines*"])
+    # a second machine that accepted a looser budget: the widest limit applies and the case passes
+    loose = json.loads(json.dumps(tight))
+    loose["outputs"]["reference"]["budget"]["max_ulp"] = 1000.0
+    _rekey_budgets(meta_path, {}, {"cpu-loose": loose, "cuda-sm90": tight})
+    passed = _run(pytester, "--precision-configs=fp32", "-k", "scale20 and not scale200")
+    passed.assert_outcomes(passed=1)
+    passed.stdout.fnmatch_lines(["*1 case(s) had no budget recorded for*"])
+
+
+def test_no_budget_for_the_device_type_names_what_is_there(pytester):
+    import torch
+    isa = f"cpu-{torch.backends.cpu.get_cpu_capability().lower()}"
+    _setup(pytester, CORRECT)
+    _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "unit").assert_outcomes(passed=1)
+    _rekey_budgets(pytester.path / "precision_baselines" / "softmax" / "mine" / "unit" / "fp32.json", {isa: "cuda-sm90"})
+    result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*fp32.json: no accepted budget for '{isa}' nor any cpu machine (has: cuda-sm90); "
+                                 "accept with: pytest --precision-suite*"])
