@@ -37,6 +37,7 @@ class CaseOutcome:
     peer_name: str = "torch's op"
     fault: Fault | None = None
     problems: list[tuple[str, str, str]] = field(default_factory=list)  # (check, category, sentence)
+    details: list[str] = field(default_factory=list)  # lines after the verdict (a shrunk input)
 
     @property
     def passed(self) -> bool:
@@ -75,6 +76,7 @@ class CaseOutcome:
         lines = [f"{nodeid}: {self.verdict} ({', '.join(s for _, _, s in self.problems)})"]
         if self.fault is not None:
             lines.append(f"  {self.fault.describe()} under {self.config}")
+        lines += ["  " + line for line in self.details]
         several = len(self.oracle) > 1
         for name, o in self.oracle.items():
             label = f"{name}: " if several else ""
@@ -92,7 +94,9 @@ class CaseOutcome:
                 lines.append("    worst elements:")
                 lines += ["      " + row for row in o.worst_table().splitlines()]
         g = self.golden
-        if g.error:
+        if g.absent:
+            lines.append(f"  no golden baseline: {g.absent}")
+        elif g.error:
             lines.append("  golden baseline:")
             lines += ["    " + s for s in g.error.splitlines()]
         else:

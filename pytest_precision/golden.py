@@ -55,6 +55,7 @@ class GoldenResult:
     error: str | None = None  # the baseline cannot be used: missing, corrupt, inconsistent
     updated: str | None = None  # "old -> new" line when the baseline was (re)written
     note: str | None = None  # the budget came from other machines of the device type
+    absent: str | None = None  # why this case has no golden at all (drawn inputs)
 
     @property
     def comparison(self) -> Comparison | None:

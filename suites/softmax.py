@@ -193,16 +193,24 @@ def _attack(target: Target, config: Config, device: str, golden: Golden) -> Case
         attack()
     except _Falsified as f:
         seen["oracle"], seen["peer"] = f.oracle_cmp, f.peer_cmp
-        rows = "\n".join("      " + line for line in repr(f.x.tolist()).splitlines())
-        problems = [f"Hypothesis found (after shrinking) logits of shape {tuple(f.x.shape)}, {draw_dtype}:\n{rows}"]
+        shrunk = f.x.to(torch.float32)
+        problems = [f"Hypothesis found a failing input of shape {tuple(f.x.shape)}"]
+        details = [f"Hypothesis found (after shrinking) logits of shape {tuple(f.x.shape)}, {draw_dtype}:",
+                   *("  " + line for line in repr(f.x.tolist()).splitlines())]
     oc, pc = seen["oracle"], seen["peer"]
     outcome = judge(suite=NAME, target=target.name, config=config.id, regime=HYPOTHESIS_REGIME,
                     oracle={"reference": oc}, peer={"reference": pc}, peer_budget={"reference": peer_budget(pc)},
-                    golden=GoldenResult())
+                    golden=GoldenResult(absent="drawn inputs have no golden; the oracle and the peer judge them"))
     if problems:
         outcome.problems = [("oracle", c, s) for c, s in violations(oc, peer_budget(pc))] or \
             [("oracle", "accuracy", "oracle: budget exceeded")]
         outcome.problems.append(("oracle", "hypothesis", problems[0]))
+        outcome.details = details
+        if oc.nan or oc.overflow:  # name the op that went non-finite on the shrunk input
+            def traced():
+                with config.active(device):
+                    target.fn(config.prepare(shrunk, device).value)
+            outcome.fault = first_fault(traced)
     return outcome
 
 

@@ -290,15 +290,29 @@ def test_baseline_dir_ini(pytester):
     assert (pytester.path / "goldens" / "here" / "softmax" / "mine" / "unit" / "fp32.npz").exists()
 
 
-def test_hypothesis_regime_finds_and_shrinks_the_overflow(pytester):
+def test_hypothesis_regime_finds_and_shrinks_a_counterexample(pytester):
+    """Without max subtraction fp16 exp overflows (logits past 11.09) or underflows to 0 / 0 (large
+    negative rows): either way the shrunk input is one short row, printed, with the faulting op."""
+    import re
     _setup(pytester, NO_MAX_SUBTRACTION)
     result = _run(pytester, "--precision-configs=fp16", "-k", "hypothesis")
     result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*softmax[[]naive-fp16-hypothesis[]]: FAIL *Hypothesis found a failing input of shape*",
+        "  first * in aten::* at conftest.py:*: produced * from finite inputs under fp16",
+        "  Hypothesis found (after shrinking) logits of shape (*), torch.float16:",
+        "    [[][[]*[]][]]",
+        "  no golden baseline: drawn inputs have no golden*",
+    ])
     out = result.stdout.str()
-    assert "softmax[naive-fp16-hypothesis]: FAIL" in out
-    line = next(l for l in out.splitlines() if "Hypothesis found (after shrinking) logits of shape" in l)
-    rows, cols = eval(line.split("of shape ")[1].split(",", 2)[0] + "," + line.split("of shape ")[1].split(",", 2)[1])
-    assert rows == 1 and cols <= 3, line  # a short row, readable
+    rows, cols = map(int, re.search(r"logits of shape \((\d+), (\d+)\)", out).groups())
+    assert rows == 1 and cols <= 3, out  # a short row, readable
+    assert "--precision-update-baselines" not in out  # nothing to accept for drawn inputs
+
+
+def test_hypothesis_regime_passes_a_correct_softmax(pytester):
+    _setup(pytester, CORRECT)
+    _run(pytester, "--precision-configs=fp16,bf16,fp8-e4m3", "-k", "hypothesis").assert_outcomes(passed=3)
 
 
 def _rekey_budgets(meta_path, rename: dict, extra: dict | None = None):
