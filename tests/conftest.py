@@ -1,6 +1,12 @@
 import os
 
+import torch._dynamo  # noqa: F401  (see below)
 from hypothesis import HealthCheck, settings
+
+# pytester's in-process sessions drop from sys.modules every module first imported inside them.
+# Entering a TorchDispatchMode (the alignment lint, the first-fault tracer) imports torch._dynamo
+# and with it triton, whose nanobind extension aborts the process when it is imported a second
+# time. Importing them here, outside any session, keeps them loaded once.
 
 # CI: derandomised (same examples every run), no deadline (torch's first calls are slow)
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True,
