@@ -75,3 +75,14 @@ def test_worst_elements_point_at_the_defect():
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match=r"shape mismatch: output \(2,\) vs reference \(3,\)"):
         compare(torch.ones(2), torch.ones(3))
+
+
+def test_log_probabilities_near_zero_count_steps_at_one():
+    """log p = -0.0185 off by one fp32 step at 1.0 (2^-23): 1 ULP as a log-probability (p is off by
+    a relative 2^-23), 64 ULP as a plain number of that magnitude."""
+    ref = torch.tensor([-0.0185, -3.0], dtype=torch.float64)
+    out = (ref + torch.tensor([2.0**-23, 0.0], dtype=torch.float64)).float()
+    assert 0.9 < compare(out, ref, torch.float32, log_domain=True).max_ulp < 1.1
+    assert compare(out, ref, torch.float32).max_ulp > 60
+    far = (ref + torch.tensor([0.0, 2.0**-21], dtype=torch.float64)).float()  # |log p| >= 1: own magnitude
+    assert compare(far, ref, torch.float32, log_domain=True).max_ulp == compare(far, ref, torch.float32).max_ulp
