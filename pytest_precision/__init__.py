@@ -7,6 +7,7 @@ Register targets from a conftest.py::
 
 and run ``pytest --precision-suite``.
 """
+from .alignment import TensorCoreAlignmentWarning, tensor_core_misalignments
 from .configs import CONFIGS, Config
 from .formats import FORMATS, format_of, ulp, ulp_distance
 from .metrics import Comparison, compare
@@ -15,4 +16,4 @@ from .targets import Target, register
 __version__ = "0.1.0"
 
 __all__ = ["CONFIGS", "Config", "FORMATS", "format_of", "ulp", "ulp_distance", "Comparison", "compare",
-           "Target", "register", "__version__"]
+           "Target", "register", "TensorCoreAlignmentWarning", "tensor_core_misalignments", "__version__"]

@@ -75,6 +75,24 @@ class BaselineStore:
         for p in (npz, meta_path):
             if not p.exists():
                 raise BaselineError(f"{p}: missing (its companion {npz if p is meta_path else meta_path} exists)")
+        meta = self._read_meta(meta_path)
+        try:
+            with np.load(npz, allow_pickle=False) as data:
+                arrays = {name: np.array(data[name]) for name in data.files}
+        except (zipfile.BadZipFile, ValueError, OSError, KeyError, EOFError) as e:
+            raise BaselineError(f"{npz}: corrupt or truncated baseline tensors ({type(e).__name__}: {e})") from e
+        for name, a in arrays.items():
+            if a.dtype != np.float32:
+                raise BaselineError(f"{npz}: {name} has dtype {a.dtype}, expected float32")
+        return Baseline({n: torch.from_numpy(a) for n, a in arrays.items()}, meta, npz, meta_path)
+
+    def load_meta(self, key: str, config_id: str) -> dict | None:
+        """The JSON half alone (speed records), or None when it does not exist."""
+        _, meta_path = self.paths(key, config_id)
+        return self._read_meta(meta_path) if meta_path.exists() else None
+
+    @staticmethod
+    def _read_meta(meta_path: Path) -> dict:
         try:
             meta = json.loads(meta_path.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -87,15 +105,7 @@ class BaselineStore:
                 f"{meta_path}: baseline schema version {version!r}, this pytest-precision reads version "
                 f"{SCHEMA_VERSION}; rewrite it with {UPDATE_OPTION} after checking the results"
             )
-        try:
-            with np.load(npz, allow_pickle=False) as data:
-                arrays = {name: np.array(data[name]) for name in data.files}
-        except (zipfile.BadZipFile, ValueError, OSError, KeyError, EOFError) as e:
-            raise BaselineError(f"{npz}: corrupt or truncated baseline tensors ({type(e).__name__}: {e})") from e
-        for name, a in arrays.items():
-            if a.dtype != np.float32:
-                raise BaselineError(f"{npz}: {name} has dtype {a.dtype}, expected float32")
-        return Baseline({n: torch.from_numpy(a) for n, a in arrays.items()}, meta, npz, meta_path)
+        return meta
 
     def write(self, key: str, config_id: str, arrays: dict[str, torch.Tensor], meta: dict) -> tuple[Path, Path]:
         """Write both files atomically (temp file + rename): readers and other xdist workers see
@@ -107,6 +117,14 @@ class BaselineStore:
         body = json.dumps({"schema_version": SCHEMA_VERSION, **meta}, indent=2, sort_keys=True, allow_nan=True)
         _atomic_write(meta_path, lambda f: f.write((body + "\n").encode("utf-8")))
         return npz, meta_path
+
+
+    def write_meta(self, key: str, config_id: str, meta: dict) -> Path:
+        """Rewrite the JSON beside an existing baseline (speed records), atomically."""
+        _, meta_path = self.paths(key, config_id)
+        body = json.dumps({**meta, "schema_version": SCHEMA_VERSION}, indent=2, sort_keys=True, allow_nan=True)
+        _atomic_write(meta_path, lambda f: f.write((body + "\n").encode("utf-8")))
+        return meta_path
 
 
 def _atomic_write(path: Path, write) -> None:

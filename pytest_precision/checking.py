@@ -17,7 +17,7 @@ from .metrics import Comparison
 __all__ = ["CaseOutcome", "PrecisionFailure", "judge"]
 
 # headline order: the most specific cause first
-_CATEGORY_ORDER = ("overflow", "underflow", "nan", "missing_nan", "accuracy", "regression", "baseline", "hypothesis")
+_CATEGORY_ORDER = ("overflow", "underflow", "nan", "missing_nan", "accuracy", "regression", "baseline", "hypothesis", "speed", "memory")
 
 
 class PrecisionFailure(AssertionError):

@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 
 from .checking import PrecisionFailure
+from .alignment import tensor_core_misalignments, warn_misalignments
 from .golden import Golden
 from .session import SESSION_KEY, PrecisionSession
+from .speed import check_speed
 from .targets import Target, TargetError, registered
 
 __all__ = ["SuiteCollector", "SuiteItem", "suite_targets"]
@@ -59,10 +61,30 @@ class SuiteItem(pytest.Item):
                         session.update_command(suite_item=self.name, config_id=self.precision_config.id))
         outcome = self.suite.run_case(self.target, self.precision_config, self.regime, session.device, golden,
                                       self.variant)
+        record = outcome.record()
+        if session.speed and hasattr(self.suite, "bench_call"):
+            self._time(session, golden, outcome, record)
         self.outcome = outcome
-        session.records.append(outcome.record())
+        session.records.append(record)
         if not outcome.passed:
             raise PrecisionFailure(outcome.message(self.nodeid, golden.update_command))
+
+    def _time(self, session: PrecisionSession, golden: Golden, outcome, record: dict) -> None:
+        """The speed gate and the tensor-core lint for this case (DESIGN 5); adds to the outcome."""
+        def make_bench():
+            return self.suite.bench_call(self.target, self.precision_config, self.regime, session.device,
+                                         self.variant)
+        bench = make_bench()
+        if bench is None:  # drawn inputs: nothing of fixed size to time
+            return
+        if self.precision_config.tensor_core_dtypes:
+            warn_misalignments(tensor_core_misalignments(bench), self.name)
+        speed = check_speed(make_bench, session.device, golden, session.speed_threshold, session.fingerprint, bench)
+        del bench
+        outcome.problems += [(cat, cat, s) for cat, s in speed.problems()]
+        if speed.verdict.status == "noisy":  # a slower verdict is in the headline already
+            outcome.details.append(speed.verdict.describe())
+        record.update(speed.record(), passed=outcome.passed, categories=outcome.categories)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, PrecisionFailure):

@@ -68,6 +68,12 @@ class Config:
     fp8: torch.dtype | None = None
     description: str = ""
 
+    @property
+    def tensor_core_dtypes(self) -> bool:
+        """Whether the callable's matmuls can run in a tensor-core dtype: 16-bit inputs, autocast,
+        or TF32 (fp8 here is emulated around an fp32 call)."""
+        return self.tf32 or self.autocast_dtype is not None or self.input_dtype in (torch.float16, torch.bfloat16)
+
     def skip_reason(self, device: str) -> str | None:
         """Why this config cannot run on ``device`` ("cpu" or "cuda"), or None if it can."""
         if device == "cpu":

@@ -13,7 +13,7 @@ import platform
 
 import torch
 
-__all__ = ["numerics_key", "device_class", "machine_name"]
+__all__ = ["numerics_key", "device_class", "machine_name", "fingerprint"]
 
 
 def numerics_key(device: str) -> str:
@@ -35,4 +35,27 @@ def machine_name(device: str) -> str:
     """A human-readable name stored beside the budgets: the GPU's name, else the CPU's."""
     if device.startswith("cuda") and torch.cuda.is_available():
         return torch.cuda.get_device_name(device)
-    return platform.processor() or platform.machine()
+    return _cpu_model() or platform.processor() or platform.machine()
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def fingerprint(device: str) -> str:
+    """What speed baselines are keyed by: the machine, the threads or GPU, and the software that
+    sets the kernels. Timings from another fingerprint are never compared."""
+    parts = [machine_name(device)]
+    if device.startswith("cuda") and torch.cuda.is_available():
+        parts.append(f"CUDA {torch.version.cuda}")
+    else:
+        parts += [numerics_key(device), "timed on 1 thread"]  # see timing.py
+    parts.append(f"torch {torch.__version__}")
+    return ", ".join(parts)

@@ -81,6 +81,28 @@ class Golden:
     def budget_key(self) -> str:
         return numerics_key(self.device)
 
+    def speed_record(self, fingerprint: str) -> dict | None:
+        """The speed and memory recorded with this golden for a device fingerprint, if any."""
+        try:
+            meta = self.store.load_meta(self.key, self.config_id)
+        except BaselineError:
+            return None  # the accuracy check names the damaged file
+        return None if meta is None else meta.get("speed", {}).get(fingerprint)
+
+    def record_speed(self, fingerprint: str, entry: dict) -> bool:
+        """Store ``entry`` for the fingerprint beside the golden (update flag only); False when
+        there is no golden to store it with."""
+        try:
+            base = self.store.load(self.key, self.config_id)
+        except BaselineError:
+            return False
+        if base is None:
+            return False
+        meta = dict(base.meta)
+        meta["speed"] = {**meta.get("speed", {}), fingerprint: entry}
+        self.store.write_meta(self.key, self.config_id, meta)
+        return True
+
     def check(self, out: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype | None = None,
               inputs: torch.Tensor | None = None, scale: float = 1.0, log_domain: bool = False,
               seed: int | None = None, input_spec: dict | None = None) -> GoldenResult:

@@ -7,7 +7,7 @@ from .collection import SuiteCollector
 from .fixtures import golden, parametrize_precision_config, precision_config  # noqa: F401 (fixtures)
 from .session import SESSION_KEY, PrecisionSession
 from .devices import numerics_key
-from .summary import borrowed_budgets_line, render_summary
+from .summary import borrowed_budgets_line, render_summary, speed_lines
 from .targets import clear as clear_targets
 
 RECORDS_KEY = "precision_records"
@@ -23,6 +23,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="configs to run: fp32,tf32,fp16,bf16,amp-fp16,amp-bf16,fp8-e4m3 (default: all the device runs)")
     group.addoption("--precision-device", choices=("cpu", "cuda"),
                     help="device to run on (default: cuda when available, else cpu)")
+    group.addoption("--precision-no-speed", action="store_true",
+                    help="do not time suite cases: no speed or memory gate, no speed records written, no "
+                         "tensor-core alignment lint")
+    group.addoption("--precision-speed-threshold", metavar="PERCENT",
+                    help="fail a case this much slower than its recorded median, when clear of the noise "
+                         "(default: 10 on CUDA, 20 on CPU)")
     parser.addini("precision_baseline_dir", "directory of golden baselines, relative to the rootdir",
                   default="precision_baselines")
     parser.addini("precision_targets", "targets as 'package.module:function kind' lines", type="linelist", default=[])
@@ -63,6 +69,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         workeroutput[RECORDS_KEY] = session.config.stash[SESSION_KEY].records
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
+    """pytest-benchmark's machine id ignores the GPU: add the device fingerprint our speed
+    records are keyed by, so --benchmark-compare can tell two GPUs apart."""
+    state = config.stash[SESSION_KEY]
+    machine_info["pytest_precision"] = {"fingerprint": state.fingerprint, "numerics_key": numerics_key(state.device)}
+
+
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if hasattr(config, "workeroutput"):
         return
@@ -80,6 +94,8 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     borrowed = borrowed_budgets_line(state.records, key)
     if borrowed:
         terminalreporter.write_line(borrowed)
+    for line in speed_lines(state.records, state.fingerprint):
+        terminalreporter.write_line(line)
 
 
 class _XdistController:

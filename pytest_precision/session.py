@@ -2,6 +2,7 @@
 summary is built from."""
 from __future__ import annotations
 
+import functools
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,6 +12,8 @@ import torch
 
 from .baselines import BaselineStore
 from .configs import Config, select_configs
+from .devices import fingerprint
+from .speed import DEFAULT_THRESHOLD
 from .targets import Target, parse_ini_targets
 
 __all__ = ["PrecisionSession", "SESSION_KEY"]
@@ -26,6 +29,8 @@ class PrecisionSession:
     default_device: str
     ini_targets: list[Target] = field(default_factory=list)
     records: list[dict] = field(default_factory=list)
+    speed: bool = True  # time every suite case and gate it (off with --precision-no-speed)
+    speed_threshold: float = 0.2  # a fraction: 0.1 is 10 % slower
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "PrecisionSession":
@@ -38,11 +43,27 @@ class PrecisionSession:
             ini_targets = parse_ini_targets(config.getini("precision_targets"))
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
+        threshold = config.getoption("precision_speed_threshold")
+        if threshold is None:
+            threshold = DEFAULT_THRESHOLD["cuda" if device.startswith("cuda") else "cpu"]
+        else:
+            try:
+                threshold = float(str(threshold).rstrip("%")) / 100
+            except ValueError:
+                threshold = -1.0
+            if not threshold > 0:
+                raise pytest.UsageError(f"--precision-speed-threshold={config.getoption('precision_speed_threshold')}: "
+                                        "give a positive percentage, for example 10 or 10%")
         root = Path(config.getini("precision_baseline_dir") or "precision_baselines")
         if not root.is_absolute():
             root = config.rootpath / root
         return cls(device, configs, BaselineStore(root), bool(config.getoption("precision_update_baselines")),
-                   bool(config.getoption("precision_suite")), default_device, ini_targets)
+                   bool(config.getoption("precision_suite")), default_device, ini_targets,
+                   speed=not config.getoption("precision_no_speed"), speed_threshold=threshold)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        return fingerprint(self.device)
 
     def update_command(self, *, nodeid: str | None = None, suite_item: str | None = None, config_id: str = "") -> str:
         """The exact command that (re)writes one baseline."""

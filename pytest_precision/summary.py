@@ -7,8 +7,9 @@ from collections import OrderedDict
 from tabulate import tabulate
 
 from .devices import device_class
+from .timing import format_seconds
 
-__all__ = ["summary_rows", "render_summary", "borrowed_budgets_line", "HEADERS"]
+__all__ = ["summary_rows", "render_summary", "borrowed_budgets_line", "speed_lines", "HEADERS"]
 
 HEADERS = ("target", "config", "cases", "max ULP", "max rel", "SQNR dB", "overflow", "underflow", "NaN", "verdict")
 
@@ -47,7 +48,68 @@ def summary_rows(records: list[dict], config_order: list[str] | None = None) -> 
 
 
 def render_summary(records: list[dict], config_order: list[str] | None = None) -> str:
-    return tabulate(summary_rows(records, config_order), headers=HEADERS, tablefmt="github")
+    rows = summary_rows(records, config_order)
+    headers = HEADERS[:-1]
+    extra = [() for _ in rows]
+    # timed run (the default; not with --precision-no-speed): the time of the row's cases and the
+    # speed-up against fp32 on the same cases; on CUDA also peak memory and what it saves against fp32
+    if any(r.get("time_s") is not None for r in records):
+        headers += ("time", "vs fp32")
+        extra = [e + _speed_columns(records, row[0], row[1]) for e, row in zip(extra, rows)]
+    if any(r.get("peak_bytes") is not None for r in records):
+        headers += ("peak memory", "saved vs fp32")
+        extra = [e + _memory_columns(records, row[0], row[1]) for e, row in zip(extra, rows)]
+    table = [row[:-1] + e + row[-1:] for row, e in zip(rows, extra)]
+    return tabulate(table, headers=headers + HEADERS[-1:], tablefmt="github")
+
+
+def _case_values(records: list[dict], target: str, config: str, field: str) -> dict[str, float]:
+    return {r["regime"]: r[field] for r in records
+            if r["target"] == target and r["config"] == config and r.get(field) is not None}
+
+
+def _fp32_of(config: str) -> str:
+    return "fp32" + config[len(config.split("+")[0]):]  # "+flash": compare on the same SDPA backend
+
+
+def _against_fp32(records: list[dict], target: str, config: str, field: str):
+    """The row's values of ``field`` by regime, and the sums of it and of fp32's over the regimes
+    both have (None when none in common)."""
+    mine = _case_values(records, target, config, field)
+    ref = _case_values(records, target, _fp32_of(config), field)
+    common = [k for k in mine if k in ref]
+    sums = (sum(mine[k] for k in common), sum(ref[k] for k in common)) if common else None
+    return mine, sums
+
+
+def _speed_columns(records: list[dict], target: str, config: str) -> tuple[str, str]:
+    mine, sums = _against_fp32(records, target, config, "time_s")
+    if not mine:
+        return "-", "-"
+    speedup = f"{sums[1] / sums[0]:.2f} x" if sums and sums[0] else "-"
+    return format_seconds(sum(mine.values())), speedup
+
+
+def _memory_columns(records: list[dict], target: str, config: str) -> tuple[str, str]:
+    mine, sums = _against_fp32(records, target, config, "peak_bytes")
+    if not mine:
+        return "-", "-"
+    saved = f"{100 * (1 - sums[0] / sums[1]):.0f} %" if sums and sums[1] else "-"
+    return f"{max(mine.values()) / 2**20:.3g} MiB", saved
+
+
+def speed_lines(records: list[dict], fingerprint: str) -> list[str]:
+    """Cases with no speed record for this device, and slower-but-noisy cases, in a line each."""
+    lines = []
+    missing = sum(1 for r in records if r.get("speed_status") == "no-baseline")
+    if missing:
+        lines.append(f"no speed baseline for this device ({fingerprint}) in {missing} case(s): "
+                     "record with --precision-update-baselines")
+    noisy = [f"{r['target']}-{r['config']}-{r['regime']} {r['speed_ratio']:.2f} x" for r in records
+             if r.get("speed_status") == "noisy"]
+    if noisy:
+        lines.append(f"slower but within the noise (not failed): {', '.join(noisy)}")
+    return lines
 
 
 def borrowed_budgets_line(records: list[dict], key: str) -> str | None:

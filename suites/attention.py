@@ -21,6 +21,7 @@ CUDA, ``+efficient``, ``+cudnn``) is forced around the target's call.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import math
 import zlib
@@ -39,6 +40,7 @@ from pytest_precision.golden import Golden, Output
 from pytest_precision.metrics import compare
 from pytest_precision.strategies import AttentionInputs, build_attention_inputs
 from pytest_precision.targets import Target, TargetError
+from pytest_precision.timing import Bench
 
 NAME = "attention"
 KINDS = ("attention",)
@@ -181,6 +183,29 @@ def _run(fn, config: Config, device: str, a: AttentionInputs, values: tuple, gra
             raise TargetError(f"{where}: no gradient reached {name[1:]} (is the output detached?)")
         grads[name] = leaf.grad.detach()
     return _Run(out.detach(), grads)
+
+
+def bench_call(target: Target, config: Config, regime_name: str, device: str, variant: str = ""):
+    """The timed call of a case: the target's forward on the regime's inputs under the config and
+    backend (no autograd), or None where the case has nothing to time."""
+    if regime_name not in REGIMES or (regime_name == "padded" and not _accepts_padding(target.fn)):
+        return None
+    a = REGIMES[regime_name].inputs()
+    q, k, v = (config.prepare(t, device).value for t in (a.q, a.k, a.v))
+    kwargs = {"causal": a.causal}
+    if a.key_padding_mask is not None:
+        kwargs["key_padding_mask"] = a.key_padding_mask.to(device)
+    backend = variant.lstrip("+") or None
+
+    @contextlib.contextmanager
+    def context():
+        with torch.no_grad(), config.active(device):
+            if backend is None:
+                yield
+            else:
+                with sdpa_kernel(_BACKENDS[backend]):
+                    yield
+    return Bench(lambda: target.fn(q, k, v, **kwargs), context=context)
 
 
 def _grad_dtype(config: Config, grad: torch.Tensor) -> torch.dtype:

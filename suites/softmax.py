@@ -26,6 +26,7 @@ from pytest_precision.golden import Golden
 from pytest_precision.inputs import seeded_normal
 from pytest_precision.metrics import compare
 from pytest_precision.targets import Target, TargetError
+from pytest_precision.timing import Bench
 
 NAME = "softmax"
 KINDS = ("softmax", "log_softmax")
@@ -212,6 +213,15 @@ def _attack(target: Target, config: Config, device: str, golden: Golden) -> Case
                     target.fn(config.prepare(shrunk, device).value)
             outcome.fault = first_fault(traced)
     return outcome
+
+
+def bench_call(target: Target, config: Config, regime_name: str, device: str, variant: str = ""):
+    """The timed call of a case: the target on the regime's prepared inputs under the config, or
+    None for the drawn (hypothesis) inputs, which have no fixed size to time."""
+    if regime_name not in REGIMES:
+        return None
+    x = config.prepare(REGIMES[regime_name].inputs(), device).value
+    return Bench(lambda: target.fn(x), context=lambda: config.active(device))
 
 
 def run_case(target: Target, config: Config, regime_name: str, device: str, golden: Golden,

@@ -68,7 +68,8 @@ def _run(pytester, *args):
         args[i] = f"attention and ({args[i]})"
     else:
         args += ["-k", "attention"]
-    return pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", *args)
+    # accuracy only: timing is tested in test_speed.py, and timings taken under pytest -n are noise
+    return pytester.runpytest("--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider", *args)
 
 
 def _accept_then_run(pytester, *args):

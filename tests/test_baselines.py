@@ -57,3 +57,13 @@ def test_checksum_sees_dtype_shape_and_bits():
     x = torch.arange(6, dtype=torch.float32)
     assert checksum(x) == checksum(x.clone())
     assert len({checksum(x), checksum(x.reshape(2, 3)), checksum(x.double()), checksum(x + 1e-6)}) == 4
+
+
+def test_project_baselines_carry_no_speed_records():
+    """Timings belong to the machine that runs a user's CI; a record made here could match a CI
+    runner's fingerprint and gate it against this machine (regenerate with --precision-no-speed)."""
+    import json
+    from pathlib import Path
+    with_speed = [p for p in (Path(__file__).parent.parent / "baselines").rglob("*.json")
+                  if "speed" in json.loads(p.read_text())]
+    assert with_speed == []

@@ -25,3 +25,16 @@ def test_skipped_configs_are_shown_with_their_reason():
     records = [{"target": "a", "config": "tf32", "regime": "r", "skipped": "tf32: no CUDA"}, rec("a", "fp32", 1)]
     rows = summary_rows(records, ["fp32", "tf32"])
     assert rows[1] == ("a", "tf32", 0, "-", "-", "-", "-", "-", "-", "skip: tf32: no CUDA")
+
+
+def test_timed_and_cuda_runs_add_speed_and_memory_against_fp32():
+    def timed(config, regime, t, peak=None):
+        return {**rec("a", config, 1), "regime": regime, "time_s": t, "peak_bytes": peak}
+    cpu = [timed("fp32", "r1", 2e-3), timed("fp32", "r2", 2e-3), timed("bf16", "r1", 1e-3), timed("bf16", "r2", 1e-3)]
+    lines = render_summary(cpu, ["fp32", "bf16"]).splitlines()
+    assert "| time " in lines[0] and "vs fp32" in lines[0] and "peak memory" not in lines[0]
+    assert "2.00 x" in lines[3] and "2 ms" in lines[3] and "1.00 x" in lines[2]
+    cuda = [timed("fp32", "r1", 2e-3, 4 << 20), timed("bf16", "r1", 1e-3, 1 << 20)]
+    lines = render_summary(cuda, ["fp32", "bf16"]).splitlines()
+    assert "peak memory" in lines[0] and "saved vs fp32" in lines[0]
+    assert "| 1 MiB " in lines[3] and "75 %" in lines[3] and "| 0 %" in lines[2]

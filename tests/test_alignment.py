@@ -1,0 +1,81 @@
+"""The tensor-core alignment lint: aligned matmuls pass silently, misaligned ones are named."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pytest_precision.alignment import required_multiple, tensor_core_misalignments
+
+pytest_plugins = ["pytester"]
+
+
+def _mm(m, k, n, dtype):
+    a, b = torch.ones(m, k, dtype=dtype), torch.ones(k, n, dtype=dtype)
+    return lambda: a @ b
+
+
+def test_aligned_16_bit_matmul_is_not_flagged():
+    assert tensor_core_misalignments(_mm(16, 64, 32, torch.bfloat16)) == []
+    assert tensor_core_misalignments(_mm(16, 64, 32, torch.float16)) == []
+
+
+def test_misaligned_16_bit_matmul_names_op_dims_and_line():
+    (m,) = tensor_core_misalignments(_mm(17, 59, 32, torch.bfloat16))
+    assert m.op == "aten::mm" and m.dtype == "bfloat16" and m.dims == (("M", 17), ("K", 59)) and m.multiple == 8
+    assert m.describe().startswith("aten::mm in bfloat16 at test_alignment.py:")
+    assert "M=17, K=59 not a multiple of 8" in m.describe()
+
+
+def test_fp32_without_tf32_has_no_tensor_cores_to_miss():
+    assert tensor_core_misalignments(_mm(17, 59, 33, torch.float32)) == []
+    assert required_multiple(torch.float32, "cpu") is None
+
+
+def test_multiples_are_sixteen_bytes_of_elements():
+    assert required_multiple(torch.float16, "cuda") == 8
+    assert required_multiple(torch.bfloat16, "cpu") == 8
+    assert required_multiple(torch.float8_e4m3fn, "cuda") == 16
+    assert required_multiple(torch.float8_e5m2, "cuda") == 16
+    assert required_multiple(torch.int32, "cuda") is None
+
+
+@pytest.mark.parametrize("width, flagged", [(128, False), (100, True)])
+def test_sees_the_dtype_autocast_chose(width, flagged):
+    layer = torch.nn.Linear(width, 64)
+    x = torch.randn(8, width)
+
+    def step():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return layer(x)
+    found = tensor_core_misalignments(step)
+    assert bool(found) == flagged
+    if flagged:
+        assert found[0].dtype == "bfloat16" and ("K", 100) in found[0].dims
+
+
+def test_attention_head_dim():
+    q = torch.randn(1, 2, 32, 59, dtype=torch.bfloat16)
+    (m,) = tensor_core_misalignments(lambda: F.scaled_dot_product_attention(q, q, q))
+    assert ("head dim", 59) in m.dims and "attention" in m.op
+    q64 = torch.randn(1, 2, 32, 64, dtype=torch.bfloat16)
+    assert tensor_core_misalignments(lambda: F.scaled_dot_product_attention(q64, q64, q64)) == []
+
+
+def test_each_distinct_matmul_reported_once():
+    call = _mm(17, 59, 32, torch.float16)
+    assert len(tensor_core_misalignments(lambda: [call() for _ in range(5)])) == 1
+
+
+def test_suite_warns_for_the_irregular_regime_only(pytester):
+    """The built-in SDPA, flash backend, under bf16: the hd59 regime (head dim 59) is flagged, the
+    aligned regimes are not, and nothing fails for it. (The CPU math backend computes 16-bit
+    inputs in fp32, so it has no 16-bit matmul to flag.)"""
+    pytester.makeini("[pytest]\n")
+    r = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=bf16,fp32",
+                           "--precision-update-baselines", "-k", "attention and flash", "-W",
+                           "always::pytest_precision.alignment.TensorCoreAlignmentWarning")
+    r.assert_outcomes(passed=14)
+    text = r.stdout.str()
+    flagged = [line for line in text.splitlines() if "not a multiple of" in line]
+    assert flagged and all("bf16+flash-hd59" in line for line in flagged), flagged
+    assert "head dim=59" in text and "TensorCoreAlignmentWarning" in text
+    assert "fp32+flash-hd59" not in text.split("warnings summary")[-1]

@@ -1,0 +1,184 @@
+"""The speed gate: the verdict rule on controlled samples, and the plugin path in real sessions.
+
+Between-run drift on a shared CPU is far larger than the within-run noise for calls of tens of
+microseconds (measured: 1.2 to 2.5 x for unchanged torch ops), so the pytester tests plant
+slowdowns that no drift reaches; the rule itself is tested on synthetic samples."""
+import json
+
+import numpy as np
+import pytest
+
+from pytest_precision.speed import check_speed, judge_memory, judge_speed, ratio_interval, thin_samples
+from pytest_precision.timing import Timing, measure, synchronized_perf_counter
+
+pytest_plugins = ["pytester"]
+
+
+def _samples(median: float, noise: float, n: int = 200, seed: int = 0) -> tuple[float, ...]:
+    rng = np.random.default_rng(seed)
+    return tuple(float(v) for v in median * rng.lognormal(0.0, noise, n))
+
+
+def test_unchanged_passes_and_a_30_percent_slowdown_fails():
+    base = {"samples": thin_samples(_samples(1e-3, 0.05, seed=1))}
+    for seed in range(20):
+        assert judge_speed(Timing(_samples(1e-3, 0.05, seed=100 + seed)), base, 0.2, "fp").status == "pass"
+    for seed in range(10):
+        v = judge_speed(Timing(_samples(1.3e-3, 0.05, seed=200 + seed)), base, 0.2, "fp")
+        assert v.failed and v.low > 1.2, v.describe()
+
+
+def test_slower_but_noisy_does_not_fail():
+    base = {"samples": thin_samples(_samples(1e-3, 1.0, n=20, seed=1))}
+    v = judge_speed(Timing(_samples(1.3e-3, 1.0, n=20, seed=2)), base, 0.2, "fp")
+    assert v.status in ("noisy", "pass") and not v.failed
+    assert judge_speed(Timing(_samples(1e-3, 0.05)), None, 0.2, "fp").status == "no-baseline"
+
+
+def test_interval_is_seeded_and_brackets_the_ratio():
+    a, b = _samples(1e-3, 0.1, seed=1), _samples(1.5e-3, 0.1, seed=2)
+    r = ratio_interval(a, b)
+    assert r == ratio_interval(a, b) and r[1] < r[0] < r[2] and 1.35 < r[0] < 1.65
+
+
+def test_thin_samples_keeps_the_extremes_and_order():
+    s = thin_samples(range(1000), 64)
+    assert len(s) == 64 and s[0] == 0 and s[-1] == 999 and s == sorted(s)
+
+
+def test_memory_gate():
+    assert judge_memory(None, {"peak_bytes": 1}) is None  # the CPU has no peak to compare
+    assert judge_memory(100 << 20, {"peak_bytes": 100 << 20}) is None
+    assert "peak memory 150.0 MiB > 111.0 MiB allowed" in judge_memory(150 << 20, {"peak_bytes": 100 << 20})
+
+
+class _Golden:
+    update = False
+
+    def __init__(self, record):
+        self.record = record
+
+    def speed_record(self, fingerprint):
+        return self.record
+
+
+def test_a_slowdown_must_be_seen_again_on_fresh_inputs_to_fail():
+    recorded = measure(lambda: sum(range(200)), "cpu")
+    golden = _Golden({"samples": thin_samples(recorded.samples), "calibration": thin_samples(recorded.calibration)})
+    slow, usual = (lambda: sum(range(2000))), (lambda: sum(range(200)))  # about 10 x apart
+    once = iter([slow, usual])
+    v = check_speed(lambda: next(once), "cpu", golden, 0.2, "fp").verdict
+    assert v.status == "noisy" and v.second_ratio < 1.2 < v.ratio and "not confirmed" in v.describe()
+    twice = iter([slow, slow])
+    v = check_speed(lambda: next(twice), "cpu", golden, 0.2, "fp").verdict
+    assert v.failed and v.second_ratio > 1.2 and "timed again on fresh inputs" in v.describe()
+
+
+def test_measure_on_cpu():
+    t = measure(lambda: sum(range(100)), "cpu")
+    assert len(t.samples) >= 15 and t.median > 0 and "over" in t.describe()
+    a = synchronized_perf_counter()
+    assert synchronized_perf_counter() >= a
+
+
+SLOW_TARGET = """
+import time
+import torch
+import pytest_precision
+
+@pytest_precision.register("mine", kind="softmax")
+def mine(x):
+    time.sleep({sleep})
+    return torch.softmax(x, -1)
+"""
+
+
+def _run(pytester, *args):
+    return pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=fp32",
+                              "-k", "softmax and unit", *args)
+
+
+def test_gate_records_then_fires_on_a_planted_slowdown(pytester):
+    pytester.makeconftest(SLOW_TARGET.format(sleep=0))
+    pytester.makeini("[pytest]\n")
+    first = _run(pytester)
+    first.assert_outcomes(failed=1)  # no golden yet
+    recorded = _run(pytester, "--precision-update-baselines")
+    recorded.assert_outcomes(passed=1)
+    # a wide threshold: this test is about the plumbing, not the noise of a shared CI machine
+    # (the planted sleep is about 100 x the call)
+    _run(pytester, "--precision-speed-threshold=100").assert_outcomes(passed=1)
+    meta = json.loads((pytester.path / "precision_baselines" / "softmax" / "mine" / "unit" / "fp32.json").read_text())
+    (fingerprint, entry), = meta["speed"].items()
+    assert "torch" in fingerprint and len(entry["samples"]) > 10 and entry["peak_bytes"] is None
+
+    pytester.makeconftest(SLOW_TARGET.format(sleep=0.002))  # about 100 x a 16 x 256 softmax
+    slow = _run(pytester, "--precision-speed-threshold=100")
+    slow.assert_outcomes(failed=1)
+    slow.stdout.fnmatch_lines(["*softmax[[]mine-fp32-unit[]]: FAIL speed (speed slower: * x the recorded time relative to the calibration*"
+                               "threshold 2.00 x); timed again on fresh inputs: * x; recorded median*"])
+    # with --precision-no-speed nothing is timed, so nothing fails on speed
+    _run(pytester, "--precision-no-speed").assert_outcomes(passed=1)
+
+
+def test_no_speed_baseline_for_this_device_is_reported_not_failed(pytester):
+    pytester.makeconftest(SLOW_TARGET.format(sleep=0))
+    pytester.makeini("[pytest]\n")
+    _run(pytester, "--precision-update-baselines", "--precision-no-speed").assert_outcomes(passed=1)  # accuracy only
+    r = _run(pytester)
+    r.assert_outcomes(passed=1)
+    r.stdout.fnmatch_lines(["*| time *| vs fp32 *", "no speed baseline for this device (*) in 1 case(s): "
+                            "record with --precision-update-baselines"])
+
+
+@pytest.mark.parametrize("value", ["abc", "0", "-5"])
+def test_bad_threshold_is_a_usage_error(pytester, value):
+    pytester.makeini("[pytest]\n")
+    r = pytester.runpytest(f"--precision-speed-threshold={value}")
+    assert r.ret == pytest.ExitCode.USAGE_ERROR
+    r.stderr.fnmatch_lines([f"*--precision-speed-threshold={value}: give a positive percentage*"])
+
+
+MEMORY_TARGET = """
+import torch
+import pytest_precision
+
+@pytest_precision.register("mine", kind="softmax")
+def mine(x):
+    scratch = torch.empty({extra_mib} << 20, dtype=torch.uint8, device=x.device)  # a planted 0 or 64 MiB
+    return torch.softmax(x, -1)
+"""
+
+
+def test_memory_regression_on_cuda(pytester):
+    import torch
+    if not torch.cuda.is_available():
+        pytest.skip("peak memory is measured on CUDA only (torch.cuda.max_memory_allocated); no GPU here")
+    pytester.makeini("[pytest]\n")
+    pytester.makeconftest(MEMORY_TARGET.format(extra_mib=0))
+    _run(pytester, "--precision-update-baselines").assert_outcomes(passed=1)
+    meta = json.loads((pytester.path / "precision_baselines" / "softmax" / "mine" / "unit" / "fp32.json").read_text())
+    (entry,) = meta["speed"].values()
+    assert entry["peak_bytes"] > 0
+    wide = "--precision-speed-threshold=100"  # this test is about memory, not timing noise
+    _run(pytester, wide).assert_outcomes(passed=1)  # unchanged
+    pytester.makeconftest(MEMORY_TARGET.format(extra_mib=64))
+    r = _run(pytester, wide)
+    r.assert_outcomes(failed=1)
+    r.stdout.fnmatch_lines(["*softmax[[]mine-fp32-unit[]]: FAIL *memory*peak memory * MiB > * MiB allowed*"])
+
+
+def test_pytest_benchmark_sees_our_fingerprint_and_timer(pytester, monkeypatch):
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)  # pytest-benchmark turns itself off under xdist
+    pytester.makepyfile("""
+def test_bench(benchmark):
+    benchmark(sum, range(10))
+""")
+    pytester.makeini("[pytest]\n")
+    r = pytester.runpytest("-p", "no:cacheprovider", "--benchmark-json=out.json",
+                           "--benchmark-timer=pytest_precision.timing.synchronized_perf_counter")
+    r.assert_outcomes(passed=1)
+    data = json.loads((pytester.path / "out.json").read_text())
+    info = data["machine_info"]["pytest_precision"]
+    assert info["numerics_key"].startswith("cpu-") and "torch" in info["fingerprint"]
+    assert data["benchmarks"][0]["options"]["timer"] == "synchronized_perf_counter"
