@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .faults import _user_frame
+from .tracing import user_frame
 
 __all__ = ["Misalignment", "TensorCoreAlignmentWarning", "TensorCoreLint", "tensor_core_misalignments",
            "required_multiple", "warn_misalignments"]
@@ -89,7 +89,7 @@ class TensorCoreLint(TorchDispatchMode):
             if bad and key not in self._seen:
                 self._seen.add(key)
                 self.found.append(Misalignment(f"aten::{name}", str(a.dtype).replace("torch.", ""), bad, multiple,
-                                               _user_frame()))
+                                               user_frame()))
         return func(*args, **(kwargs or {}))
 
 

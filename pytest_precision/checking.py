@@ -75,7 +75,7 @@ class CaseOutcome:
     def message(self, nodeid: str, update_command: str) -> str:
         lines = [f"{nodeid}: {self.verdict} ({', '.join(s for _, _, s in self.problems)})"]
         if self.fault is not None:
-            lines.append(f"  {self.fault.describe()} under {self.config}")
+            lines.append(f"  {self.fault.describe(self.config)}")
         lines += ["  " + line for line in self.details]
         several = len(self.oracle) > 1
         for name, o in self.oracle.items():

@@ -33,7 +33,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pytest_precision.budgets import PEER_FACTOR, ULP_FLOOR, peer_budget
 from pytest_precision.checking import CaseOutcome, judge
-from pytest_precision.configs import Config, fp8_roundtrip
+from pytest_precision.configs import CONFIGS, Config, fp8_roundtrip
 from pytest_precision.faults import first_fault
 from pytest_precision.formats import format_of
 from pytest_precision.golden import Golden, Output
@@ -278,12 +278,11 @@ def run_case(target: Target, config: Config, regime_name: str, device: str, gold
     outcome = judge(suite=NAME, target=target.name, config=config.id + variant, regime=regime_name,
                     oracle=oracle, peer=peers, peer_budget=budgets, golden=gold,
                     peer_name="eager math attention")
-    if not outcome.passed and not bool(torch.isfinite(mine.out).all()):
-        def traced():
-            kwargs = {"causal": a.causal}
-            if a.key_padding_mask is not None:
-                kwargs["key_padding_mask"] = a.key_padding_mask.to(device)
-            with config.active(device):
-                target.fn(*values, **kwargs)
-        outcome.fault = first_fault(traced)
+    lost = not all(bool(torch.isfinite(t).all()) for t in outputs_mine.values()) or "underflow" in outcome.categories
+    if not outcome.passed and lost:
+        # forward and backward re-run traced, beside the same on the float64 inputs without autocast
+        exact_values = tuple(p.exact.to(device) for p in preps)
+        outcome.fault = first_fault(
+            lambda: _run(target.fn, config, device, a, values, grad_seed, backend, where),
+            lambda: _run(target.fn, CONFIGS["fp32"], device, a, exact_values, grad_seed, None, where))
     return outcome

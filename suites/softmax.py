@@ -207,11 +207,8 @@ def _attack(target: Target, config: Config, device: str, golden: Golden) -> Case
             [("oracle", "accuracy", "oracle: budget exceeded")]
         outcome.problems.append(("oracle", "hypothesis", problems[0]))
         outcome.details = details
-        if oc.nan or oc.overflow:  # name the op that went non-finite on the shrunk input
-            def traced():
-                with config.active(device):
-                    target.fn(config.prepare(shrunk, device).value)
-            outcome.fault = first_fault(traced)
+        if oc.nan or oc.overflow or oc.underflow:  # name the op where the shrunk input lost it
+            outcome.fault = _locate_fault(target, config, config.prepare(shrunk, device), device)
     return outcome
 
 
@@ -238,9 +235,14 @@ def run_case(target: Target, config: Config, regime_name: str, device: str, gold
     outcome = judge(suite=NAME, target=target.name, config=config.id, regime=regime_name,
                     oracle={"reference": oracle_cmp}, peer={"reference": peer_cmp},
                     peer_budget={"reference": peer_budget(peer_cmp)}, golden=gold)
-    if not outcome.passed and not bool(torch.isfinite(out).all()):
-        def traced():
-            with config.active(device):
-                target.fn(prep.value)
-        outcome.fault = first_fault(traced)
+    if not outcome.passed and (not bool(torch.isfinite(out).all()) or "underflow" in outcome.categories):
+        outcome.fault = _locate_fault(target, config, prep, device)
     return outcome
+
+
+def _locate_fault(target: Target, config: Config, prep, device: str):
+    """Re-run the target traced under the config, and on the float64 inputs without autocast."""
+    def traced():
+        with config.active(device):
+            target.fn(prep.value)
+    return first_fault(traced, lambda: target.fn(prep.exact.to(device)))
