@@ -1,9 +1,11 @@
 """Where the Triton kernels can run, and how they are launched.
 
 Natively the kernels need CUDA. On the CPU they run under Triton's interpreter, which triton
-turns on with the environment variable ``TRITON_INTERPRET=1`` (read when a kernel is jitted). We
-jit each kernel on its first launch, once per mode, so setting the variable any time before the
-first call is enough, and a process can hold both modes (tests switch it with monkeypatch).
+turns on with the environment variable ``TRITON_INTERPRET=1``. Triton reads it when a function is
+jitted, and its own library functions (``tl.max`` and friends) are jitted when triton is imported,
+so the variable must be set before triton is imported: the process's triton is then in
+interpreter mode for good (``interpreting()`` asks triton itself). Our kernels are jitted on their
+first launch, in the mode of the process's triton.
 
 The interpreter's ``tl.dot`` on bfloat16 operands multiplies the raw bit patterns (triton 3.9.0,
 upstream triton-lang/triton#11584, "not supported yet"): results around 1e10 for unit inputs.
@@ -23,11 +25,13 @@ does. A bf16 kernel is therefore never judged on the interpreter's bf16 bugs.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
+import sys
 import types
 
-__all__ = ["triton_installed", "interpreting", "upcast_dot", "boundary_dtype", "unavailable", "builtin_enabled", "LazyKernel",
+__all__ = ["triton_installed", "interpret_requested", "interpreting", "upcast_dot", "boundary_dtype", "unavailable", "builtin_enabled", "LazyKernel",
            "INTERPRET_HINT"]
 
 INTERPRET_HINT = "set TRITON_INTERPRET=1 before starting pytest to run them on the CPU under Triton's interpreter"
@@ -37,9 +41,35 @@ def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def interpreting() -> bool:
-    """Whether kernels jitted now run under Triton's interpreter (TRITON_INTERPRET set)."""
+def interpret_requested() -> bool:
+    """Whether TRITON_INTERPRET is set in the environment."""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
+def interpreting() -> bool:
+    """Whether Triton kernels run under the interpreter in this process: triton was imported in
+    interpreter mode, or is not imported yet and TRITON_INTERPRET is set."""
+    if "triton.language.standard" in sys.modules:
+        from triton.language import standard
+        from triton.runtime.interpreter import InterpretedFunction
+
+        return isinstance(standard.max, InterpretedFunction)
+    return interpret_requested()
+
+
+@contextlib.contextmanager
+def _mode_env(interpret: bool):
+    """TRITON_INTERPRET as triton was imported with, around jitting and launching our kernels
+    (triton reads it there too), restored afterwards."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
 
 
 def upcast_dot() -> bool:
@@ -76,7 +106,7 @@ def builtin_enabled() -> bool:
     """Whether the suites list the kernels among their built-in targets: on a CUDA machine, or
     when the interpreter is on. Off otherwise, because the interpreter is slow and opt-in; the
     main job on a CPU machine turns it on (README, .ci/run)."""
-    return interpreting() or (triton_installed() and _cuda())
+    return interpret_requested() or (triton_installed() and _cuda())
 
 
 class LazyKernel:
@@ -102,7 +132,8 @@ class LazyKernel:
                 names.update({h.__name__: h.jitted() for h in self.helpers})
                 fn = types.FunctionType(fn.__code__, names, fn.__name__, fn.__defaults__, fn.__closure__)
                 fn.__module__, fn.__qualname__, fn.__doc__ = self.fn.__module__, self.fn.__qualname__, self.fn.__doc__
-            self._jitted[mode] = triton.jit(fn)
+            with _mode_env(mode):
+                self._jitted[mode] = triton.jit(fn)
         return self._jitted[mode]
 
     def __getitem__(self, grid):
@@ -110,10 +141,10 @@ class LazyKernel:
         if not interpreting():
             return launch
 
-        def quiet(*args, **kwargs):
+        def interpreted(*args, **kwargs):
             # the interpreter runs on numpy, which warns on inf - inf and log(0): those are the
             # intended IEEE results here (masked rows), not mistakes
             import numpy as np
-            with np.errstate(all="ignore"):
+            with _mode_env(True), np.errstate(all="ignore"):
                 return launch(*args, **kwargs)
-        return quiet
+        return interpreted
