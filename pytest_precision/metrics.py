@@ -98,6 +98,8 @@ def compare(
     if tuple(out.shape) != tuple(ref.shape):
         raise ValueError(f"shape mismatch: output {tuple(out.shape)} vs reference {tuple(ref.shape)}")
     dtype = dtype or out.dtype
+    if _use_fused(out, dtype, scale):
+        return _compare_fused(out, ref, dtype, scale, log_domain, underflow_floor, keep_ulps)
     fmt = format_of(dtype)
     o = out.detach().to(torch.float64)
     r = ref.detach().to(device=o.device, dtype=torch.float64)
@@ -175,4 +177,58 @@ def compare(
         flushed_subnormal=int(flushed.sum()),
         worst=worst,
         ulps=ulps if keep_ulps else None,
+    )
+
+
+def _use_fused(out: torch.Tensor, dtype: torch.dtype, scale: float) -> bool:
+    """On CUDA, the one-pass Triton kernel (kernels/error_stats.py) computes the statistics."""
+    if not out.is_cuda or scale <= 0 or math.frexp(scale)[0] != 0.5:
+        return False
+    from pytest_precision.kernels.error_stats import KERNEL_DTYPES
+    from pytest_precision.kernels.runtime import triton_installed
+
+    return dtype in KERNEL_DTYPES and triton_installed()
+
+
+def _compare_fused(out, ref, dtype, scale, log_domain, underflow_floor, keep_ulps) -> Comparison:
+    """``compare`` from the kernel's statistics: the same numbers as the torch path. The ULP
+    tensor (worst elements, exact p99, count_over) is still made when ``keep_ulps``; without it
+    p99 is the top of its power-of-two histogram bucket and the worst element is the max."""
+    from pytest_precision.kernels.error_stats import error_statistics
+
+    fmt = format_of(dtype)
+    st = error_statistics(out, ref, dtype, scale=scale, log_domain=log_domain, underflow_floor=underflow_floor)
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(device=o.device, dtype=torch.float64)
+    ulps = ulp_distance(o / scale, r / scale, dtype) if keep_ulps else None
+    if st.n_finite:
+        err, sig = math.sqrt(st.sum_sq_err), math.sqrt(st.sum_sq_ref)
+        sqnr = math.inf if err == 0 else (20 * math.log10(sig / err) if sig > 0 else -math.inf)
+        den = math.sqrt(st.sum_sq_out) * sig
+        cosine = st.sum_out_ref / den if den > 0 else (1.0 if err == 0 else 0.0)
+        if ulps is not None:
+            fu = ulps[torch.isfinite(o) & torch.isfinite(r)]
+            p99 = float(torch.quantile(fu.float(), 0.99)) if fu.numel() <= 16_000_000 else float(fu.max())
+        else:
+            p99 = st.quantile_bound(0.99)
+    else:
+        sqnr, cosine, p99 = math.inf, 1.0, 0.0
+    worst = []
+    if st.numel:
+        if ulps is not None:
+            key = torch.nan_to_num(ulps, nan=math.inf, posinf=math.inf).flatten()
+            vals, idx = torch.topk(key, min(WORST_SHOWN, st.numel))
+            picks = list(zip(vals.tolist(), idx.tolist()))
+        else:
+            picks = [(st.max_ulp, st.argmax_ulp)]
+        for v, i in picks:
+            if v == 0:
+                break
+            index = tuple(int(j) for j in torch.unravel_index(torch.tensor(i), tuple(out.shape)))
+            worst.append({"index": index, "out": float(o.flatten()[i]), "ref": float(r.flatten()[i]), "ulp": v})
+    return Comparison(
+        shape=tuple(out.shape), dtype=fmt.name, numel=st.numel, max_ulp=st.max_ulp, p99_ulp=p99,
+        mean_ulp=st.mean_ulp, max_abs=st.max_abs, max_rel=st.max_rel, sqnr_db=sqnr, cosine=cosine,
+        overflow=st.overflow, underflow=st.underflow, nan=st.nan, missing_nan=st.missing_nan,
+        flushed_subnormal=st.flushed_subnormal, worst=worst, ulps=ulps,
     )

@@ -133,7 +133,10 @@ def sdpa(q, k, v, causal: bool = False, key_padding_mask=None):
 
 
 def default_targets() -> list[Target]:
-    return [Target("torch.sdpa", sdpa, "attention", origin="built-in")]
+    """SDPA, and the project's Triton flash attention where it can run (kernels/targets.py)."""
+    from pytest_precision.kernels.targets import builtin_targets
+
+    return [Target("torch.sdpa", sdpa, "attention", origin="built-in")] + builtin_targets(KINDS)
 
 
 def _accepts_padding(fn) -> bool:
@@ -220,6 +223,11 @@ def run_case(target: Target, config: Config, regime_name: str, device: str, gold
              variant: str = "") -> CaseOutcome:
     import pytest
 
+    from pytest_precision.kernels.targets import skip_reason
+
+    reason = skip_reason(target.fn, device)
+    if reason:
+        pytest.skip(f"{target.name}: {reason}")
     regime = REGIMES[regime_name]
     backend = variant.lstrip("+") or None
     where = f"target {target.name!r} (attention) under config {config.id}{variant} on regime {regime_name}"

@@ -1,0 +1,326 @@
+"""Flash attention forward and backward in Triton, in the attention kind's contract.
+
+``flash_attention(q, k, v, causal=False, key_padding_mask=None)``: q (B, H, S_q, D), k and v
+(B, H_kv, S_k, D) with H_kv dividing H (grouped-query heads), scores scaled by 1/sqrt(D), causal
+top-left (key j masked for query i when j > i), ``key_padding_mask`` (B, S_k) bool, True where a
+key is padding. fp16, bf16 and fp32 inputs; any head dim (padded to a power of two >= 16 inside:
+64 and 128 run unpadded). Under autocast the inputs are cast to the autocast dtype first, as
+SDPA does.
+
+Forward (FlashAttention-2's loop): one program per block of queries and head, keys and values in
+blocks, the softmax online in fp32 (running max, running sum and output accumulator rescaled
+when the max grows), p rounded to the inputs' dtype for the second dot, as every tensor-core
+kernel does; it keeps the log-sum-exp of each query's scores (fp32) for the backward. A query
+whose keys are all masked gets NaN (0/0), as the softmax of an all -inf row.
+
+Backward: delta = rowsum(dO * O) in torch, then one kernel for dK and dV (one program per key
+block, looping over queries) and one for dQ (per query block, looping over keys), recomputing p
+from the log-sum-exp; fp32 accumulators, p and ds rounded to the inputs' dtype before their dots.
+Grouped-query heads: dK and dV are computed per query head and summed over each group.
+
+fp32 inputs take IEEE fp32 dots unless torch allows TF32 matmuls (``tf32`` config on CUDA).
+Under the interpreter the dots take fp32 operands (bf16 dot trap, runtime.py), and p and ds are
+rounded to bf16 on the bits when the inputs are bf16.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from pytest_precision.kernels.runtime import LazyKernel, boundary_dtype, interpreting, upcast_dot
+from pytest_precision.kernels.targets import needs_triton
+
+__all__ = ["flash_attention", "flash_attention_with_lse"]
+
+SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _operand(x, DTYPE: tl.constexpr, ROUND_BF16: tl.constexpr):
+    """fp32 ``x`` rounded to the inputs' dtype for a dot: a cast, or under the interpreter with
+    bf16 inputs, round to nearest even on the bits, the value kept in fp32 (runtime.py)."""
+    if ROUND_BF16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        y = bits.to(tl.float32, bitcast=True)
+    else:
+        y = x.to(DTYPE)
+    return y
+
+
+def _dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """a @ b with an fp32 accumulator; fp32 operands first under the interpreter (runtime.py)."""
+    if UPCAST:
+        a = a.to(tl.float32)
+        b = b.to(tl.float32)
+    if IEEE:
+        c = tl.dot(a, b, input_precision="ieee")
+    else:
+        c = tl.dot(a, b)
+    return c
+
+
+def _attention_forward_kernel(
+        q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, pad_ptr,
+        sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_m,
+        H, GROUP, S_Q, S_K, D, scale,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, ROUND_BF16: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    kvh = h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    in_d = offs_d < D
+    q_base = q_ptr + b.to(tl.int64) * sq_b + h.to(tl.int64) * sq_h
+    k_base = k_ptr + b.to(tl.int64) * sk_b + kvh.to(tl.int64) * sk_h
+    v_base = v_ptr + b.to(tl.int64) * sv_b + kvh.to(tl.int64) * sv_h
+    q = tl.load(q_base + offs_m[:, None] * sq_m + offs_d[None, :],
+                mask=(offs_m[:, None] < S_Q) & in_d[None, :], other=0.0)
+
+    m_i = tl.full([BLOCK_M], -float("inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi = S_K
+    if CAUSAL:  # blocks wholly right of the diagonal contribute nothing
+        hi = tl.minimum(S_K, (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        n = start_n + offs_n
+        in_n = n < S_K
+        kt = tl.load(k_base + n[None, :] * sk_n + offs_d[:, None], mask=in_n[None, :] & in_d[:, None], other=0.0)
+        s = _dot(q, kt, UPCAST, IEEE) * scale
+        valid = in_n[None, :] & (offs_m[:, None] >= 0)
+        if CAUSAL:
+            valid = valid & (n[None, :] <= offs_m[:, None])
+        if HAS_PAD:
+            pad = tl.load(pad_ptr + b.to(tl.int64) * S_K + n, mask=in_n, other=1)
+            valid = valid & (pad == 0)[None, :]
+        s = tl.where(valid, s, -float("inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # no key yet: keep sums 0, not NaN
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_base + n[:, None] * sv_n + offs_d[None, :], mask=in_n[:, None] & in_d[None, :], other=0.0)
+        acc = acc * alpha[:, None] + _dot(_operand(p, v.dtype, ROUND_BF16), v, UPCAST, IEEE)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    o_base = o_ptr + b.to(tl.int64) * so_b + h.to(tl.int64) * so_h
+    tl.store(o_base + offs_m[:, None] * so_m + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < S_Q) & in_d[None, :])
+    tl.store(lse_ptr + bh.to(tl.int64) * S_Q + offs_m, m_i + tl.log(l_i), mask=offs_m < S_Q)
+
+
+def _probabilities(q, kt, lse, offs_m, n, in_n, b, pad_ptr, S_Q, S_K, scale,
+                   CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+    """The softmax block p of queries offs_m and keys n, recomputed from the log-sum-exp."""
+    s = _dot(q, kt, UPCAST, IEEE) * scale
+    valid = in_n[None, :] & (offs_m[:, None] < S_Q)
+    if CAUSAL:
+        valid = valid & (n[None, :] <= offs_m[:, None])
+    if HAS_PAD:
+        pad = tl.load(pad_ptr + b.to(tl.int64) * S_K + n, mask=in_n, other=1)
+        valid = valid & (pad == 0)[None, :]
+    return tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
+
+
+def _attention_backward_dkdv_kernel(
+        q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, pad_ptr,
+        sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_m,
+        H, GROUP, S_Q, S_K, D, scale,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, ROUND_BF16: tl.constexpr):
+    pid_n = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    kvh = h // GROUP
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_n = n < S_K
+    offs_d = tl.arange(0, BLOCK_D)
+    in_d = offs_d < D
+    k_base = k_ptr + b.to(tl.int64) * sk_b + kvh.to(tl.int64) * sk_h
+    v_base = v_ptr + b.to(tl.int64) * sv_b + kvh.to(tl.int64) * sv_h
+    kt = tl.load(k_base + n[None, :] * sk_n + offs_d[:, None], mask=in_n[None, :] & in_d[:, None], other=0.0)
+    vt = tl.load(v_base + n[None, :] * sv_n + offs_d[:, None], mask=in_n[None, :] & in_d[:, None], other=0.0)
+    q_base = q_ptr + b.to(tl.int64) * sq_b + h.to(tl.int64) * sq_h
+    do_base = do_ptr + b.to(tl.int64) * sdo_b + h.to(tl.int64) * sdo_h
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    lo = 0
+    if CAUSAL:  # queries above the block's first key see none of it
+        lo = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
+    for start_m in range(lo, S_Q, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        in_m = offs_m < S_Q
+        q = tl.load(q_base + offs_m[:, None] * sq_m + offs_d[None, :], mask=in_m[:, None] & in_d[None, :], other=0.0)
+        do = tl.load(do_base + offs_m[:, None] * sdo_m + offs_d[None, :], mask=in_m[:, None] & in_d[None, :], other=0.0)
+        lse = tl.load(lse_ptr + bh.to(tl.int64) * S_Q + offs_m, mask=in_m, other=0.0)
+        delta = tl.load(delta_ptr + bh.to(tl.int64) * S_Q + offs_m, mask=in_m, other=0.0)
+        p = _probabilities(q, kt, lse, offs_m, n, in_n, b, pad_ptr, S_Q, S_K, scale, CAUSAL, HAS_PAD, UPCAST, IEEE)
+        dv += _dot(tl.trans(_operand(p, do.dtype, ROUND_BF16)), do, UPCAST, IEEE)
+        dp = _dot(do, vt, UPCAST, IEEE)
+        ds = p * (dp - delta[:, None])
+        dk += _dot(tl.trans(_operand(ds, q.dtype, ROUND_BF16)), q, UPCAST, IEEE)
+    dk = dk * scale
+    out = bh.to(tl.int64) * S_K * BLOCK_D + n[:, None] * BLOCK_D + offs_d[None, :]  # fp32 (B, H, S_k, BLOCK_D)
+    tl.store(dk_ptr + out, dk, mask=in_n[:, None])
+    tl.store(dv_ptr + out, dv, mask=in_n[:, None])
+
+
+def _attention_backward_dq_kernel(
+        q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, pad_ptr,
+        sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_m,
+        H, GROUP, S_Q, S_K, D, scale,
+        CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, ROUND_BF16: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    kvh = h // GROUP
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    in_m = offs_m < S_Q
+    offs_d = tl.arange(0, BLOCK_D)
+    in_d = offs_d < D
+    q_base = q_ptr + b.to(tl.int64) * sq_b + h.to(tl.int64) * sq_h
+    do_base = do_ptr + b.to(tl.int64) * sdo_b + h.to(tl.int64) * sdo_h
+    k_base = k_ptr + b.to(tl.int64) * sk_b + kvh.to(tl.int64) * sk_h
+    v_base = v_ptr + b.to(tl.int64) * sv_b + kvh.to(tl.int64) * sv_h
+    q = tl.load(q_base + offs_m[:, None] * sq_m + offs_d[None, :], mask=in_m[:, None] & in_d[None, :], other=0.0)
+    do = tl.load(do_base + offs_m[:, None] * sdo_m + offs_d[None, :], mask=in_m[:, None] & in_d[None, :], other=0.0)
+    lse = tl.load(lse_ptr + bh.to(tl.int64) * S_Q + offs_m, mask=in_m, other=0.0)
+    delta = tl.load(delta_ptr + bh.to(tl.int64) * S_Q + offs_m, mask=in_m, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    hi = S_K
+    if CAUSAL:
+        hi = tl.minimum(S_K, (pid_m + 1) * BLOCK_M)
+    for start_n in range(0, hi, BLOCK_N):
+        n = start_n + tl.arange(0, BLOCK_N)
+        in_n = n < S_K
+        kt = tl.load(k_base + n[None, :] * sk_n + offs_d[:, None], mask=in_n[None, :] & in_d[:, None], other=0.0)
+        vt = tl.load(v_base + n[None, :] * sv_n + offs_d[:, None], mask=in_n[None, :] & in_d[:, None], other=0.0)
+        p = _probabilities(q, kt, lse, offs_m, n, in_n, b, pad_ptr, S_Q, S_K, scale, CAUSAL, HAS_PAD, UPCAST, IEEE)
+        dp = _dot(do, vt, UPCAST, IEEE)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(_operand(ds, q.dtype, ROUND_BF16), tl.trans(kt), UPCAST, IEEE)
+    dq = dq * scale
+    tl.store(dq_ptr + bh.to(tl.int64) * S_Q * BLOCK_D + offs_m[:, None] * BLOCK_D + offs_d[None, :], dq,
+             mask=in_m[:, None])
+
+
+operand = LazyKernel(_operand)
+dot = LazyKernel(_dot)
+probabilities = LazyKernel(_probabilities, helpers=[dot])
+attention_forward_kernel = LazyKernel(_attention_forward_kernel, helpers=[operand, dot])
+attention_backward_dkdv_kernel = LazyKernel(_attention_backward_dkdv_kernel, helpers=[operand, dot, probabilities])
+attention_backward_dq_kernel = LazyKernel(_attention_backward_dq_kernel, helpers=[operand, dot, probabilities])
+
+
+def _blocks(d: int):
+    block_d = max(16, triton.next_power_of_2(d))
+    if interpreting():  # the interpreter runs every program in Python: small blocks, small shapes
+        return 16, 16, block_d, 4, 1
+    return 128, 64, block_d, 8, 3  # BLOCK_M, BLOCK_N, BLOCK_D, warps, stages
+
+
+def _check(q, k, v, key_padding_mask):
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(f"flash_attention: q, k, v must be (B, H, S, D); got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in SUPPORTED:
+        raise TypeError(f"flash_attention: q, k, v must share one of fp16, bf16, fp32; got {q.dtype}, {k.dtype}, {v.dtype}")
+    B, H, _, D = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[3] != D or H % k.shape[1]:
+        raise ValueError(f"flash_attention: k, v must be (B, H_kv, S_k, D) with H_kv dividing H; "
+                         f"got q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (B, k.shape[2]):
+        raise ValueError(f"flash_attention: key_padding_mask must be (B, S_k) = {(B, k.shape[2])}, "
+                         f"got {tuple(key_padding_mask.shape)}")
+    if q.device.type == "cpu" and not interpreting():
+        raise RuntimeError("flash_attention: CPU tensors need Triton's interpreter (TRITON_INTERPRET=1)")
+
+
+def _launch_args(q, k, v, causal, pad):
+    B, H, S_Q, D = q.shape
+    block_m, block_n, block_d, warps, stages = _blocks(D)
+    ieee = q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+    round_bf16 = interpreting() and q.dtype == torch.bfloat16
+    consts = dict(CAUSAL=bool(causal), HAS_PAD=pad is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+                  UPCAST=upcast_dot(), IEEE=ieee, ROUND_BF16=round_bf16, num_warps=warps, num_stages=stages)
+    shape = (H, H // k.shape[1], S_Q, k.shape[2], D, 1.0 / math.sqrt(D))
+    return consts, shape
+
+
+def _forward(q, k, v, causal, pad):
+    B, H, S_Q, D = q.shape
+    consts, shape = _launch_args(q, k, v, causal, pad)
+    qb, kb, vb = (t.to(boundary_dtype(t.dtype)).contiguous() for t in (q, k, v))
+    o = torch.empty_like(qb)
+    lse = torch.empty(B, H, S_Q, dtype=torch.float32, device=q.device)
+    pad_arg = pad if pad is not None else lse  # unused when HAS_PAD is off
+    grid = (triton.cdiv(S_Q, consts["BLOCK_M"]), B * H)
+    attention_forward_kernel[grid](qb, kb, vb, o, lse, pad_arg, *qb.stride()[:3], *kb.stride()[:3], *vb.stride()[:3],
+                                   *o.stride()[:3], *shape, **consts)
+    return o.to(q.dtype), lse
+
+
+def _backward(q, k, v, o, lse, do, causal, pad):
+    B, H, S_Q, D = q.shape
+    H_kv, S_K = k.shape[1], k.shape[2]
+    consts, shape = _launch_args(q, k, v, causal, pad)
+    qb, kb, vb, dob = (t.to(boundary_dtype(q.dtype)).contiguous() for t in (q, k, v, do.to(q.dtype)))
+    delta = (do.float() * o.float()).sum(-1).contiguous()  # rowsum(dO * O), fp32
+    block_d = consts["BLOCK_D"]
+    dk = torch.empty(B, H, S_K, block_d, dtype=torch.float32, device=q.device)
+    dv = torch.empty_like(dk)
+    dq = torch.empty(B, H, S_Q, block_d, dtype=torch.float32, device=q.device)
+    pad_arg = pad if pad is not None else lse
+    strides = (*qb.stride()[:3], *kb.stride()[:3], *vb.stride()[:3], *dob.stride()[:3])
+    attention_backward_dkdv_kernel[(triton.cdiv(S_K, consts["BLOCK_N"]), B * H)](
+        qb, kb, vb, dob, lse, delta, dk, dv, pad_arg, *strides, *shape, **consts)
+    attention_backward_dq_kernel[(triton.cdiv(S_Q, consts["BLOCK_M"]), B * H)](
+        qb, kb, vb, dob, lse, delta, dq, pad_arg, *strides, *shape, **consts)
+    group = H // H_kv
+    dk = dk[..., :D].reshape(B, H_kv, group, S_K, D).sum(2)  # grouped heads: sum over each group
+    dv = dv[..., :D].reshape(B, H_kv, group, S_K, D).sum(2)
+    return dq[..., :D].to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal, pad):
+        o, lse = _forward(q, k, v, causal, pad)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.pad = causal, pad
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.causal, ctx.pad)
+        return dq, dk, dv, None, None
+
+
+def flash_attention_with_lse(q, k, v, causal: bool = False, key_padding_mask=None):
+    """(attention output in q's dtype, fp32 log-sum-exp of each query's scores (B, H, S_q)),
+    differentiable in q, k and v."""
+    device_type = q.device.type
+    if torch.is_autocast_enabled(device_type):  # as SDPA: the autocast dtype for all three
+        dtype = torch.get_autocast_dtype(device_type)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    _check(q, k, v, key_padding_mask)
+    pad = None if key_padding_mask is None else key_padding_mask.to(device=q.device, dtype=torch.int8).contiguous()
+    with torch.autocast(device_type, enabled=False):
+        return _FlashAttention.apply(q, k, v, bool(causal), pad)
+
+
+@needs_triton
+def flash_attention(q, k, v, causal: bool = False, key_padding_mask=None):
+    """Attention of the suite's contract (the ``triton.flash_attention`` built-in target)."""
+    return flash_attention_with_lse(q, k, v, causal, key_padding_mask)[0]
