@@ -83,7 +83,7 @@ def error_statistics_torch(out, ref, dtype=None, *, scale: float = 1.0, log_doma
     o = out.detach().to(torch.float64).flatten()
     r = ref.detach().to(device=o.device, dtype=torch.float64).flatten()
     os_, rs = o / scale, r / scale
-    ulps = ulp_distance(os_, rs, dtype)
+    ulps = ulp_distance(os_, rs, dtype, log_domain=log_domain)
     o_nan, r_nan, r_fin = torch.isnan(o), torch.isnan(r), torch.isfinite(r)
     if log_domain:
         overflow = (o == math.inf) & r_fin
@@ -168,6 +168,8 @@ if tl is not None:
             lo_o = tl.where(a_o == 0, 0.0, a_o * step_o * sg_o.to(tl.float64))
             lo_r = tl.where(a_r == 0, 0.0, a_r * step_r * sg_r.to(tl.float64))
             dist = tl.abs((hi_o - hi_r).to(tl.float64) * (2.0 ** MANT) + (lo_o - lo_r))
+            if LOG_DOMAIN:  # log-probabilities in (-1, 1): steps at 1.0 (formats.ulp_distance)
+                dist = tl.where(a_r < 1.0, tl.abs(os_ - rs) * (2.0 ** MANT), dist)
             o_nan = o != o
             r_nan = r != r
             o_fin = (~o_nan) & (tl.abs(o) != inf)

@@ -12,7 +12,7 @@ import importlib
 from pytest_precision.kernels.runtime import builtin_enabled, triton_installed, unavailable
 from pytest_precision.targets import Target
 
-__all__ = ["needs_triton", "skip_reason", "builtin_targets", "BUILTIN"]
+__all__ = ["needs_triton", "skip_reason", "interpreted", "builtin_targets", "BUILTIN"]
 
 # target name -> (module in pytest_precision.kernels, function, kind)
 BUILTIN = {
@@ -31,6 +31,12 @@ def needs_triton(fn):
 def skip_reason(fn, device: str) -> str | None:
     """Why the suite must skip target callable ``fn`` on ``device``, or None."""
     return unavailable(device) if getattr(fn, "needs_triton", False) else None
+
+
+def interpreted(fn, device: str) -> bool:
+    """Whether ``fn`` runs Triton kernels under the interpreter here (on the CPU): its time is the
+    interpreter's, seconds per call and nothing the speed gate should record."""
+    return getattr(fn, "needs_triton", False) and not device.startswith("cuda")
 
 
 def _missing(name: str):

@@ -191,7 +191,10 @@ def _run(fn, config: Config, device: str, a: AttentionInputs, values: tuple, gra
 def bench_call(target: Target, config: Config, regime_name: str, device: str, variant: str = ""):
     """The timed call of a case: the target's forward on the regime's inputs under the config and
     backend (no autograd), or None where the case has nothing to time."""
-    if regime_name not in REGIMES or (regime_name == "padded" and not _accepts_padding(target.fn)):
+    from pytest_precision.kernels.targets import interpreted
+
+    if regime_name not in REGIMES or (regime_name == "padded" and not _accepts_padding(target.fn)) \
+            or interpreted(target.fn, device):
         return None
     a = REGIMES[regime_name].inputs()
     q, k, v = (config.prepare(t, device).value for t in (a.q, a.k, a.v))

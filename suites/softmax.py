@@ -231,8 +231,11 @@ def _attack(target: Target, config: Config, device: str, golden: Golden) -> Case
 
 def bench_call(target: Target, config: Config, regime_name: str, device: str, variant: str = ""):
     """The timed call of a case: the target on the regime's prepared inputs under the config, or
-    None for the drawn (hypothesis) inputs, which have no fixed size to time."""
-    if regime_name not in REGIMES:
+    None for the drawn (hypothesis) inputs, which have no fixed size to time, and for Triton kernels
+    under the interpreter, whose time is the interpreter's."""
+    from pytest_precision.kernels.targets import interpreted
+
+    if regime_name not in REGIMES or interpreted(target.fn, device):
         return None
     x = config.prepare(REGIMES[regime_name].inputs(), device).value
     return Bench(lambda: target.fn(x), context=lambda: config.active(device))

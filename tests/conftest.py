@@ -1,12 +1,26 @@
+import importlib.util
 import os
 
-import torch._dynamo  # noqa: F401  (see below)
-from hypothesis import HealthCheck, settings
+import torch
 
 # pytester's in-process sessions drop from sys.modules every module first imported inside them.
 # Entering a TorchDispatchMode (the alignment lint, the first-fault tracer) imports torch._dynamo
 # and with it triton, whose nanobind extension aborts the process when it is imported a second
-# time. Importing them here, outside any session, keeps them loaded once.
+# time. So both are imported here, once, outside any session. Triton fixes its mode at import:
+# without CUDA it is imported under TRITON_INTERPRET=1 so tests/test_kernels.py can run the
+# kernels, and the variable is then restored, so pytester sessions (which read it to decide
+# whether the suites list the kernels) see what the user set.
+if importlib.util.find_spec("triton") is not None and not torch.cuda.is_available():
+    _saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    import triton  # noqa: F401,E402
+
+    if _saved is None:
+        del os.environ["TRITON_INTERPRET"]
+    else:
+        os.environ["TRITON_INTERPRET"] = _saved
+import torch._dynamo  # noqa: F401,E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 # CI: derandomised (same examples every run), no deadline (torch's first calls are slow)
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True,
