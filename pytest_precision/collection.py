@@ -7,6 +7,8 @@ import pytest
 
 from .checking import PrecisionFailure
 from .alignment import tensor_core_misalignments, warn_misalignments
+from .audit import audit
+from .tracing import render_trace, trace
 from .golden import Golden
 from .session import SESSION_KEY, PrecisionSession
 from .speed import check_speed
@@ -64,6 +66,8 @@ class SuiteItem(pytest.Item):
         record = outcome.record()
         if session.speed and hasattr(self.suite, "bench_call"):
             self._time(session, golden, outcome, record)
+        if session.trace or (session.audit and self.regime == getattr(self.suite, "AUDIT_REGIME", None)):
+            self._trace(session, outcome, record)
         self.outcome = outcome
         session.records.append(record)
         if not outcome.passed:
@@ -85,6 +89,20 @@ class SuiteItem(pytest.Item):
         if speed.verdict.status == "noisy":  # a slower verdict is in the headline already
             outcome.details.append(speed.verdict.describe())
         record.update(speed.record(), passed=outcome.passed, categories=outcome.categories)
+
+    def _trace(self, session: PrecisionSession, outcome, record: dict) -> None:
+        """--precision-trace: the case's ops; --precision-audit: the dtypes they ran in (once per
+        target and config, on the suite's audit regime). Kept in the record, so xdist merges it."""
+        call = self.suite.trace_call(self.target, self.precision_config, self.regime, session.device, self.variant)
+        if call is None:
+            return
+        record["case"] = self.name
+        if session.trace:
+            record["trace"] = render_trace(trace(call))
+            if not outcome.passed:
+                outcome.details.append("op trace:\n" + record["trace"])
+        if session.audit and self.regime == self.suite.AUDIT_REGIME:
+            record["audit"] = audit(call, autocast=self.precision_config.autocast_dtype is not None)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, PrecisionFailure):

@@ -7,6 +7,7 @@ from .collection import SuiteCollector
 from .fixtures import golden, parametrize_precision_config, precision_config  # noqa: F401 (fixtures)
 from .session import SESSION_KEY, PrecisionSession
 from .devices import numerics_key
+from .audit import render_audits
 from .summary import borrowed_budgets_line, render_summary, speed_lines
 from .targets import clear as clear_targets
 
@@ -26,6 +27,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--precision-no-speed", action="store_true",
                     help="do not time suite cases: no speed or memory gate, no speed records written, no "
                          "tensor-core alignment lint")
+    group.addoption("--precision-trace", action="store_true",
+                    help="trace every suite case op by op (forward and backward: dtypes, non-finite and zero "
+                         "counts, max |out|, source line) and print the traces")
+    group.addoption("--precision-audit", action="store_true",
+                    help="print, per target and config, the dtype each op really ran in, and flag matmuls "
+                         "left in fp32 under autocast, softmax/norms/losses in 16 bits and explicit 16-bit casts")
     group.addoption("--precision-speed-threshold", metavar="PERCENT",
                     help="fail a case this much slower than its recorded median, when clear of the noise "
                          "(default: 10 on CUDA, 20 on CPU)")
@@ -96,6 +103,17 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         terminalreporter.write_line(borrowed)
     for line in speed_lines(state.records, state.fingerprint):
         terminalreporter.write_line(line)
+    traced = [r for r in state.records if r.get("trace")]
+    if traced:
+        terminalreporter.write_sep("=", f"precision trace ({len(traced)} case(s))")
+        for r in sorted(traced, key=lambda r: r["case"]):
+            terminalreporter.write_line(f"{r['case']}:")
+            terminalreporter.write_line(r["trace"])
+    audit_lines = render_audits(sorted(state.records, key=lambda r: (r["target"], r["config"])))
+    if audit_lines:
+        terminalreporter.write_sep("=", "precision audit: the dtype each op ran in")
+        for line in audit_lines:
+            terminalreporter.write_line(line)
 
 
 class _XdistController:

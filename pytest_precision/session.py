@@ -31,6 +31,8 @@ class PrecisionSession:
     records: list[dict] = field(default_factory=list)
     speed: bool = True  # time every suite case and gate it (off with --precision-no-speed)
     speed_threshold: float = 0.2  # a fraction: 0.1 is 10 % slower
+    trace: bool = False  # trace every suite case op by op (--precision-trace)
+    audit: bool = False  # audit the dtypes each op ran in, per target and config (--precision-audit)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "PrecisionSession":
@@ -59,7 +61,8 @@ class PrecisionSession:
             root = config.rootpath / root
         return cls(device, configs, BaselineStore(root), bool(config.getoption("precision_update_baselines")),
                    bool(config.getoption("precision_suite")), default_device, ini_targets,
-                   speed=not config.getoption("precision_no_speed"), speed_threshold=threshold)
+                   speed=not config.getoption("precision_no_speed"), speed_threshold=threshold,
+                   trace=bool(config.getoption("precision_trace")), audit=bool(config.getoption("precision_audit")))
 
     @functools.cached_property
     def fingerprint(self) -> str:

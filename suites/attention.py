@@ -172,7 +172,9 @@ def _run(fn, config: Config, device: str, a: AttentionInputs, values: tuple, gra
             if tuple(out.shape) != expect:
                 raise TargetError(f"{where}: shape mismatch, output {tuple(out.shape)}, expected {expect}")
             g = torch.Generator().manual_seed(grad_seed)
-            grad_out = torch.randn(out.shape, generator=g, dtype=torch.float64).to(device=out.device, dtype=out.dtype)
+            # copied into place rather than cast with .to(): the audit flags Python-level 16-bit casts
+            # as the user's, and this one is the harness's
+            grad_out = torch.empty_like(out).copy_(torch.randn(out.shape, generator=g, dtype=torch.float64))
             out.backward(grad_out)
     except TargetError:
         raise
@@ -212,6 +214,21 @@ def bench_call(target: Target, config: Config, regime_name: str, device: str, va
                 with sdpa_kernel(_BACKENDS[backend]):
                     yield
     return Bench(lambda: target.fn(q, k, v, **kwargs), context=context)
+
+
+AUDIT_REGIME = "unit"  # --precision-audit looks at one regime per target and config
+
+
+def trace_call(target: Target, config: Config, regime_name: str, device: str, variant: str = ""):
+    """The call --precision-trace and --precision-audit run traced: forward and backward, in the
+    config and backend, as the case runs them."""
+    if regime_name not in REGIMES or (regime_name == "padded" and not _accepts_padding(target.fn)):
+        return None
+    regime = REGIMES[regime_name]
+    a = regime.inputs()
+    values = tuple(config.prepare(t, device).value for t in (a.q, a.k, a.v))
+    where = f"target {target.name!r} (attention) under config {config.id}{variant} on regime {regime_name}"
+    return lambda: _run(target.fn, config, device, a, values, regime.seed + 1, variant.lstrip("+") or None, where)
 
 
 def _grad_dtype(config: Config, grad: torch.Tensor) -> torch.dtype:

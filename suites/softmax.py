@@ -241,6 +241,15 @@ def bench_call(target: Target, config: Config, regime_name: str, device: str, va
     return Bench(lambda: target.fn(x), context=lambda: config.active(device))
 
 
+AUDIT_REGIME = "unit"  # --precision-audit looks at one regime per target and config
+
+
+def trace_call(target: Target, config: Config, regime_name: str, device: str, variant: str = ""):
+    """The call --precision-trace and --precision-audit run traced (as timed, in the config)."""
+    bench = bench_call(target, config, regime_name, device, variant)
+    return None if bench is None else bench.__call__
+
+
 def run_case(target: Target, config: Config, regime_name: str, device: str, golden: Golden,
              variant: str = "") -> CaseOutcome:
     from pytest_precision.kernels.targets import skip_reason
