@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from .case_details import case_details
 from .checking import PrecisionFailure
 from .alignment import tensor_core_misalignments, warn_misalignments
 from .golden import Golden
@@ -54,7 +55,8 @@ class SuiteItem(pytest.Item):
         reason = self.precision_config.skip_reason(session.device)
         if reason:  # recorded, so the summary shows the config as skipped rather than dropping it
             session.records.append({"target": self.target.name, "config": self.precision_config.id + self.variant,
-                                    "regime": self.regime, "skipped": reason})
+                                    "regime": self.regime, "skipped": reason, "suite": self.suite.NAME,
+                                    "nodeid": self.nodeid})
             pytest.skip(reason)
         key = f"{self.target.kind}/{self.target.name}/{self.regime}"
         golden = Golden(session.store, key, self.precision_config.id + self.variant, session.device, session.update,
@@ -64,6 +66,7 @@ class SuiteItem(pytest.Item):
         record = outcome.record()
         if session.speed and hasattr(self.suite, "bench_call"):
             self._time(session, golden, outcome, record)
+        record.update(case_details(outcome, self._logits()), nodeid=self.nodeid)
         self.outcome = outcome
         session.records.append(record)
         if not outcome.passed:
@@ -85,6 +88,13 @@ class SuiteItem(pytest.Item):
         if speed.verdict.status == "noisy":  # a slower verdict is in the headline already
             outcome.details.append(speed.verdict.describe())
         record.update(speed.record(), passed=outcome.passed, categories=outcome.categories)
+
+    def _logits(self):
+        """The case's logits for the error-by-magnitude profile: softmax kinds on fixed inputs only."""
+        regimes = getattr(self.suite, "REGIMES", {})
+        if self.target.kind in ("softmax", "log_softmax") and self.regime in regimes:
+            return regimes[self.regime].inputs()
+        return None
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, PrecisionFailure):
