@@ -3,8 +3,11 @@ run, the baseline files that no suite case and no ``golden`` check looked up or 
 
 Only what the run could have used is judged, so a partial run never calls a baseline unused:
 
-- nothing at all when a precision case was deselected (``-k``, ``-m``), the run stopped early
-  (``-x``, ``--maxfail``, interrupted) or collection failed;
+- nothing at all when the run stopped early (``-x``, ``--maxfail``, interrupted) or collection
+  failed;
+- not the baselines of cases collected but deselected (``-k``, ``-m``): a suite case's own file,
+  and for a user test every baseline under its module and test name (as syrupy, which does not
+  call a deselected test's snapshots unused);
 - only baselines of configs this run used at least once (``--precision-configs``, configs the
   device skips such as ``tf32`` on a CPU, SDPA backends it lacks such as ``+cudnn``);
 - suite baselines (``<kind>/...``) only when the suite ran; user tests' baselines
@@ -47,19 +50,30 @@ class BaselineUsage:
     """What decides the scope, gathered during the run (and merged from xdist workers)."""
 
     used: set[str] = field(default_factory=set)  # "<key>/<config>", from BaselineStore.used
-    deselected_precision: int = 0
+    excused: set[str] = field(default_factory=set)  # deselected suite cases' "<key>/<config>"
+    excused_prefixes: set[str] = field(default_factory=set)  # deselected user tests' "<module>/<test>"
     module_prefixes: set[str] = field(default_factory=set)
     whole_project: bool = True  # no file or node id arguments
 
     def as_workeroutput(self) -> dict:
-        return {"used": sorted(self.used), "deselected_precision": self.deselected_precision,
-                "module_prefixes": sorted(self.module_prefixes), "whole_project": self.whole_project}
+        return {"used": sorted(self.used), "excused": sorted(self.excused),
+                "excused_prefixes": sorted(self.excused_prefixes), "module_prefixes": sorted(self.module_prefixes)}
 
     def merge(self, data: dict) -> None:
-        self.used |= set(data.get("used", ()))
-        self.deselected_precision += data.get("deselected_precision", 0)
-        self.module_prefixes |= set(data.get("module_prefixes", ()))
-        self.whole_project = self.whole_project and data.get("whole_project", True)
+        """A worker's usage (whole_project is the controller's: it saw the command line)."""
+        for name in ("used", "excused", "excused_prefixes", "module_prefixes"):
+            getattr(self, name).update(data.get(name, ()))
+
+    def deselect(self, item) -> None:
+        """Excuse the baselines a deselected precision item would have used."""
+        from .collection import SuiteItem
+
+        if isinstance(item, SuiteItem):
+            key = f"{item.target.kind}/{item.target.name}/{item.regime}"
+            self.excused.add(f"{sanitize_key(key)}/{item.precision_config.id}{item.variant}")
+        else:  # its key drops the config from the parameters: excuse the test name's whole prefix
+            base = item.nodeid.partition("::")[2].partition("[")[0]
+            self.excused_prefixes.add(module_prefix(item.nodeid) + sanitize_key(base or "_"))
 
 
 def find_unused(root: Path, usage: BaselineUsage, *, suite_ran: bool) -> list[str]:
@@ -68,7 +82,9 @@ def find_unused(root: Path, usage: BaselineUsage, *, suite_ran: bool) -> list[st
     kinds = suite_kinds()
     unused = []
     for name in baseline_names(root):
-        if name in usage.used or name.rsplit("/", 1)[-1] not in used_configs:
+        if name in usage.used or name in usage.excused or name.rsplit("/", 1)[-1] not in used_configs:
+            continue
+        if any(name.startswith(p) for p in usage.excused_prefixes):
             continue
         if name.split("/", 1)[0] in kinds:
             in_scope = suite_ran
@@ -81,8 +97,6 @@ def find_unused(root: Path, usage: BaselineUsage, *, suite_ran: bool) -> list[st
 
 def incomplete_reason(usage: BaselineUsage, exitstatus, failed: int, maxfail: int) -> str | None:
     """Why this run cannot tell which baselines are unused, or None when it can."""
-    if usage.deselected_precision:
-        return f"{usage.deselected_precision} precision case(s) deselected (-k, -m)"
     if exitstatus in (pytest.ExitCode.INTERRUPTED, pytest.ExitCode.INTERNAL_ERROR, pytest.ExitCode.USAGE_ERROR,
                       pytest.ExitCode.NO_TESTS_COLLECTED):
         return f"the run ended with {pytest.ExitCode(exitstatus).name}"

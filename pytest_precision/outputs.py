@@ -39,7 +39,9 @@ class RunOutputs:
         return self.config.stash[USAGE_KEY]
 
     def pytest_deselected(self, items) -> None:
-        self.usage.deselected_precision += sum(1 for i in items if i.get_closest_marker("precision"))
+        for item in items:
+            if item.get_closest_marker("precision"):
+                self.usage.deselect(item)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.usage.module_prefixes |= {module_prefix(i.nodeid) for i in session.items
