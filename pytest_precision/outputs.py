@@ -75,7 +75,7 @@ class RunOutputs:
             cache.set(CACHE_KEY, {"root": str(state.store.root), "unused": unused})
         if unused:
             how = (f"remove with {PRUNE_COMMAND}" if cache is not None else
-                   f"(the cache provider is off, so {PRUNE_COMMAND} has no list: run without -p no:cacheprovider)")
+                   f"to remove them, run again without -p no:cacheprovider (the list is kept in its cache), then {PRUNE_COMMAND}")
             self.lines.append(f"{len(unused)} unused baseline(s) under {state.store.root} (no test used them in "
                               f"this run); {how}:")
             self.lines += [f"  {name}" for name in unused]
@@ -85,6 +85,7 @@ class RunOutputs:
 
         configs = [c.id for c in state.configs]
         key = numerics_key(state.device)
+        notes = list(self.lines)  # the unused-baselines lines, not the "written to" ones below
         path = _path_option(self.config, "precision_report")
         if path is not None:
             write_json_report(path, build_report(state.records, device=state.device, numerics_key=key,
@@ -95,7 +96,7 @@ class RunOutputs:
         if path is not None:
             write_markdown_report(path, render_markdown(state.records, config_order=configs, device=state.device,
                                                         numerics_key=key, fingerprint=state.fingerprint,
-                                                        extra_lines=list(self.lines)))
+                                                        extra_lines=notes))
             self.lines.append(f"precision report (Markdown) written to {path}")
         directory = _path_option(self.config, "precision_plots")
         if directory is not None:

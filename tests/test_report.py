@@ -10,7 +10,10 @@ import pytest
 
 from pytest_precision.report import REPORT_SCHEMA, build_report, json_safe, render_markdown
 
-jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is in the test extra: pip install -e '.[test]'")
+
+def _jsonschema():
+    return pytest.importorskip("jsonschema", reason="jsonschema is in the test extra: pip install -e '.[test]'")
+
 
 CONFTEST = textwrap.dedent("""
     import pytest_precision
@@ -50,6 +53,7 @@ def _has_matplotlib():
 
 
 def test_json_report_validates_against_its_schema(run):
+    jsonschema = _jsonschema()
     d, _ = run
     text = (d / "out" / "report.json").read_text()
     def refuse(name):  # Infinity, -Infinity and NaN are not JSON: other parsers reject them
@@ -72,14 +76,18 @@ def test_json_report_validates_against_its_schema(run):
 
 
 def test_schema_rejects_bare_non_finite_floats():
+    jsonschema = _jsonschema()
     record = {"suite": "softmax", "target": "t", "config": "fp16", "regime": "r", "nodeid": "n", "max_ulp": math.inf,
               "max_rel": math.nan, "sqnr_db": -math.inf, "overflow": 1, "underflow": 0, "nan": 0, "passed": False,
-              "categories": ["overflow"]}
+              "categories": ["overflow"], "time_s": 2e-5, "speed_status": "no-baseline", "speed_ratio": None,
+              "peak_bytes": None}
     report = build_report([record], device="cpu", numerics_key="cpu-x", fingerprint="f", torch_version="t",
                           configs=["fp16"])
     validator = jsonschema.Draft202012Validator(REPORT_SCHEMA)
     validator.validate(report)
     assert report["cases"][0]["metrics"]["max_ulp"] == "inf" and report["cases"][0]["metrics"]["max_rel"] == "nan"
+    assert report["cases"][0]["timing"] == {"time_s": 2e-5, "speed_status": "no-baseline", "speed_ratio": None,
+                                            "peak_bytes": None}
     report["cases"][0]["metrics"]["max_ulp"] = "Infinity"
     assert not validator.is_valid(report)
     assert json_safe({"a": (math.inf, [-math.inf, 1.5])}) == {"a": ["inf", ["-inf", 1.5]]}
@@ -92,6 +100,7 @@ def test_markdown_report_has_the_terminal_table(run):
     assert len(terminal_table) == 3  # header, rule, the naive x fp16 row
     assert [line for line in md.splitlines() if line.startswith("|")] == terminal_table
     assert md.startswith("## pytest-precision: 10 failed, 2 passed, 0 skipped of 12 cases")
+    assert "written to" not in md  # the terminal's notes about files are not part of the report
     failing = md.split("### Failing cases", 1)[1]
     assert failing.count("\n- `precision-suite::softmax[naive-fp16-") == 10
     assert "- `precision-suite::softmax[naive-fp16-sharp-peak]`: FAIL overflow,nan,accuracy" in failing
