@@ -113,12 +113,16 @@ def write_plots(records: list[dict], directory: Path, config_order: list[str] | 
         # a bin is plotted at its upper edge; bin 0 (the row maximum itself) at half the first edge
         centres = [MAGNITUDE_EDGES[1] / 2, *MAGNITUDE_EDGES[1:], MAGNITUDE_EDGES[-1] * 2]
         fig, ax = plt.subplots(figsize=(9, 5))
+        targets = sorted({t for t, _ in profiles})
+        styles = ("-", "--", ":", "-.")  # a line style per target: the colour cycle repeats after ten lines
         for (target, config) in sorted(profiles, key=lambda tc: (tc[0], order.get(tc[1], len(order)), tc[1])):
             pts = [(x, y) for x, y in zip(centres, profiles[(target, config)]) if y is not None and math.isfinite(y)]
             if pts:
-                ax.plot(*zip(*pts), marker="o", markersize=3, label=f"{target} {config}")
+                ax.plot(*zip(*pts), marker="o", markersize=3, label=f"{target} {config}",
+                        linestyle=styles[targets.index(target) % len(styles)])
         ax.set_xscale("log", base=2)
         ax.set_yscale("symlog", linthresh=0.5)  # linear below half an ULP: exact results (0) stay on the plot
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("|logit - row max|")
         ax.set_ylabel("max ULP from the float64 oracle")
         ax.set_title("error against logit magnitude (softmax kinds, fixed-input regimes)")
