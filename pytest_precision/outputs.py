@@ -12,11 +12,23 @@ import torch
 from .baseline_usage import (CACHE_KEY, PRUNE_COMMAND, USAGE_KEY, BaselineUsage, find_unused, incomplete_reason,
                              module_prefix)
 from .devices import numerics_key
+from .plots import MISSING_MESSAGE as PLOTS_MISSING, plots_available
 from .session import SESSION_KEY
 
-__all__ = ["RunOutputs", "USAGE_OUTPUT_KEY"]
+__all__ = ["RunOutputs", "USAGE_OUTPUT_KEY", "add_output_options"]
 
 USAGE_OUTPUT_KEY = "precision_baseline_usage"
+
+
+def add_output_options(group) -> None:
+    group.addoption("--precision-report", metavar="FILE.json",
+                    help="write every suite case (metrics, budgets, timings, verdict) as JSON (schema: "
+                         "pytest_precision.report.REPORT_SCHEMA)")
+    group.addoption("--precision-report-md", metavar="FILE",
+                    help="write the summary table, totals and failing cases as Markdown (CI job summaries, PR comments)")
+    group.addoption("--precision-plots", metavar="DIR",
+                    help="write PNG figures (ULP histogram per config, error against logit magnitude) to DIR; "
+                         "needs the plots extra (matplotlib)")
 
 
 def _path_option(config: pytest.Config, name: str) -> Path | None:
@@ -29,6 +41,8 @@ def _path_option(config: pytest.Config, name: str) -> Path | None:
 
 class RunOutputs:
     def __init__(self, config: pytest.Config):
+        if config.getoption("precision_plots") and not plots_available():
+            raise pytest.UsageError(PLOTS_MISSING)  # at start-up, not after a long run
         self.config = config
         usage = BaselineUsage(whole_project=config.args_source != pytest.Config.ArgsSource.ARGS)
         config.stash[USAGE_KEY] = usage

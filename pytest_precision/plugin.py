@@ -7,8 +7,7 @@ from .collection import SuiteCollector
 from .fixtures import golden, parametrize_precision_config, precision_config  # noqa: F401 (fixtures)
 from .session import SESSION_KEY, PrecisionSession
 from .devices import numerics_key
-from .outputs import RunOutputs
-from .plots import MISSING_MESSAGE as PLOTS_MISSING, plots_available
+from .outputs import RunOutputs, add_output_options
 from .summary import borrowed_budgets_line, render_summary, speed_lines
 from .targets import clear as clear_targets
 
@@ -31,25 +30,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--precision-speed-threshold", metavar="PERCENT",
                     help="fail a case this much slower than its recorded median, when clear of the noise "
                          "(default: 10 on CUDA, 20 on CPU)")
-    group.addoption("--precision-report", metavar="FILE.json",
-                    help="write every suite case (metrics, budgets, timings, verdict) as JSON (schema: "
-                         "pytest_precision.report.REPORT_SCHEMA)")
-    group.addoption("--precision-report-md", metavar="FILE",
-                    help="write the summary table, totals and failing cases as Markdown (CI job summaries, PR comments)")
-    group.addoption("--precision-plots", metavar="DIR",
-                    help="write PNG figures (ULP histogram per config, error against logit magnitude) to DIR; "
-                         "needs the plots extra (matplotlib)")
     parser.addini("precision_baseline_dir", "directory of golden baselines, relative to the rootdir",
                   default="precision_baselines")
     parser.addini("precision_targets", "targets as 'package.module:function kind' lines", type="linelist", default=[])
+    add_output_options(group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "precision: a numerical precision check (suite case or user test)")
     config.addinivalue_line("markers", "precision_suite: a case of the built-in suites (--precision-suite)")
     config.stash[SESSION_KEY] = PrecisionSession.from_config(config)
-    if config.getoption("precision_plots") and not plots_available():
-        raise pytest.UsageError(PLOTS_MISSING)
     config.pluginmanager.register(RunOutputs(config), "precision-outputs")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistController(), "precision-xdist")
