@@ -62,9 +62,13 @@ class BaselineStore:
 
     def __init__(self, root: Path):
         self.root = Path(root)
+        # "<key>/<config>" of every baseline this run looked up or wrote (unused_baselines reports
+        # the others); every read and write goes through paths()
+        self.used: set[str] = set()
 
     def paths(self, key: str, config_id: str) -> tuple[Path, Path]:
         d = self.root / sanitize_key(key)
+        self.used.add(f"{sanitize_key(key)}/{config_id}")
         return d / f"{config_id}.npz", d / f"{config_id}.json"
 
     def load(self, key: str, config_id: str) -> Baseline | None:

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from .case_details import case_details
 from .checking import PrecisionFailure
 from .alignment import tensor_core_misalignments, warn_misalignments
 from .audit import audit
@@ -56,7 +57,8 @@ class SuiteItem(pytest.Item):
         reason = self.precision_config.skip_reason(session.device)
         if reason:  # recorded, so the summary shows the config as skipped rather than dropping it
             session.records.append({"target": self.target.name, "config": self.precision_config.id + self.variant,
-                                    "regime": self.regime, "skipped": reason})
+                                    "regime": self.regime, "skipped": reason, "suite": self.suite.NAME,
+                                    "nodeid": self.nodeid})
             pytest.skip(reason)
         key = f"{self.target.kind}/{self.target.name}/{self.regime}"
         golden = Golden(session.store, key, self.precision_config.id + self.variant, session.device, session.update,
@@ -68,6 +70,7 @@ class SuiteItem(pytest.Item):
             self._time(session, golden, outcome, record)
         if session.trace or (session.audit and self.regime == getattr(self.suite, "AUDIT_REGIME", None)):
             self._trace(session, outcome, record)
+        record.update(case_details(outcome, self._logits()), nodeid=self.nodeid)
         self.outcome = outcome
         session.records.append(record)
         if not outcome.passed:
@@ -103,6 +106,13 @@ class SuiteItem(pytest.Item):
                 outcome.details.append("op trace:\n" + record["trace"])
         if session.audit and self.regime == self.suite.AUDIT_REGIME:
             record["audit"] = audit(call, autocast=self.precision_config.autocast_dtype is not None)
+
+    def _logits(self):
+        """The case's logits for the error-by-magnitude profile: softmax kinds on fixed inputs only."""
+        regimes = getattr(self.suite, "REGIMES", {})
+        if self.target.kind in ("softmax", "log_softmax") and self.regime in regimes:
+            return regimes[self.regime].inputs()
+        return None
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, PrecisionFailure):

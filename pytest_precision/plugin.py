@@ -8,6 +8,7 @@ from .fixtures import golden, parametrize_precision_config, precision_config  # 
 from .session import SESSION_KEY, PrecisionSession
 from .devices import numerics_key
 from .audit import render_audits
+from .outputs import RunOutputs, add_output_options
 from .summary import borrowed_budgets_line, render_summary, speed_lines
 from .targets import clear as clear_targets
 
@@ -39,12 +40,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("precision_baseline_dir", "directory of golden baselines, relative to the rootdir",
                   default="precision_baselines")
     parser.addini("precision_targets", "targets as 'package.module:function kind' lines", type="linelist", default=[])
+    add_output_options(group)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "precision: a numerical precision check (suite case or user test)")
     config.addinivalue_line("markers", "precision_suite: a case of the built-in suites (--precision-suite)")
     config.stash[SESSION_KEY] = PrecisionSession.from_config(config)
+    config.pluginmanager.register(RunOutputs(config), "precision-outputs")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistController(), "precision-xdist")
 

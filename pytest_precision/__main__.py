@@ -1,0 +1,119 @@
+"""``python -m pytest_precision baselines list | show NAME | diff A B | prune [--dry-run]``.
+
+The baseline directory defaults to ``precision_baseline_dir`` of ``[tool.pytest.ini_options]`` in
+./pyproject.toml (relative to it), else ``precision_baselines``, as the plugin resolves it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .baseline_tools import diff_lines, list_lines, remove, show_lines
+from .baseline_usage import CACHE_KEY
+
+DEFAULT_DIR = "precision_baselines"
+
+
+def _ini_options(cwd: Path) -> dict:
+    path = cwd / "pyproject.toml"
+    if not path.is_file():
+        return {}
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: no tomllib; fall back to the default directory
+        return {}
+    with path.open("rb") as f:
+        data = tomllib.load(f)
+    return data.get("tool", {}).get("pytest", {}).get("ini_options", {})
+
+
+def default_dir(cwd: Path) -> Path:
+    return cwd / str(_ini_options(cwd).get("precision_baseline_dir") or DEFAULT_DIR)
+
+
+def _cache_file(cwd: Path) -> Path:
+    """Where pytest's cache provider keeps CACHE_KEY (``<cache_dir>/v/<key>``)."""
+    cache_dir = Path(str(_ini_options(cwd).get("cache_dir") or ".pytest_cache"))
+    return (cache_dir if cache_dir.is_absolute() else cwd / cache_dir) / "v" / CACHE_KEY
+
+
+def _prune(args, cwd: Path, out) -> int:
+    cache = _cache_file(cwd)
+    try:
+        saved = json.loads(cache.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        print(f"no list of unused baselines at {cache}: run pytest --precision-suite (with the cache provider "
+              "on) first", file=sys.stderr)
+        return 2
+    root = Path(saved.get("root", ""))
+    if root.resolve() != args.dir.resolve():
+        print(f"the last run checked {root}, not {args.dir}: pass --dir {root} or rerun pytest", file=sys.stderr)
+        return 2
+    if saved.get("unused") is None:
+        print(f"the last run did not check for unused baselines: {saved.get('reason')}", file=sys.stderr)
+        return 2
+    files = remove(root, saved["unused"], dry_run=args.dry_run)
+    verb = "would remove" if args.dry_run else "removed"
+    for p in files:
+        print(f"{verb} {p.relative_to(root.resolve())}", file=out)
+    print(f"{verb} {len(files)} file(s) of {len(saved['unused'])} unused baseline(s) under {root}", file=out)
+    return 0
+
+
+def main(argv: list[str] | None = None, cwd: Path | None = None, out=None) -> int:
+    cwd = Path.cwd() if cwd is None else cwd
+    out = sys.stdout if out is None else out
+    parser = argparse.ArgumentParser(prog="python -m pytest_precision")
+    sub = parser.add_subparsers(dest="command", required=True)
+    baselines = sub.add_parser("baselines", help="golden baseline tools")
+    actions = baselines.add_subparsers(dest="action", required=True)
+
+    def with_dir(p):
+        p.add_argument("--dir", type=Path, default=None,
+                       help="baseline directory (default: precision_baseline_dir from ./pyproject.toml, "
+                            f"else {DEFAULT_DIR})")
+        return p
+
+    with_dir(actions.add_parser("list", help="one line per baseline"))
+    with_dir(actions.add_parser("show", help="the metadata and budgets of one baseline")).add_argument(
+        "name", help="<key>/<config>, as list prints it")
+    diff = actions.add_parser("diff", help="every budget that moved between two baseline directories")
+    diff.add_argument("a", type=Path)
+    diff.add_argument("b", type=Path)
+    prune = with_dir(actions.add_parser("prune", help="remove the baselines the last --precision-suite run did not use"))
+    prune.add_argument("--dry-run", action="store_true", help="list the files, remove nothing")
+    args = parser.parse_args(argv)
+
+    if getattr(args, "dir", None) is None and args.action != "diff":
+        args.dir = default_dir(cwd)
+    elif args.action != "diff" and not args.dir.is_absolute():
+        args.dir = cwd / args.dir
+    if args.action == "list":
+        for line in list_lines(args.dir):
+            print(line, file=out)
+        return 0
+    if args.action == "show":
+        try:
+            lines = show_lines(args.dir, args.name)
+        except FileNotFoundError as e:
+            print(e, file=sys.stderr)
+            return 2
+        print("\n".join(lines), file=out)
+        return 0
+    if args.action == "diff":
+        a, b = (p if p.is_absolute() else cwd / p for p in (args.a, args.b))
+        for p in (a, b):
+            if not p.is_dir():
+                print(f"{p}: not a directory", file=sys.stderr)
+                return 2
+        lines = diff_lines(a, b)
+        for line in lines:
+            print(line, file=out)
+        return 1 if lines else 0  # as diff(1): 1 when they differ
+    return _prune(args, cwd, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Tools over a directory of golden baselines (``python -m pytest_precision baselines ...``):
+list them, show one, diff two directories budget by budget, remove a list of them.
+
+Pure functions of the files: a baseline is named by its path under the root without the suffix,
+``<key>/<config>`` (``softmax/torch.softmax/len32768/fp32``), and is the pair ``.npz`` + ``.json``.
+JSON is read as data and tensors with ``allow_pickle=False``: nothing here runs code from a file.
+"""
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["BUDGET_FIELDS", "baseline_names", "read_meta", "list_lines", "show_lines", "diff_lines", "remove"]
+
+SUFFIXES = (".npz", ".json")
+# compared by diff, in this order: the limits, then the counts allowed
+BUDGET_FIELDS = ("max_ulp", "max_abs", "overflow", "underflow", "nan", "missing_nan")
+
+
+def baseline_names(root: Path) -> list[str]:
+    """Every ``<key>/<config>`` under ``root`` that has a .npz or a .json, sorted."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    names = {p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*")
+             if p.suffix in SUFFIXES and p.is_file() and not p.name.startswith(".")}
+    return sorted(names)
+
+
+def read_meta(root: Path, name: str) -> dict | None:
+    """The baseline's JSON, or None when it has none or it is not a JSON object."""
+    path = Path(root) / f"{name}.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _budgets(meta: dict | None) -> dict[tuple[str, str], dict]:
+    """(numerics key, output) -> budget dict."""
+    out = {}
+    for key, entry in sorted(((meta or {}).get("budgets") or {}).items()):
+        for output, rec in sorted(((entry or {}).get("outputs") or {}).items()):
+            out[(key, output)] = (rec or {}).get("budget") or {}
+    return out
+
+
+def list_lines(root: Path) -> list[str]:
+    """One line per baseline: name, outputs, the numerics keys with budgets, and problems."""
+    lines = []
+    for name in baseline_names(root):
+        missing = [s for s in SUFFIXES if not (Path(root) / f"{name}{s}").is_file()]
+        meta = read_meta(root, name)
+        if missing:
+            lines.append(f"{name}  (no {' '.join(missing)})")
+            continue
+        if meta is None:
+            lines.append(f"{name}  (unreadable JSON)")
+            continue
+        keys = sorted((meta.get("budgets") or {}))
+        outputs = sorted((meta.get("dtypes") or {}))
+        speed = len(meta.get("speed") or {})
+        lines.append(f"{name}  outputs {','.join(outputs) or '-'}; budgets for {','.join(keys) or 'none'}"
+                     + (f"; speed records for {speed} device(s)" if speed else ""))
+    return lines
+
+
+def show_lines(root: Path, name: str) -> list[str]:
+    """A readable account of one baseline: where it came from and every budget."""
+    name = name.removesuffix(".json").removesuffix(".npz")
+    meta = read_meta(root, name)
+    if meta is None:
+        raise FileNotFoundError(f"no readable baseline {name} under {root}")
+    lines = [f"{name}",
+             f"  written on {meta.get('written_on')} with torch {meta.get('torch')}, schema {meta.get('schema_version')}",
+             f"  seed {meta.get('seed')}, input checksum {str(meta.get('input_checksum'))[:16]}",
+             f"  input spec {json.dumps(meta.get('input_spec'), sort_keys=True)}",
+             f"  outputs {json.dumps(meta.get('dtypes'), sort_keys=True)}"]
+    arrays = _arrays(Path(root) / f"{name}.npz")
+    if arrays is not None:
+        lines.append("  tensors " + ", ".join(f"{n} {tuple(a.shape)}" for n, a in sorted(arrays.items())))
+    for key, entry in sorted((meta.get("budgets") or {}).items()):
+        lines.append(f"  [{key}] {entry.get('machine')}, torch {entry.get('torch')}")
+        for output, rec in sorted((entry.get("outputs") or {}).items()):
+            b = rec.get("budget") or {}
+            acc = rec.get("accepted") or {}
+            limits = ", ".join(f"{f} {b[f]!r}" for f in BUDGET_FIELDS if b.get(f) is not None)
+            lines.append(f"    {output}: budget {limits}; accepted max ULP {acc.get('max_ulp')!r}, "
+                         f"max abs {acc.get('max_abs')!r}")
+    for fp in sorted(meta.get("speed") or {}):
+        rec = meta["speed"][fp]
+        lines.append(f"  speed [{fp}] median {rec.get('median_s')!r} s")
+    return lines
+
+
+def _arrays(path: Path) -> dict | None:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {n: np.array(z[n]) for n in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError):
+        return None
+
+
+def diff_lines(a: Path, b: Path) -> list[str]:
+    """Every difference between two baseline directories that a reviewer needs: baselines on one
+    side only, budgets present on one side only, every budget field that moved (``old -> new``),
+    and reference tensors that changed. One line each, sorted by baseline."""
+    a, b = Path(a), Path(b)
+    names_a, names_b = set(baseline_names(a)), set(baseline_names(b))
+    lines = []
+    for name in sorted(names_a | names_b):
+        if name not in names_b:
+            lines.append(f"{name} only in {a}")
+            continue
+        if name not in names_a:
+            lines.append(f"{name} only in {b}")
+            continue
+        ba, bb = _budgets(read_meta(a, name)), _budgets(read_meta(b, name))
+        for key, output in sorted(set(ba) | set(bb)):
+            head = f"{name} [{key}] {output}"
+            if (key, output) not in bb:
+                lines.append(f"{head} budget only in {a}")
+            elif (key, output) not in ba:
+                lines.append(f"{head} budget only in {b}")
+            else:
+                old, new = ba[(key, output)], bb[(key, output)]
+                lines += [f"{head} {f} {old.get(f)!r} -> {new.get(f)!r}" for f in BUDGET_FIELDS if old.get(f) != new.get(f)]
+        lines += _tensor_changes(name, a, b)
+    return lines
+
+
+def _tensor_changes(name: str, a: Path, b: Path) -> list[str]:
+    pa, pb = a / f"{name}.npz", b / f"{name}.npz"
+    if not (pa.is_file() and pb.is_file()) or pa.read_bytes() == pb.read_bytes():
+        return []
+    ta, tb = _arrays(pa), _arrays(pb)
+    if ta is None or tb is None:
+        return [f"{name} tensors unreadable in {a if ta is None else b}"]
+    out = []
+    for n in sorted(set(ta) | set(tb)):
+        if n not in ta or n not in tb:
+            out.append(f"{name} tensor {n} only in {a if n in ta else b}")
+        elif ta[n].shape != tb[n].shape:
+            out.append(f"{name} tensor {n} shape {ta[n].shape} -> {tb[n].shape}")
+        elif not np.array_equal(ta[n], tb[n], equal_nan=True):
+            diff = np.abs(ta[n].astype(np.float64) - tb[n].astype(np.float64))
+            finite = diff[np.isfinite(diff)]
+            n_diff = int(np.count_nonzero(~((ta[n] == tb[n]) | (np.isnan(ta[n]) & np.isnan(tb[n])))))
+            out.append(f"{name} tensor {n} changed in {n_diff} of {ta[n].size} elements"
+                       + (f", max abs {float(finite.max()):.4g}" if finite.size else ""))
+    return out
+
+
+def remove(root: Path, names: list[str], *, dry_run: bool = False) -> list[Path]:
+    """Delete the files of each named baseline under ``root`` (and directories left empty);
+    returns the files removed (or, with ``dry_run``, that would be). Names that would leave
+    ``root`` are refused."""
+    root = Path(root).resolve()
+    files = []
+    for name in sorted(set(names)):
+        for suffix in SUFFIXES:
+            p = (root / f"{name}{suffix}").resolve()
+            if root not in p.parents:
+                raise ValueError(f"{name}: not a baseline under {root}")
+            if p.is_file():
+                files.append(p)
+    if dry_run:
+        return files
+    for p in files:
+        p.unlink()
+        d = p.parent
+        while d != root and d.is_dir() and not any(d.iterdir()):
+            d.rmdir()
+            d = d.parent
+    return files

@@ -1,0 +1,137 @@
+"""Report files of a real run: the JSON validates against its schema, the Markdown has the
+terminal's table, the plots are PNGs that open."""
+import json
+import math
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pytest_precision.report import REPORT_SCHEMA, build_report, json_safe, render_markdown
+
+
+def _jsonschema():
+    return pytest.importorskip("jsonschema", reason="jsonschema is in the test extra: pip install -e '.[test]'")
+
+
+CONFTEST = textwrap.dedent("""
+    import pytest_precision
+
+    @pytest_precision.register("naive", kind="softmax")
+    def naive(x):  # no max subtraction: overflows in fp16, so the report has failures and inf ULPs
+        e = x.exp()
+        return e / e.sum(-1, keepdim=True)
+""")
+ARGS = ("--precision-suite", "--precision-configs=fp16", "-k", "naive", "--precision-no-speed", "-p", "no:cacheprovider")
+
+
+def _pytest(cwd, *args):
+    return subprocess.run([sys.executable, "-m", "pytest", *ARGS, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One project, its goldens accepted, then a run that writes every report file."""
+    d = tmp_path_factory.mktemp("project")
+    (d / "conftest.py").write_text(CONFTEST)
+    (d / "pytest.ini").write_text("[pytest]\nprecision_baseline_dir = gold\n")
+    _pytest(d, "--precision-update-baselines")
+    plots = ("--precision-plots=figs",) if _has_matplotlib() else ()
+    result = _pytest(d, "--precision-report=out/report.json", "--precision-report-md=out/report.md", *plots)
+    assert result.returncode == 1, result.stdout + result.stderr  # the naive target fails some cases
+    return d, result.stdout
+
+
+def _has_matplotlib():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_json_report_validates_against_its_schema(run):
+    jsonschema = _jsonschema()
+    d, _ = run
+    text = (d / "out" / "report.json").read_text()
+    def refuse(name):  # Infinity, -Infinity and NaN are not JSON: other parsers reject them
+        raise ValueError(f"non-standard JSON constant {name}")
+    report = json.loads(text, parse_constant=refuse)
+    jsonschema.Draft202012Validator.check_schema(REPORT_SCHEMA)
+    jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(report)
+    assert report["totals"] == {"cases": 12, "passed": 2, "failed": 10, "skipped": 0}
+    cases = {c["regime"]: c for c in report["cases"]}
+    peak = cases["sharp-peak"]
+    assert peak["verdict"] == "fail" and peak["metrics"]["max_ulp"] == "inf"
+    assert peak["headline"].startswith("FAIL overflow,nan,accuracy (oracle: NaN 16 > 0 allowed")
+    out = peak["outputs"]["reference"]
+    assert out["dtype"] == "float16" and out["shape"] == [16, 256]
+    assert out["peer_budget"]["max_ulp"] == pytest.approx(2 * out["peer"]["max_ulp"] + 2)
+    assert out["regression_budget"] is not None and out["golden"] is not None
+    assert sum(out["ulp_histogram"]["counts"]) + out["ulp_histogram"]["nonfinite"] == 16 * 256
+    assert cases["unit"]["verdict"] == "pass"
+    assert cases["hypothesis"]["golden_note"].startswith("drawn inputs have no golden")
+
+
+def test_schema_rejects_bare_non_finite_floats():
+    jsonschema = _jsonschema()
+    record = {"suite": "softmax", "target": "t", "config": "fp16", "regime": "r", "nodeid": "n", "max_ulp": math.inf,
+              "max_rel": math.nan, "sqnr_db": -math.inf, "overflow": 1, "underflow": 0, "nan": 0, "passed": False,
+              "categories": ["overflow"], "time_s": 2e-5, "speed_status": "no-baseline", "speed_ratio": None,
+              "peak_bytes": None}
+    report = build_report([record], device="cpu", numerics_key="cpu-x", fingerprint="f", torch_version="t",
+                          configs=["fp16"])
+    validator = jsonschema.Draft202012Validator(REPORT_SCHEMA)
+    validator.validate(report)
+    assert report["cases"][0]["metrics"]["max_ulp"] == "inf" and report["cases"][0]["metrics"]["max_rel"] == "nan"
+    assert report["cases"][0]["timing"] == {"time_s": 2e-5, "speed_status": "no-baseline", "speed_ratio": None,
+                                            "peak_bytes": None}
+    report["cases"][0]["metrics"]["max_ulp"] = "Infinity"
+    assert not validator.is_valid(report)
+    assert json_safe({"a": (math.inf, [-math.inf, 1.5])}) == {"a": ["inf", ["-inf", 1.5]]}
+
+
+def test_markdown_report_has_the_terminal_table(run):
+    d, stdout = run
+    md = (d / "out" / "report.md").read_text()
+    terminal_table = [line for line in stdout.splitlines() if line.startswith("|")]
+    assert len(terminal_table) == 3  # header, rule, the naive x fp16 row
+    assert [line for line in md.splitlines() if line.startswith("|")] == terminal_table
+    assert md.startswith("## pytest-precision: 10 failed, 2 passed, 0 skipped of 12 cases")
+    assert "written to" not in md  # the terminal's notes about files are not part of the report
+    failing = md.split("### Failing cases", 1)[1]
+    assert failing.count("\n- `precision-suite::softmax[naive-fp16-") == 10
+    assert "- `precision-suite::softmax[naive-fp16-sharp-peak]`: FAIL overflow,nan,accuracy" in failing
+
+
+def test_markdown_of_a_passing_run_lists_no_failures():
+    rec = {"target": "t", "config": "fp32", "regime": "r", "max_ulp": 1.0, "max_rel": 0.1, "sqnr_db": 90.0,
+           "overflow": 0, "underflow": 0, "nan": 0, "passed": True, "categories": []}
+    md = render_markdown([rec], config_order=["fp32"], device="cpu", numerics_key="cpu-x", fingerprint="f")
+    assert "Failing cases" not in md and "0 failed, 1 passed" in md
+
+
+def test_plots_are_written_and_open(run):
+    pytest.importorskip("matplotlib", reason="plots need the plots extra (matplotlib)")
+    import matplotlib.image
+
+    d, stdout = run
+    figs = sorted(p.name for p in (d / "figs").iterdir())
+    assert figs == ["error-vs-logit-magnitude.png", "ulp-histogram-fp16.png"]
+    for name in figs:
+        image = matplotlib.image.imread(d / "figs" / name)
+        assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 200
+        assert image.std() > 0.01  # something was drawn
+    assert "precision plots: 2 PNG file(s) written to" in stdout
+
+
+def test_plots_without_matplotlib_is_a_usage_error(pytester, monkeypatch):
+    import pytest_precision.outputs
+
+    monkeypatch.setattr(pytest_precision.outputs, "plots_available", lambda: False)
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest("--precision-plots=figs", "-p", "no:cacheprovider")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--precision-plots needs matplotlib*pip install 'pytest-precision?plots?'*"])

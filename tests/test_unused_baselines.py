@@ -1,0 +1,125 @@
+"""Unused baselines: reported at the end of a --precision-suite run (also merged from xdist
+workers), only within what the run could have used, and removed by ``baselines prune``."""
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pytest_precision.baseline_usage import BaselineUsage, find_unused, incomplete_reason
+
+CONFTEST = textwrap.dedent("""
+    import pytest_precision
+
+    @pytest_precision.register("mine", kind="softmax")
+    def mine(x):
+        return x.float().softmax(-1).to(x.dtype)
+""")
+USER_TEST = textwrap.dedent("""
+    import torch
+
+    def test_golden(precision_config, golden):
+        x = torch.linspace(-3, 3, 64).reshape(4, 16)
+        inp = precision_config.prepare(x)
+        with precision_config:
+            out = inp.value.softmax(-1)
+        golden.check(out, torch.softmax(inp.exact, -1), inputs=x)
+""")
+ARGS = ("--precision-suite", "--precision-configs=fp32", "--precision-no-speed")
+
+
+def _run(cwd, *args):
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+def _stale(gold, src, dst):
+    (gold / dst).parent.mkdir(parents=True, exist_ok=True)
+    for suffix in (".npz", ".json"):
+        shutil.copy(gold / f"{src}{suffix}", gold / f"{dst}{suffix}")
+
+
+def _unused_block(stdout):
+    lines = stdout.splitlines()
+    head = [i for i, line in enumerate(lines) if "unused baseline(s) under" in line]
+    if not head:
+        return None
+    names = []
+    for line in lines[head[0] + 1:]:
+        if not line.startswith("  "):
+            break
+        names.append(line.strip())
+    return lines[head[0]], names
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    d = tmp_path_factory.mktemp("project")
+    (d / "conftest.py").write_text(CONFTEST)
+    (d / "test_user.py").write_text(USER_TEST)
+    (d / "pytest.ini").write_text("[pytest]\nprecision_baseline_dir = gold\n")
+    r = _run(d, "pytest", *ARGS, "--precision-update-baselines")
+    assert r.returncode == 0, r.stdout[-3000:]
+    gold = d / "gold"
+    _stale(gold, "softmax/mine/unit/fp32", "softmax/mine/removed-regime/fp32")  # a regime that is gone
+    _stale(gold, "test_user/test_golden/fp32", "test_user/test_gone/fp32")  # a test that is gone
+    _stale(gold, "softmax/mine/unit/fp32", "softmax/mine/unit/bf16")  # a config this run does not select
+    return d
+
+
+STALE = ["softmax/mine/removed-regime/fp32", "test_user/test_gone/fp32"]
+
+
+def test_xdist_workers_usage_is_merged(project):
+    pytest.importorskip("xdist")
+    r = _run(project, "pytest", *ARGS, "-n", "2")
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert _unused_block(r.stdout)[1] == STALE
+
+
+def test_deselected_cases_keep_their_baselines(project):
+    r = _run(project, "pytest", *ARGS, "-k", "mine and unit")
+    assert r.returncode == 0, r.stdout[-3000:]
+    # deselected cases (scale20, attention, the user test) would have used theirs: not reported;
+    # the stale ones belong to no collected case, selected or not
+    assert _unused_block(r.stdout)[1] == STALE
+
+
+def test_unused_are_reported_then_pruned_and_the_next_run_reports_none(project):
+    """Last in the file: it removes the stale baselines the tests above expect."""
+    r = _run(project, "pytest", *ARGS)
+    assert r.returncode == 0, r.stdout[-3000:]
+    head, names = _unused_block(r.stdout)
+    assert head.startswith("2 unused baseline(s) under ") and "python -m pytest_precision baselines prune" in head
+    assert names == STALE  # bf16 is out of scope: no bf16 case ran
+    dry = _run(project, "pytest_precision", "baselines", "prune", "--dir", "gold", "--dry-run")
+    assert dry.returncode == 0 and "would remove 4 file(s) of 2 unused baseline(s)" in dry.stdout, dry.stderr
+    assert (project / "gold" / "softmax/mine/removed-regime/fp32.npz").exists()
+    done = _run(project, "pytest_precision", "baselines", "prune", "--dir", "gold")
+    assert done.returncode == 0 and "removed 4 file(s)" in done.stdout, done.stderr
+    assert not (project / "gold" / "softmax/mine/removed-regime").exists()
+    assert (project / "gold" / "softmax/mine/unit/bf16.npz").exists()
+    r = _run(project, "pytest", *ARGS)
+    assert r.returncode == 0 and _unused_block(r.stdout) is None
+
+
+def test_partial_runs_judge_nothing():
+    usage = BaselineUsage()
+    assert incomplete_reason(usage, pytest.ExitCode.INTERRUPTED, 0, 0) == "the run ended with INTERRUPTED"
+    assert "stopped at the first failures" in incomplete_reason(usage, pytest.ExitCode.TESTS_FAILED, 1, 1)
+    assert incomplete_reason(usage, pytest.ExitCode.TESTS_FAILED, 3, 0) is None
+
+
+def test_scope_rules(tmp_path):
+    for name in ("softmax/t/a/fp32", "softmax/t/b/fp32", "softmax/t/a/fp16", "tests/test_x/test_y/fp32",
+                 "tests/test_z/test_w/fp32"):
+        (tmp_path / f"{name}.json").parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f"{name}.json").write_text("{}")
+    usage = BaselineUsage(used={"softmax/t/a/fp32"})
+    assert find_unused(tmp_path, usage, suite_ran=True) == ["softmax/t/b/fp32", "tests/test_x/test_y/fp32",
+                                                            "tests/test_z/test_w/fp32"]
+    assert find_unused(tmp_path, usage, suite_ran=False) == ["tests/test_x/test_y/fp32", "tests/test_z/test_w/fp32"]
+    usage.whole_project, usage.module_prefixes = False, {"tests/test_x/"}
+    usage.excused_prefixes = {"tests/test_x/test_y"}
+    usage.excused = {"softmax/t/b/fp32"}
+    assert find_unused(tmp_path, usage, suite_ran=True) == []
