@@ -7,9 +7,8 @@ from .collection import SuiteCollector
 from .fixtures import golden, parametrize_precision_config, precision_config  # noqa: F401 (fixtures)
 from .session import SESSION_KEY, PrecisionSession
 from .devices import numerics_key
-from .audit import render_audits
 from .outputs import RunOutputs, add_output_options
-from .summary import borrowed_budgets_line, render_summary, speed_lines
+from .summary import write_terminal_summary
 from .targets import clear as clear_targets
 
 RECORDS_KEY = "precision_records"
@@ -90,33 +89,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if hasattr(config, "workeroutput"):
         return
-    state = config.stash[SESSION_KEY]
-    if not state.records:
-        return
-    updates = sorted(r["baseline_update"] for r in state.records if r.get("baseline_update"))
-    if updates:
-        terminalreporter.write_sep("=", f"precision baselines written: {len(updates)} (under {state.store.root})")
-        for line in updates:
-            terminalreporter.write_line(line)
-    key = numerics_key(state.device)
-    terminalreporter.write_sep("=", f"precision summary (device {state.device}, budgets keyed {key})")
-    terminalreporter.write_line(render_summary(state.records, [c.id for c in state.configs]))
-    borrowed = borrowed_budgets_line(state.records, key)
-    if borrowed:
-        terminalreporter.write_line(borrowed)
-    for line in speed_lines(state.records, state.fingerprint):
-        terminalreporter.write_line(line)
-    traced = [r for r in state.records if r.get("trace")]
-    if traced:
-        terminalreporter.write_sep("=", f"precision trace ({len(traced)} case(s))")
-        for r in sorted(traced, key=lambda r: r["case"]):
-            terminalreporter.write_line(f"{r['case']}:")
-            terminalreporter.write_line(r["trace"])
-    audit_lines = render_audits(sorted(state.records, key=lambda r: (r["target"], r["config"])))
-    if audit_lines:
-        terminalreporter.write_sep("=", "precision audit: the dtype each op ran in")
-        for line in audit_lines:
-            terminalreporter.write_line(line)
+    write_terminal_summary(terminalreporter, config.stash[SESSION_KEY])
 
 
 class _XdistController:

@@ -9,7 +9,8 @@ from tabulate import tabulate
 from .devices import device_class
 from .timing import format_seconds
 
-__all__ = ["summary_rows", "render_summary", "borrowed_budgets_line", "speed_lines", "HEADERS"]
+__all__ = ["summary_rows", "render_summary", "borrowed_budgets_line", "speed_lines", "write_terminal_summary",
+           "HEADERS"]
 
 HEADERS = ("target", "config", "cases", "max ULP", "max rel", "SQNR dB", "overflow", "underflow", "NaN", "verdict")
 
@@ -119,3 +120,36 @@ def borrowed_budgets_line(records: list[dict], key: str) -> str | None:
         return None
     return (f"{n} case(s) had no budget recorded for {key} and were judged by the widest recorded for other "
             f"{device_class(key)} machines; record this machine's with --precision-update-baselines")
+
+
+def write_terminal_summary(tr, state) -> None:
+    """The end of a run: baselines written, the table, budget and speed notes, traces, audits."""
+    from .audit import render_audits  # the audit pulls in the tracer; only needed here
+    from .devices import numerics_key
+
+    if not state.records:
+        return
+    updates = sorted(r["baseline_update"] for r in state.records if r.get("baseline_update"))
+    if updates:
+        tr.write_sep("=", f"precision baselines written: {len(updates)} (under {state.store.root})")
+        for line in updates:
+            tr.write_line(line)
+    key = numerics_key(state.device)
+    tr.write_sep("=", f"precision summary (device {state.device}, budgets keyed {key})")
+    tr.write_line(render_summary(state.records, [c.id for c in state.configs]))
+    borrowed = borrowed_budgets_line(state.records, key)
+    if borrowed:
+        tr.write_line(borrowed)
+    for line in speed_lines(state.records, state.fingerprint):
+        tr.write_line(line)
+    traced = sorted((r for r in state.records if r.get("trace")), key=lambda r: r["case"])
+    if traced:
+        tr.write_sep("=", f"precision trace ({len(traced)} case(s))")
+        for r in traced:
+            tr.write_line(f"{r['case']}:")
+            tr.write_line(r["trace"])
+    audit_lines = render_audits(sorted(state.records, key=lambda r: (r["target"], r["config"])))
+    if audit_lines:
+        tr.write_sep("=", "precision audit: the dtype each op ran in")
+        for line in audit_lines:
+            tr.write_line(line)
