@@ -12,8 +12,9 @@ from .configs import CONFIGS, Config
 from .formats import FORMATS, format_of, ulp, ulp_distance
 from .metrics import Comparison, compare
 from .targets import Target, register
+from .training import TrainSpec, standard_step
 
 __version__ = "0.1.0"
 
 __all__ = ["CONFIGS", "Config", "FORMATS", "format_of", "ulp", "ulp_distance", "Comparison", "compare",
-           "Target", "register", "TensorCoreAlignmentWarning", "tensor_core_misalignments", "__version__"]
+           "Target", "register", "TrainSpec", "standard_step", "TensorCoreAlignmentWarning", "tensor_core_misalignments", "__version__"]

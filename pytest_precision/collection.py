@@ -34,7 +34,7 @@ class SuiteCollector(pytest.Collector):
         items = []
         for suite in SUITES.values():
             for target in suite_targets(suite, session):
-                for config in session.configs:
+                for config in (suite.configs(session) if hasattr(suite, "configs") else session.configs):
                     for variant in suite.variants(session.device):
                         for regime in getattr(suite, "REGIME_NAMES", suite.REGIMES):
                             name = f"{target.kind}[{target.name}-{config.id}{variant}-{regime}]"
@@ -62,7 +62,8 @@ class SuiteItem(pytest.Item):
             pytest.skip(reason)
         key = f"{self.target.kind}/{self.target.name}/{self.regime}"
         golden = Golden(session.store, key, self.precision_config.id + self.variant, session.device, session.update,
-                        session.update_command(suite_item=self.name, config_id=self.precision_config.id))
+                        session.update_command(suite_item=self.name,
+                                               config_id=getattr(self.precision_config, "base", self.precision_config.id)))
         outcome = self.suite.run_case(self.target, self.precision_config, self.regime, session.device, golden,
                                       self.variant)
         record = outcome.record()
@@ -70,7 +71,8 @@ class SuiteItem(pytest.Item):
             self._time(session, golden, outcome, record)
         if session.trace or (session.audit and self.regime == getattr(self.suite, "AUDIT_REGIME", None)):
             self._trace(session, outcome, record)
-        record.update(case_details(outcome, self._logits()), nodeid=self.nodeid)
+        details = outcome.report_details() if hasattr(outcome, "report_details") else case_details(outcome, self._logits())
+        record.update(details, nodeid=self.nodeid)
         self.outcome = outcome
         session.records.append(record)
         if not outcome.passed:

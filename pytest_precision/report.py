@@ -12,7 +12,7 @@ import json
 import math
 from pathlib import Path
 
-from .summary import borrowed_budgets_line, render_summary, speed_lines
+from .summary import borrowed_budgets_line, render_summary, render_training_summary, speed_lines
 
 __all__ = ["REPORT_SCHEMA", "REPORT_VERSION", "build_report", "write_json_report", "render_markdown",
            "write_markdown_report", "json_safe"]
@@ -101,6 +101,21 @@ REPORT_SCHEMA: dict = {
                 "timing": {"type": "object", "properties": {
                     "time_s": _NUMBER_OR_NULL, "speed_status": {"type": ["string", "null"]},
                     "speed_ratio": _NUMBER_OR_NULL, "peak_bytes": {"type": ["integer", "null"]}}},
+                "training": {"type": "object", "description": "training suite: the run against the fp32 run from the same seed",
+                             "required": ["steps", "max_loss_deviation", "grad_sqnr_db", "param_sqnr_db",
+                                          "max_underflow_rate", "max_update_lost_rate", "skipped_steps"],
+                             "properties": {
+                                 "steps": _COUNT, "max_loss_deviation": _NUMBER, "grad_sqnr_db": _NUMBER,
+                                 "param_sqnr_db": _NUMBER,
+                                 "max_underflow_rate": {"type": "number", "description": "worst parameter: fraction of its fp32-nonzero gradients that are 0 here (first step)"},
+                                 "underflow_param": {"type": "string"},
+                                 "max_update_lost_rate": {"type": "number", "description": "worst parameter: fraction of the elements fp32 moved that never moved here"},
+                                 "update_lost_param": {"type": "string"},
+                                 "update_ratio": _NUMBER_OR_NULL,
+                                 "skipped_steps": {"type": "array", "items": _COUNT},
+                                 "first_nonfinite": {"anyOf": [{"type": "null"}, {"type": "array"}]},
+                                 "step_time_s": _NUMBER, "fp32_step_time_s": _NUMBER}},
+                "training_detail": {"type": "object", "description": "per-step losses, deviations, gradient norms, loss scales; per-parameter rates"},
                 "error_by_magnitude": {"anyOf": [{"type": "null"}, {
                     "type": "object", "required": ["counts", "max_ulp"],
                     "properties": {"counts": {"type": "array", "items": _COUNT},
@@ -112,7 +127,8 @@ REPORT_SCHEMA: dict = {
 
 _TIMING = ("time_s", "speed_status", "speed_ratio", "peak_bytes")
 _METRICS = ("max_ulp", "max_rel", "sqnr_db", "overflow", "underflow", "nan")
-_CARRIED = ("categories", "headline", "outputs", "golden_note", "borrowed_budget", "baseline_update", "error_by_magnitude")
+_CARRIED = ("categories", "headline", "outputs", "golden_note", "borrowed_budget", "baseline_update", "error_by_magnitude",
+            "training", "training_detail")
 
 
 def json_safe(value):
@@ -133,7 +149,8 @@ def _case(record: dict) -> dict:
     if "skipped" in record:
         return {**case, "verdict": "skip", "skip_reason": record["skipped"]}
     case["verdict"] = "pass" if record["passed"] else "fail"
-    case["metrics"] = {k: record[k] for k in _METRICS}
+    if all(k in record for k in _METRICS):  # training cases carry theirs under "training"
+        case["metrics"] = {k: record[k] for k in _METRICS}
     case.update({k: record[k] for k in _CARRIED if k in record})
     if any(k in record for k in _TIMING):
         case["timing"] = {k: record.get(k) for k in _TIMING}
@@ -179,6 +196,9 @@ def render_markdown(records: list[dict], *, config_order: list[str], device: str
              f"of {t['cases']} cases", "",
              f"device {device}, budgets keyed {numerics_key}", "",
              render_summary(records, config_order), ""]
+    training = render_training_summary(records)
+    if training:
+        lines += ["### Training (each config against the fp32 run from the same seed)", "", training, ""]
     notes = [line for line in (borrowed_budgets_line(records, numerics_key), *speed_lines(records, fingerprint),
                                *extra_lines) if line]
     lines += [f"- {line}" for line in notes]

@@ -9,7 +9,7 @@ from tabulate import tabulate
 from .devices import device_class
 from .timing import format_seconds
 
-__all__ = ["summary_rows", "render_summary", "borrowed_budgets_line", "speed_lines", "write_terminal_summary",
+__all__ = ["summary_rows", "render_summary", "render_training_summary", "TRAINING_HEADERS", "borrowed_budgets_line", "speed_lines", "write_terminal_summary",
            "HEADERS"]
 
 HEADERS = ("target", "config", "cases", "max ULP", "max rel", "SQNR dB", "overflow", "underflow", "NaN", "verdict")
@@ -24,6 +24,7 @@ def _fmt(v: float) -> str:
 
 
 def summary_rows(records: list[dict], config_order: list[str] | None = None) -> list[tuple]:
+    records = [r for r in records if r.get("suite") != "training"]  # their own table: render_training_summary
     groups: "OrderedDict[tuple[str, str], list[dict]]" = OrderedDict()
     order = {c: i for i, c in enumerate(config_order or [])}
     for r in sorted(records, key=lambda r: (r["target"], order.get(r["config"], len(order)), r["config"])):
@@ -46,6 +47,40 @@ def summary_rows(records: list[dict], config_order: list[str] | None = None) -> 
             verdict,
         ))
     return rows
+
+
+TRAINING_HEADERS = ("target", "config", "steps", "max loss dev.", "grad SQNR dB", "param SQNR dB", "grad underflow",
+                    "update lost", "skipped", "step time", "vs fp32", "verdict")
+
+
+def _rate(rate: float, param: str) -> str:
+    return "0" if not rate else f"{100 * rate:.3g} % {param}"
+
+
+def render_training_summary(records: list[dict], config_order: list[str] | None = None) -> str | None:
+    """The training suite's table: one row per target and training config (training records carry
+    their metrics under ``training``), or None when the run had none."""
+    rs = [r for r in records if r.get("suite") == "training"]
+    if not rs:
+        return None
+    from .training import TRAIN_CONFIGS
+
+    order = {c: i for i, c in enumerate(TRAIN_CONFIGS)}
+    rows = []
+    for r in sorted(rs, key=lambda r: (r["target"], order.get(r["config"], len(order)), r["config"])):
+        if "skipped" in r:
+            rows.append((r["target"], r["config"], *("-" * 9), f"skip: {r['skipped']}"))
+            continue
+        t = r["training"]
+        verdict = "pass" if r["passed"] else "FAIL " + ",".join(r["categories"])
+        speedup = (f"{t['fp32_step_time_s'] / t['step_time_s']:.2f} x"
+                   if t["step_time_s"] and math.isfinite(t["step_time_s"]) and r["config"] != "fp32" else "-")
+        rows.append((r["target"], r["config"], t["steps"], _fmt(float(t["max_loss_deviation"])),
+                     _fmt(float(t["grad_sqnr_db"])), _fmt(float(t["param_sqnr_db"])),
+                     _rate(t["max_underflow_rate"], t["underflow_param"]),
+                     _rate(t["max_update_lost_rate"], t["update_lost_param"]), len(t["skipped_steps"]),
+                     format_seconds(t["step_time_s"]) if math.isfinite(t["step_time_s"]) else "-", speedup, verdict))
+    return tabulate(rows, headers=TRAINING_HEADERS, tablefmt="github")
 
 
 def render_summary(records: list[dict], config_order: list[str] | None = None) -> str:
@@ -135,8 +170,14 @@ def write_terminal_summary(tr, state) -> None:
         for line in updates:
             tr.write_line(line)
     key = numerics_key(state.device)
-    tr.write_sep("=", f"precision summary (device {state.device}, budgets keyed {key})")
-    tr.write_line(render_summary(state.records, [c.id for c in state.configs]))
+    if any(r.get("suite") != "training" for r in state.records):
+        tr.write_sep("=", f"precision summary (device {state.device}, budgets keyed {key})")
+        tr.write_line(render_summary(state.records, [c.id for c in state.configs]))
+    training = render_training_summary(state.records)
+    if training:
+        tr.write_sep("=", f"precision training summary (device {state.device}, budgets keyed {key}; each config "
+                          "against the fp32 run from the same seed)")
+        tr.write_line(training)
     borrowed = borrowed_budgets_line(state.records, key)
     if borrowed:
         tr.write_line(borrowed)

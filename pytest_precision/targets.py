@@ -17,6 +17,7 @@ KINDS: dict[str, str] = {
     "softmax": "fn(x) -> softmax over the last dimension, same shape and dtype as x",
     "log_softmax": "fn(x) -> log_softmax over the last dimension, same shape and dtype as x",
     "attention": "fn(q, k, v, causal[, key_padding_mask=]) -> (B, H, S_q, D) in q's dtype",
+    "train_step": "TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None) (pytest_precision.training)",
 }
 
 
@@ -45,7 +46,12 @@ def register(name: str, fn: Callable | None = None, *, kind: str = "softmax"):
     _check_kind(kind, name)
 
     def add(f: Callable) -> Callable:
-        if not callable(f):
+        if kind == "train_step":
+            from .training import TrainSpec
+
+            if not isinstance(f, TrainSpec):
+                raise TypeError(f"target {name!r}: kind train_step takes a pytest_precision.TrainSpec, got {f!r}")
+        elif not callable(f):
             raise TypeError(f"target {name!r}: {f!r} is not callable")
         old = _REGISTRY.get(name)
         if old is not None and old.fn is not f:
@@ -84,5 +90,10 @@ def parse_ini_targets(lines: list[str]) -> list[Target]:
                 obj = getattr(obj, a)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"precision_targets: cannot import {spec!r}: {e}") from e
+        if kind == "train_step":
+            from .training import TrainSpec
+
+            if not isinstance(obj, TrainSpec):
+                raise ValueError(f"precision_targets: {spec!r} is a {type(obj).__name__}; kind train_step takes a TrainSpec")
         out.append(Target(spec, obj, kind, origin="ini precision_targets"))
     return out
