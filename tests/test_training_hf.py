@@ -1,0 +1,39 @@
+"""A real client of the training suite: a tiny Hugging Face Llama built from a config (no weights
+downloaded), its batches dicts of ``input_ids`` and ``labels``, its loss the model output's
+``.loss``. Skipped when transformers (the ``hf`` extra) is not installed."""
+import pytest
+
+pytest_plugins = ["pytester"]
+
+CONFTEST = """
+import torch
+import pytest_precision
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def model():
+    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    return LlamaForCausalLM(config)
+
+
+def batch(i):
+    g = torch.Generator().manual_seed(i)
+    ids = torch.randint(0, 256, (4, 32), generator=g)
+    return {"input_ids": ids, "labels": ids}
+
+
+pytest_precision.register("hf_llama", pytest_precision.TrainSpec(
+    model, lambda p: torch.optim.AdamW(p, lr=1e-3), batch, steps=4), kind="train_step")
+"""
+
+
+def test_tiny_hf_llama_runs_through_the_training_suite(pytester):
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
+    pytester.makeconftest(CONFTEST)
+    args = ("--precision-suite", "-p", "no:cacheprovider", "-k", "train_step")
+    pytester.runpytest(*args, "--precision-update-baselines")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=7, skipped=1)  # tf32 is CUDA only
+    for config in ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3"):
+        result.stdout.fnmatch_lines([f"| hf_llama *| {config} *| 4 *|*| pass *|"])
