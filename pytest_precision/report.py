@@ -105,8 +105,8 @@ REPORT_SCHEMA: dict = {
                              "required": ["steps", "max_loss_deviation", "grad_sqnr_db", "param_sqnr_db",
                                           "max_underflow_rate", "max_update_lost_rate", "skipped_steps"],
                              "properties": {
-                                 "steps": _COUNT, "max_loss_deviation": _NUMBER, "grad_sqnr_db": _NUMBER,
-                                 "param_sqnr_db": _NUMBER,
+                                 "steps": _COUNT, "max_loss_deviation": _NUMBER_OR_NULL, "grad_sqnr_db": _NUMBER,
+                                 "param_sqnr_db": _NUMBER_OR_NULL,
                                  "max_underflow_rate": {"type": "number", "description": "worst parameter: fraction of its fp32-nonzero gradients that are 0 here (first step)"},
                                  "underflow_param": {"type": "string"},
                                  "max_update_lost_rate": {"type": "number", "description": "worst parameter: fraction of the elements fp32 moved that never moved here"},
@@ -114,7 +114,8 @@ REPORT_SCHEMA: dict = {
                                  "update_ratio": _NUMBER_OR_NULL,
                                  "skipped_steps": {"type": "array", "items": _COUNT},
                                  "first_nonfinite": {"anyOf": [{"type": "null"}, {"type": "array"}]},
-                                 "step_time_s": _NUMBER, "fp32_step_time_s": _NUMBER}},
+                                 "step_time_s": _NUMBER_OR_NULL, "fp32_step_time_s": _NUMBER_OR_NULL,
+                                 "ddp": {"type": "object", "description": "DDP cases: the hook's gradients against uncompressed DDP"}}},
                 "training_detail": {"type": "object", "description": "per-step losses, deviations, gradient norms, loss scales; per-parameter rates"},
                 "error_by_magnitude": {"anyOf": [{"type": "null"}, {
                     "type": "object", "required": ["counts", "max_ulp"],

@@ -53,6 +53,11 @@ TRAINING_HEADERS = ("target", "config", "steps", "max loss dev.", "grad SQNR dB"
                     "update lost", "skipped", "step time", "vs fp32", "verdict")
 
 
+def _opt(v) -> str:
+    """A metric a row may not have (a DDP case has no loss trajectory): "-"."""
+    return "-" if v is None else _fmt(float(v))
+
+
 def _rate(rate: float, param: str) -> str:
     return "0" if not rate else f"{100 * rate:.3g} % {param}"
 
@@ -73,13 +78,13 @@ def render_training_summary(records: list[dict], config_order: list[str] | None 
             continue
         t = r["training"]
         verdict = "pass" if r["passed"] else "FAIL " + ",".join(r["categories"])
-        speedup = (f"{t['fp32_step_time_s'] / t['step_time_s']:.2f} x"
-                   if t["step_time_s"] and math.isfinite(t["step_time_s"]) and r["config"] != "fp32" else "-")
-        rows.append((r["target"], r["config"], t["steps"], _fmt(float(t["max_loss_deviation"])),
-                     _fmt(float(t["grad_sqnr_db"])), _fmt(float(t["param_sqnr_db"])),
-                     _rate(t["max_underflow_rate"], t["underflow_param"]),
+        step, fp32_step = t.get("step_time_s"), t.get("fp32_step_time_s")
+        timed = step is not None and math.isfinite(step) and step > 0
+        speedup = f"{fp32_step / step:.2f} x" if timed and fp32_step and r["config"] != "fp32" else "-"
+        rows.append((r["target"], r["config"], t["steps"], _opt(t["max_loss_deviation"]), _opt(t["grad_sqnr_db"]),
+                     _opt(t["param_sqnr_db"]), _rate(t["max_underflow_rate"], t["underflow_param"]),
                      _rate(t["max_update_lost_rate"], t["update_lost_param"]), len(t["skipped_steps"]),
-                     format_seconds(t["step_time_s"]) if math.isfinite(t["step_time_s"]) else "-", speedup, verdict))
+                     format_seconds(step) if timed else "-", speedup, verdict))
     return tabulate(rows, headers=TRAINING_HEADERS, tablefmt="github")
 
 

@@ -80,10 +80,15 @@ class TrainConfig:
     fp8: bool = False
     tf32: bool = False
     shows: tuple[str, ...] = ()
+    ddp_hook: str | None = None  # a DDP gradient-compression comparison (distributed.py), not a run
+
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        """The dtype the model's matmuls run in (what gradient underflow is measured against)."""
+        """The dtype the model's matmuls run in (what gradient underflow is measured against); for
+        a DDP comparison, the dtype gradients are communicated in."""
+        if self.ddp_hook is not None:
+            return {"fp16": torch.float16, "bf16": torch.bfloat16}[self.ddp_hook]
         if self.fp8:
             return torch.float8_e5m2
         return self.autocast_dtype or self.param_dtype
@@ -91,7 +96,13 @@ class TrainConfig:
     def skip_reason(self, device: str) -> str | None:
         from .configs import CONFIGS
 
-        return CONFIGS[self.base].skip_reason(device)
+        reason = CONFIGS[self.base].skip_reason(device)
+        if reason is None and self.ddp_hook is not None:
+            from .distributed import ddp_skip_reason
+
+            reason = ddp_skip_reason(device)
+            return f"{self.id}: {reason}" if reason else None
+        return reason
 
     def autocast(self, device: str) -> Callable[[], contextlib.AbstractContextManager]:
         if self.autocast_dtype is None:
@@ -116,6 +127,10 @@ TRAIN_CONFIGS: dict[str, TrainConfig] = {c.id: c for c in (
                 1e-1, param_dtype=torch.bfloat16, stochastic_rounding=True, shows=("update_lost", "update_size")),
     TrainConfig("fp8-e4m3", "fp8-e4m3", "nn.Linear in emulated fp8: e4m3 forward, e5m2 gradients, per-tensor current scaling",
                 1e-1, fp8=True),
+    TrainConfig("ddp-fp16", "fp16", "DDP on 2 processes, gradients all-reduced through fp16_compress_hook, against "
+                "uncompressed DDP", 0.0, ddp_hook="fp16"),
+    TrainConfig("ddp-bf16", "bf16", "DDP on 2 processes, gradients all-reduced through bf16_compress_hook, against "
+                "uncompressed DDP", 0.0, ddp_hook="bf16"),
 )}
 
 
@@ -296,6 +311,8 @@ def run_training(spec: TrainSpec, config: TrainConfig, device: str, where: str =
     from .timing import synchronized_perf_counter
 
     where = where or f"train_step under {config.id}"
+    if config.ddp_hook is not None:
+        raise ValueError(f"{config.id} is a DDP comparison: distributed.compare_ddp_hooks runs it, not run_training")
 
     def call(what, fn, *a):
         try:

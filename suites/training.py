@@ -2,9 +2,10 @@
 compared with the fp32 run from the same seed (pytest_precision.training has the contract).
 
 Configs (``training.TRAIN_CONFIGS``; ``--precision-configs`` selects them by their matrix config:
-``amp-fp16`` runs both amp-fp16 recipes, ``bf16`` both pure-bf16 ones): fp32, tf32 (CUDA),
-amp-bf16, amp-fp16 with a GradScaler, amp-fp16 without one, pure bf16, pure bf16 with stochastic
-rounding, fp8 Linear emulation.
+``amp-fp16`` runs both amp-fp16 recipes, ``bf16`` both pure-bf16 ones and the bf16 DDP case):
+fp32, tf32 (CUDA), amp-bf16, amp-fp16 with a GradScaler, amp-fp16 without one, pure bf16, pure
+bf16 with stochastic rounding, fp8 Linear emulation; and ``ddp-fp16``, ``ddp-bf16``, DDP's
+gradient-compression hooks against uncompressed DDP (suites/ddp.py has their verdicts).
 
 A case fails when, against the fp32 run of this session:
 
@@ -240,12 +241,18 @@ def _step_call(spec: TrainSpec, config: TrainConfig, device: str):
 
 
 def trace_call(target: Target, config: TrainConfig, regime_name: str, device: str, variant: str = ""):
+    if config.ddp_hook is not None:
+        return None  # the DDP cases run in other processes
     return _step_call(_spec(target), config, device)
 
 
 def run_case(target: Target, config: TrainConfig, regime_name: str, device: str, golden: Golden,
              variant: str = "") -> TrainingOutcome:
     spec = _spec(target)
+    if config.ddp_hook is not None:
+        from pytest_precision.suites.ddp import run_ddp_case
+
+        return run_ddp_case(spec, target.name, config, regime_name, device, golden, NAME)
     ref = _reference(target, device)
     try:
         run = ref if config.id == "fp32" else run_training(spec, config, device, _where(target, config))

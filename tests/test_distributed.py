@@ -1,0 +1,126 @@
+"""compare_ddp_hooks: DDP gradients under torch's fp16/bf16 compression hooks against uncompressed
+DDP, on gloo with 2 spawned CPU processes. Each call spawns a process group (a few seconds), so the
+tiny GPT run is shared and the failure tests fail before any DDP work."""
+import json
+import math
+import multiprocessing
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pytest_precision.distributed import HOOKS, DDPComparisonError, compare_ddp_hooks, ddp_skip_reason
+from pytest_precision.suites import tiny_gpt
+from pytest_precision.training import TrainSpec
+
+pytestmark = pytest.mark.skipif(ddp_skip_reason("cpu") is not None, reason=str(ddp_skip_reason("cpu")))
+
+
+# module-level, so the spawned ranks can import them
+
+
+class TinyGradLinear(nn.Module):
+    """A Linear whose loss is scaled by 1e-10: positive inputs give gradients of about 1e-10, all
+    of one sign (so no cancellation between ranks), far below fp16's subnormal 6e-8."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.lin(x).sum() * 1e-10
+
+
+def tiny_grad_model():
+    return TinyGradLinear()
+
+
+def tiny_grad_batch(i):
+    return (torch.rand(8, 16, generator=torch.Generator().manual_seed(i)),)
+
+
+def sgd(params):
+    return torch.optim.SGD(params, lr=0.1)
+
+
+def model_failing_on_rank1():
+    if dist.get_rank() == 1:  # rank 0 goes on and blocks in DDP's broadcast: the parent must kill it
+        raise ValueError("planted failure in model_fn")
+    return TinyGradLinear()
+
+
+def model_that_hangs():
+    time.sleep(120)
+
+
+@pytest.fixture(scope="module")
+def tiny_gpt_hooks():
+    return compare_ddp_hooks(tiny_gpt.SPEC)
+
+
+def test_tiny_gpt_hooks_cost_their_mantissa_bits(tiny_gpt_hooks):
+    fp16, bf16 = tiny_gpt_hooks["fp16"], tiny_gpt_hooks["bf16"]
+    assert set(tiny_gpt_hooks) == set(HOOKS)
+    for c in (fp16, bf16):
+        assert c.overflow == 0
+        assert math.isfinite(c.grad_norm) and c.grad_norm > 0
+        assert c.grad_norm == pytest.approx(c.ref_grad_norm, rel=1e-3)
+        assert math.isfinite(c.max_rel) and c.max_rel > 0
+        assert all(0.0 <= r < 0.5 for r in c.underflow_rate.values()), c.underflow_rate
+        json.dumps(c.as_dict())  # plain values: crosses to the xdist controller
+    # rounding to p significant bits costs about 20 log10(2^p) dB, a few dB over it measured
+    # (fp16 p=11: 66 dB, measured 70.5; bf16 p=8: 48 dB, measured 52.4): equal grads (the hook
+    # not applied) give inf, the wrong dtype gives the other band
+    assert 60 < fp16.grad_sqnr_db < 80, fp16
+    assert 44 < bf16.grad_sqnr_db < 60, bf16
+    assert 12 < fp16.grad_sqnr_db - bf16.grad_sqnr_db < 24  # 3 mantissa bits = 18 dB
+
+
+def test_tiny_gradients_underflow_in_fp16_not_bf16():
+    spec = TrainSpec(tiny_grad_model, sgd, tiny_grad_batch, steps=1)
+    result = compare_ddp_hooks(spec)
+    fp16, bf16 = result["fp16"], result["bf16"]
+    assert fp16.underflow_rate == {"lin.weight": 1.0, "lin.bias": 1.0}
+    assert fp16.grad_norm == 0.0 and fp16.grad_sqnr_db == 0.0  # everything lost: the error is the signal
+    assert 0 < fp16.ref_grad_norm < 1e-8
+    assert bf16.underflow_rate == {"lin.weight": 0.0, "lin.bias": 0.0}
+    assert bf16.grad_sqnr_db > 40 and bf16.max_rel < 2 ** -7
+    assert fp16.max_rel == 0.0  # no reference element reaches fp16's smallest normal
+
+
+def test_unpicklable_spec_is_refused_before_spawning():
+    spec = TrainSpec(lambda: TinyGradLinear(), sgd, tiny_grad_batch, steps=1)
+    start = time.monotonic()
+    with pytest.raises(TypeError, match=r"TrainSpec\.model_fn .*must be module-level functions for the DDP comparison"):
+        compare_ddp_hooks(spec)
+    assert time.monotonic() - start < 1
+    assert not multiprocessing.active_children()
+
+
+def test_a_failing_rank_is_named_and_the_others_killed():
+    spec = TrainSpec(model_failing_on_rank1, sgd, tiny_grad_batch, steps=1)
+    start = time.monotonic()
+    with pytest.raises(DDPComparisonError, match=r"rank 1: model_fn\(\) raised ValueError: planted failure in model_fn"):
+        compare_ddp_hooks(spec, timeout_s=60)
+    assert time.monotonic() - start < 30
+    assert not multiprocessing.active_children()
+
+
+def test_ranks_past_the_timeout_are_killed():
+    spec = TrainSpec(model_that_hangs, sgd, tiny_grad_batch, steps=1)
+    start = time.monotonic()
+    with pytest.raises(DDPComparisonError, match=r"timed out after 5 s; ranks \[0, 1\] still running"):
+        compare_ddp_hooks(spec, timeout_s=5)
+    assert time.monotonic() - start < 15
+    assert not multiprocessing.active_children()
+
+
+def test_unknown_hook_and_unavailable_device_are_refused():
+    with pytest.raises(ValueError, match="unknown DDP compression hooks"):
+        compare_ddp_hooks(tiny_gpt.SPEC, hooks=("fp8",))
+    if not torch.cuda.is_available():
+        assert "CUDA is not available" in ddp_skip_reason("cuda")
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            compare_ddp_hooks(tiny_gpt.SPEC, device="cuda")
