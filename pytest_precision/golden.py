@@ -19,9 +19,14 @@ from .devices import device_class, machine_name, numerics_key
 from .formats import format_of
 from .metrics import Comparison, compare
 
-__all__ = ["Golden", "GoldenResult", "Output"]
+__all__ = ["Golden", "GoldenResult", "Output", "budget_sources"]
 
 SINGLE = "reference"  # the array name when a case has one output
+
+
+def budget_sources(recorded: dict, key: str) -> list[str]:
+    """The numerics keys whose budgets judge this machine: its own, else every one of its device type."""
+    return [key] if key in recorded else sorted(k for k in recorded if device_class(k) == device_class(key))
 
 
 @dataclass
@@ -140,7 +145,7 @@ class Golden:
                 f"re-accept with: {self.update_command}"))
         key = self.budget_key
         recorded = base.meta.get("budgets", {})
-        sources = [key] if key in recorded else sorted(k for k in recorded if device_class(k) == device_class(key))
+        sources = budget_sources(recorded, key)
         if not sources:
             return GoldenResult(error=(
                 f"{base.json_path}: no accepted budget for '{key}' nor any {device_class(key)} machine (has: "

@@ -26,10 +26,11 @@ import torch
 from .baselines import UPDATE_OPTION, BaselineError, checksum
 from .budgets import REGRESSION_SLACK
 from .devices import device_class, machine_name
-from .golden import Golden, GoldenResult
+from .golden import Golden, GoldenResult, budget_sources
 from .training import TrainConfig, TrainMetrics, Trajectory
 
-__all__ = ["check_trajectory", "FP32_TRAJECTORY_RTOL", "RATE_SLACK", "OUTPUT"]
+__all__ = ["check_trajectory", "load_baseline", "budget_sources", "message_lines", "rates_line",
+           "FP32_TRAJECTORY_RTOL", "RATE_SLACK", "OUTPUT"]
 
 # fp32 loss trajectories of the built-in GPT agree across CPU ISAs (AVX512, AVX2, default) to
 # about 1e-6 relative over 8 AdamW steps; a change of model, data or optimizer moves them by 1e-3
@@ -37,6 +38,31 @@ __all__ = ["check_trajectory", "FP32_TRAJECTORY_RTOL", "RATE_SLACK", "OUTPUT"]
 FP32_TRAJECTORY_RTOL = 1e-4
 RATE_SLACK = 0.02  # two percentage points of a parameter's elements
 OUTPUT = "trajectory"  # the one output name under which budgets are filed (baseline tools read it)
+
+
+def load_baseline(golden: Golden):
+    """(the stored baseline or None, None), or (None, a GoldenResult naming the damaged file) when
+    it cannot be read and there is no update flag to rewrite it."""
+    try:
+        return golden.store.load(golden.key, golden.config_id), None
+    except BaselineError as e:
+        if golden.update:
+            return None, None
+        return None, GoldenResult(error=f"{e}\n(the file is left as it is; {UPDATE_OPTION} rewrites it)")
+
+
+def message_lines(g: GoldenResult, update_command: str) -> list[str]:
+    """The golden's part of a failure message."""
+    if g.error:
+        return ["  golden baseline:"] + ["    " + s for s in g.error.splitlines()]
+    return ([f"    ({g.note})"] if g.note else []) + [
+        f"  if the new results are intended, accept them as the golden with: {update_command}"]
+
+
+def rates_line(word: str, rates: dict[str, float]) -> str:
+    """The five highest nonzero per-parameter rates, as a message line."""
+    top = sorted(((r, n) for n, r in rates.items() if r > 0), reverse=True)[:5]
+    return f"    {word}: " + (", ".join(f"{n} {100 * r:.1f} %" for r, n in top) if top else "none")
 
 
 def _accepted(m: TrainMetrics) -> dict:
@@ -99,12 +125,9 @@ def check_trajectory(golden: Golden, config: TrainConfig, run: Trajectory, ref: 
     input_sum = _inputs_checksum(ref, batch0)
     acc = _accepted(metrics)
     result = GoldenResult()
-    try:
-        base = store.load(key, cid)
-    except BaselineError as e:
-        if not golden.update:
-            return GoldenResult(error=f"{e}\n(the file is left as it is; {UPDATE_OPTION} rewrites it)")
-        base = None
+    base, unusable = load_baseline(golden)
+    if unusable:
+        return unusable
     nk = golden.budget_key
     if golden.update:
         budgets = dict(base.meta.get("budgets", {})) if base is not None else {}
@@ -145,7 +168,7 @@ def check_trajectory(golden: Golden, config: TrainConfig, run: Trajectory, ref: 
         problem = _fp32_moved(ref.losses, stored)
         if problem:
             result.problems.append(("regression", problem))
-    sources = [nk] if nk in recorded else sorted(k for k in recorded if device_class(k) == device_class(nk))
+    sources = budget_sources(recorded, nk)
     if not sources:
         return GoldenResult(error=(f"{base.json_path}: no accepted budget for '{nk}' nor any {device_class(nk)} "
                                    f"machine; accept with: {golden.update_command}"))

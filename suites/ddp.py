@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pytest_precision.baselines import UPDATE_OPTION, BaselineError
 from pytest_precision.devices import device_class, machine_name
 from pytest_precision.distributed import DDPComparisonError, HookComparison, compare_ddp_hooks
 from pytest_precision.formats import format_of
 from pytest_precision.golden import Golden, GoldenResult
 from pytest_precision.targets import TargetError
 from pytest_precision.training import TrainConfig, TrainSpec
-from pytest_precision.trajectory_golden import OUTPUT, RATE_SLACK
+from pytest_precision.trajectory_golden import (OUTPUT, RATE_SLACK, budget_sources, load_baseline, message_lines,
+                                                rates_line)
 
 __all__ = ["DDPOutcome", "run_ddp_case", "sqnr_floor_db"]
 
@@ -108,18 +108,8 @@ class DDPOutcome:
         lines = [f"{nodeid}: {self.headline()}", f"  {c.id}: {c.description}:"]
         lines.append(f"    gradients: SQNR {r.grad_sqnr_db:.4g} dB (floor {sqnr_floor_db(c.compute_dtype):.4g} dB), max rel "
                      f"{r.max_rel:.4g}, overflow {r.overflow}, norm {r.grad_norm:.4g} vs {r.ref_grad_norm:.4g} uncompressed")
-        top = sorted(((v, n) for n, v in r.underflow_rate.items() if v > 0), reverse=True)[:5]
-        lines.append("    gradient-underflow rate (0 with the hook, nonzero without): "
-                     + (", ".join(f"{n} {100 * v:.1f} %" for v, n in top) if top else "none"))
-        g = self.golden
-        if g.error:
-            lines.append("  golden baseline:")
-            lines += ["    " + s for s in g.error.splitlines()]
-        else:
-            if g.note:
-                lines.append(f"    ({g.note})")
-            lines.append(f"  if the new results are intended, accept them as the golden with: {update_command}")
-        return "\n".join(lines)
+        lines.append(rates_line("gradient-underflow rate (0 with the hook, nonzero without)", r.underflow_rate))
+        return "\n".join(lines + message_lines(self.golden, update_command))
 
 
 def _accepted(r: HookComparison) -> dict:
@@ -132,12 +122,9 @@ def _check_golden(golden: Golden, config: TrainConfig, r: HookComparison) -> Gol
     uncompressed gradient norm, so the baseline tools see one file pair per case as elsewhere)."""
     store, key, cid, nk = golden.store, golden.key, golden.config_id, golden.budget_key
     acc = _accepted(r)
-    try:
-        base = store.load(key, cid)
-    except BaselineError as e:
-        if not golden.update:
-            return GoldenResult(error=f"{e}\n(the file is left as it is; {UPDATE_OPTION} rewrites it)")
-        base = None
+    base, unusable = load_baseline(golden)
+    if unusable:
+        return unusable
     if golden.update:
         budget = {"min_grad_sqnr_db": acc["grad_sqnr_db"] - SQNR_SLACK_DB,
                   "max_underflow_rate": min(1.0, acc["max_underflow_rate"] + RATE_SLACK), "overflow": acc["overflow"]}
@@ -155,7 +142,7 @@ def _check_golden(golden: Golden, config: TrainConfig, r: HookComparison) -> Gol
         npz, _ = store.paths(key, cid)
         return GoldenResult(error=f"no golden baseline at {npz}\nwrite it with: {golden.update_command}")
     recorded = base.meta.get("budgets", {})
-    sources = [nk] if nk in recorded else sorted(k for k in recorded if device_class(k) == device_class(nk))
+    sources = budget_sources(recorded, nk)
     if not sources:
         return GoldenResult(error=(f"{base.json_path}: no accepted budget for '{nk}' nor any {device_class(nk)} "
                                    f"machine; accept with: {golden.update_command}"))

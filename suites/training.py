@@ -37,7 +37,7 @@ from pytest_precision.golden import Golden, GoldenResult
 from pytest_precision.targets import Target, TargetError
 from pytest_precision.training import (TRAIN_CONFIGS, TrainConfig, TrainingError, TrainMetrics, TrainSpec,
                                        Trajectory, compare_trajectories, run_training, standard_step)
-from pytest_precision.trajectory_golden import check_trajectory
+from pytest_precision.trajectory_golden import check_trajectory, message_lines, rates_line
 
 NAME = "training"
 KINDS = ("train_step",)
@@ -168,19 +168,9 @@ class TrainingOutcome:
         lines += ["    " + row for row in table.splitlines()]
         lines.append(f"    gradients at the first step: SQNR {_g(m.grad_sqnr_db)} dB; final parameters: SQNR "
                      f"{_g(m.param_sqnr_db)} dB; update / fp32 update (median over steps) {_g(m.update_ratio)}")
-        for word, rates in (("gradient-underflow rate (0 here, nonzero in fp32, first step)", m.underflow_rate),
-                            ("update-lost rate (never moved here, moved in fp32)", m.update_lost_rate)):
-            top = sorted(((r, n) for n, r in rates.items() if r > 0), reverse=True)[:5]
-            lines.append(f"    {word}: " + (", ".join(f"{n} {100 * r:.1f} %" for r, n in top) if top else "none"))
-        g = self.golden
-        if g.error:
-            lines.append("  golden baseline:")
-            lines += ["    " + s for s in g.error.splitlines()]
-        else:
-            if g.note:
-                lines.append(f"    ({g.note})")
-            lines.append(f"  if the new results are intended, accept them as the golden with: {update_command}")
-        return "\n".join(lines)
+        lines.append(rates_line("gradient-underflow rate (0 here, nonzero in fp32, first step)", m.underflow_rate))
+        lines.append(rates_line("update-lost rate (never moved here, moved in fp32)", m.update_lost_rate))
+        return "\n".join(lines + message_lines(self.golden, update_command))
 
 
 def _g(v) -> str:
