@@ -135,3 +135,49 @@ def test_plots_without_matplotlib_is_a_usage_error(pytester, monkeypatch):
     result = pytester.runpytest("--precision-plots=figs", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--precision-plots needs matplotlib*pip install 'pytest-precision?plots?'*"])
+
+
+TRAINING_CONFTEST = textwrap.dedent("""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    import pytest_precision
+    from pytest_precision.inputs import seeded_normal
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(16, 8)
+
+        def forward(self, x, y):
+            return 1e-6 * F.mse_loss(self.fc(x), y)
+
+    def batch(i):
+        g = torch.Generator().manual_seed(i)
+        return seeded_normal(g, 32, 16), seeded_normal(g, 32, 8)
+
+    pytest_precision.register("net", pytest_precision.TrainSpec(Net, lambda p: torch.optim.SGD(p, lr=0.1), batch,
+                                                                steps=2), kind="train_step")
+""")
+
+
+def test_training_cases_in_the_reports(pytester):
+    """A training run: the JSON report validates with its training fields, and the Markdown report
+    has the terminal's training table."""
+    jsonschema = _jsonschema()
+    pytester.makeconftest(TRAINING_CONFTEST)
+    args = ("--precision-suite", "--precision-configs=fp32,amp-fp16", "-k", "train_step", "-p", "no:cacheprovider")
+    pytester.runpytest(*args, "--precision-update-baselines")
+    result = pytester.runpytest(*args, "--precision-report=report.json", "--precision-report-md=report.md")
+    result.assert_outcomes(passed=3)
+    report = json.loads((pytester.path / "report.json").read_text())
+    jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(report)
+    cases = {c["config"]: c for c in report["cases"]}
+    noscale = cases["amp-fp16-noscale"]
+    assert noscale["suite"] == "training" and "metrics" not in noscale
+    assert noscale["training"]["max_underflow_rate"] == 1.0 and noscale["training"]["underflow_param"].startswith("fc.")
+    assert len(noscale["training_detail"]["losses"]) == 2
+    md = (pytester.path / "report.md").read_text()
+    terminal = [line for line in result.outlines if line.startswith("| net ")]
+    assert len(terminal) == 3 and all(line in md.splitlines() for line in terminal)
+    assert "### Training (each config against the fp32 run from the same seed)" in md
