@@ -88,9 +88,13 @@ def show_lines(root: Path, name: str) -> list[str]:
         for output, rec in sorted((entry.get("outputs") or {}).items()):
             b = rec.get("budget") or {}
             acc = rec.get("accepted") or {}
-            limits = ", ".join(f"{f} {b[f]!r}" for f in BUDGET_FIELDS if b.get(f) is not None)
-            lines.append(f"    {output}: budget {limits}; accepted max ULP {acc.get('max_ulp')!r}, "
-                         f"max abs {acc.get('max_abs')!r}")
+            if set(b) <= set(BUDGET_FIELDS):  # an output tensor's budget
+                limits = ", ".join(f"{f} {b[f]!r}" for f in BUDGET_FIELDS if b.get(f) is not None)
+                lines.append(f"    {output}: budget {limits}; accepted max ULP {acc.get('max_ulp')!r}, "
+                             f"max abs {acc.get('max_abs')!r}")
+            else:  # a training budget (trajectory_golden, suites/ddp.py): its own fields, all shown
+                lines.append(f"    {output}: budget " + ", ".join(f"{f} {v!r}" for f, v in sorted(b.items())))
+                lines.append(f"    {output}: accepted " + ", ".join(f"{f} {v!r}" for f, v in sorted(acc.items())))
     for fp in sorted(meta.get("speed") or {}):
         rec = meta["speed"][fp]
         lines.append(f"  speed [{fp}] median {rec.get('median_s')!r} s")
@@ -128,7 +132,9 @@ def diff_lines(a: Path, b: Path) -> list[str]:
                 lines.append(f"{head} budget only in {b}")
             else:
                 old, new = ba[(key, output)], bb[(key, output)]
-                lines += [f"{head} {f} {old.get(f)!r} -> {new.get(f)!r}" for f in BUDGET_FIELDS if old.get(f) != new.get(f)]
+                # the tensor budgets' fields in their usual order, then any others (training budgets)
+                fields = [f for f in BUDGET_FIELDS if f in old or f in new] + sorted((set(old) | set(new)) - set(BUDGET_FIELDS))
+                lines += [f"{head} {f} {old.get(f)!r} -> {new.get(f)!r}" for f in fields if old.get(f) != new.get(f)]
         lines += _tensor_changes(name, a, b)
     return lines
 
