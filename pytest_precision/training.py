@@ -309,6 +309,13 @@ def run_training(spec: TrainSpec, config: TrainConfig, device: str, where: str =
     """Run ``spec.steps`` steps of the spec under ``config``; records the trajectory. With
     ``keep_grads`` (the fp32 reference) the gradients of every step are kept, so a run whose first
     steps the scaler skipped is compared on the same batch."""
+    return prepare_training(spec, config, device, where, keep_grads)()
+
+
+def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "",
+                     keep_grads: bool = False) -> Callable[[], Trajectory]:
+    """Build the seeded model, optimizer and scaler now; the returned call runs the steps. The
+    tracer and the audit trace only that call, not the model's construction."""
     from .configs import _tf32_flags
     from .timing import synchronized_perf_counter
 
@@ -354,53 +361,56 @@ def run_training(spec: TrainSpec, config: TrainConfig, device: str, where: str =
                 t.grads[seen["step"]] = copy
 
     initial = _snapshot(model)
-    previous = initial
     changed = {n: torch.zeros(p.shape, dtype=torch.bool) for n, p in initial.items()}
     t = Trajectory(config.id, [], [], [], [], [], None, None, {}, initial, {})
-    with contextlib.ExitStack() as stack:
-        hook = optimizer.register_step_pre_hook(watch)
-        stack.callback(hook.remove)
-        if config.stochastic_rounding:
-            stack.enter_context(_stochastic_rounding_updates(optimizer, spec.seed + 1))
-        if config.fp8:
-            if stack.enter_context(fp8_linears(model)) == 0:
-                raise TrainingError(f"{where}: the model has no nn.Linear layer for the fp8 emulation to replace")
-        if device == "cuda":
-            stack.enter_context(_tf32_flags(config.tf32))
-        autocast = config.autocast(device)
-        for i in range(spec.steps):
-            batch = _cast_batch(call(f"batch_fn({i})", spec.batch_fn, i), config.param_dtype, device)
-            seen.pop("grads", None)
-            seen.pop("bad", None)
-            seen["step"] = i
-            start = synchronized_perf_counter()
-            loss = call(f"step {i}", step_fn, model, optimizer, scaler, batch, autocast)
-            t.step_times.append(synchronized_perf_counter() - start)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise TrainingError(f"{where}: step {i} returned {type(loss).__name__}; step_fn must return the loss")
-            value = float(loss.detach().float())
-            t.losses.append(value)
-            t.scales.append(float(scaler.get_scale()) if config.loss_scaling else None)
-            ran = "grads" in seen
-            if not ran:
-                t.skipped.append(i)
-            if t.first_nonfinite is None:
-                if not math.isfinite(value):
-                    t.first_nonfinite = (i, "loss")
-                elif ran and seen["bad"] is not None:
-                    t.first_nonfinite = (i, f"gradient of {seen['bad']}")
-            t.grad_norms.append(seen["norm"] if ran else None)
-            now = _snapshot(model)
-            t.update_norms.append(float(torch.linalg.vector_norm(torch.stack(
-                [torch.linalg.vector_norm(now[n] - previous[n]) for n in now]))) if ran else None)
-            for n in now:
-                changed[n] |= now[n] != previous[n]
-            previous = now
-    t.grads0 = seen.get("grads0", {})
-    t.first_step = seen.get("first")
-    t.final = previous
-    t.changed = changed
-    return t
+    def run() -> Trajectory:
+        previous = t.initial
+        with contextlib.ExitStack() as stack:
+            hook = optimizer.register_step_pre_hook(watch)
+            stack.callback(hook.remove)
+            if config.stochastic_rounding:
+                stack.enter_context(_stochastic_rounding_updates(optimizer, spec.seed + 1))
+            if config.fp8:
+                if stack.enter_context(fp8_linears(model)) == 0:
+                    raise TrainingError(f"{where}: the model has no nn.Linear layer for the fp8 emulation to replace")
+            if device == "cuda":
+                stack.enter_context(_tf32_flags(config.tf32))
+            autocast = config.autocast(device)
+            for i in range(spec.steps):
+                batch = _cast_batch(call(f"batch_fn({i})", spec.batch_fn, i), config.param_dtype, device)
+                seen.pop("grads", None)
+                seen.pop("bad", None)
+                seen["step"] = i
+                start = synchronized_perf_counter()
+                loss = call(f"step {i}", step_fn, model, optimizer, scaler, batch, autocast)
+                t.step_times.append(synchronized_perf_counter() - start)
+                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                    raise TrainingError(f"{where}: step {i} returned {type(loss).__name__}; step_fn must return the loss")
+                value = float(loss.detach().float())
+                t.losses.append(value)
+                t.scales.append(float(scaler.get_scale()) if config.loss_scaling else None)
+                ran = "grads" in seen
+                if not ran:
+                    t.skipped.append(i)
+                if t.first_nonfinite is None:
+                    if not math.isfinite(value):
+                        t.first_nonfinite = (i, "loss")
+                    elif ran and seen["bad"] is not None:
+                        t.first_nonfinite = (i, f"gradient of {seen['bad']}")
+                t.grad_norms.append(seen["norm"] if ran else None)
+                now = _snapshot(model)
+                t.update_norms.append(float(torch.linalg.vector_norm(torch.stack(
+                    [torch.linalg.vector_norm(now[n] - previous[n]) for n in now]))) if ran else None)
+                for n in now:
+                    changed[n] |= now[n] != previous[n]
+                previous = now
+        t.grads0 = seen.get("grads0", {})
+        t.first_step = seen.get("first")
+        t.final = previous
+        t.changed = changed
+        return t
+
+    return run
 
 
 # ---------------------------------------------------------------------------------------------

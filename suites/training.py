@@ -36,7 +36,8 @@ from pytest_precision.faults import Fault, first_fault
 from pytest_precision.golden import Golden, GoldenResult
 from pytest_precision.targets import Target, TargetError
 from pytest_precision.training import (TRAIN_CONFIGS, TrainConfig, TrainingError, TrainMetrics, TrainSpec,
-                                       Trajectory, compare_trajectories, run_training, standard_step)
+                                       Trajectory, compare_trajectories, prepare_training, run_training,
+                                       standard_step)
 from pytest_precision.trajectory_golden import check_trajectory, message_lines, rates_line
 
 NAME = "training"
@@ -223,14 +224,14 @@ def judge(outcome: TrainingOutcome) -> None:
 
 
 def _step_call(spec: TrainSpec, config: TrainConfig, device: str):
-    """The first step, traceable: a fresh seeded model and optimizer, then the spec's step once."""
-    def call():
-        one = TrainSpec(spec.model_fn, spec.optimizer_fn, spec.batch_fn, steps=1, step_fn=spec.step_fn, seed=spec.seed)
-        return run_training(one, config, device)
-    return call
+    """The first step, traceable: a fresh seeded model and optimizer built now, outside the trace,
+    and a call that runs the spec's step once on them."""
+    one = TrainSpec(spec.model_fn, spec.optimizer_fn, spec.batch_fn, steps=1, step_fn=spec.step_fn, seed=spec.seed)
+    return prepare_training(one, config, device)
 
 
 def trace_call(target: Target, config: TrainConfig, regime_name: str, device: str, variant: str = ""):
+    """--precision-trace and --precision-audit: the first step under the config."""
     if config.ddp_hook is not None:
         return None  # the DDP cases run in other processes
     return _step_call(_spec(target), config, device)
@@ -256,7 +257,7 @@ def run_case(target: Target, config: TrainConfig, regime_name: str, device: str,
     if any(cat in ("overflow", "nan", "underflow") for _, cat, _ in outcome.problems):
         try:
             outcome.fault = first_fault(_step_call(spec, config, device), _step_call(spec, _FLOAT64, device))
-        except TrainingError:
+        except TrainingError:  # a model that cannot run in float64 still fails; only the fault is unnamed
             outcome.fault = None
     return outcome
 
