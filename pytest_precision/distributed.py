@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import os
-import pickle
+import importlib
 import socket
 import sys
 import tempfile
@@ -110,14 +110,36 @@ def _to_device(batch, device):
     return batch
 
 
+def _import_path(fn) -> str:
+    """``module:qualname``, by which a spawned rank imports ``fn``: the ranks get names, not
+    pickled objects. ValueError when ``fn`` has no such name (a lambda, a nested function)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        raise ValueError("it has no importable name (a lambda or a function defined inside another)")
+    path = f"{module}:{qualname}"
+    if _resolve(path) is not fn:
+        raise ValueError(f"{module}.{qualname} names another object")
+    return path
+
+
+def _resolve(path: str):
+    module, _, qualname = path.partition(":")
+    if module == "__main__":  # a spawned process re-imports the parent's script as __mp_main__
+        module = "__mp_main__" if "__mp_main__" in sys.modules else module
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
 def _rank_main(rank, world_size, port, device, backend, fns, seed, hooks, workdir, timeout_s):
     """One rank: the uncompressed run, then one run per hook; rank 0 saves the gradients."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)  # N ranks on a few cores: OpenMP threads per rank would oversubscribe
-    stage = "unpickling model_fn/batch_fn"
+    stage = "importing model_fn/batch_fn"
     try:
-        model_fn, batch_fn = pickle.loads(fns)  # bytes the parent pickled a moment ago
+        model_fn, batch_fn = (_resolve(path) for path in fns)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         stage = f"init_process_group({backend})"
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
@@ -174,15 +196,15 @@ def _first_error(workdir: str, procs) -> str:
 
 
 def _run_ranks(spec: TrainSpec, device: str, world_size: int, hooks, timeout_s: float) -> dict:
+    fns = []
     for name in ("model_fn", "batch_fn"):  # the ranks need only these
         fn = getattr(spec, name)
         try:
-            pickle.dumps(fn)
+            fns.append(_import_path(fn))
         except Exception as e:
-            raise TypeError(f"TrainSpec.{name} ({fn!r}) cannot be pickled ({e}): the TrainSpec's "
+            raise TypeError(f"TrainSpec.{name} ({fn!r}) cannot be imported by name ({e}): the TrainSpec's "
                             "model_fn/optimizer_fn/batch_fn must be module-level functions for the DDP comparison "
                             "(spawned processes import them)") from None
-    fns = pickle.dumps((spec.model_fn, spec.batch_fn))  # unpickled in the rank's try: import errors reported too
     backend, port = _backend(device, world_size), _free_port()
     ctx = torch.multiprocessing.get_context("spawn")  # not fork: torch's OpenMP threads are not fork-safe
     with tempfile.TemporaryDirectory(prefix="precision-ddp-") as workdir:
