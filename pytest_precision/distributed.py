@@ -43,7 +43,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from .training import TrainSpec, compute_loss
+from .training import TrainSpec, compute_loss, tensors_sqnr_db, underflow_rates
 
 __all__ = ["HOOKS", "HookComparison", "DDPComparisonError", "ddp_skip_reason", "compare_ddp_hooks"]
 
@@ -243,21 +243,12 @@ def _compare(hook: str, out: dict[str, torch.Tensor], ref: dict[str, torch.Tenso
     names = [n for n in ref if n in out]
     o = torch.cat([out[n].flatten().double() for n in names])
     r = torch.cat([ref[n].flatten().double() for n in names])
-    err = float(torch.linalg.vector_norm(o - r))
     ref_norm = float(torch.linalg.vector_norm(r))
-    if not bool(torch.isfinite(o).all()):
-        sqnr = -math.inf
-    else:
-        sqnr = math.inf if err == 0 else 20 * math.log10(max(ref_norm, 1e-300) / err)
     normal = r.abs() >= torch.finfo(_HOOK_DTYPES[hook]).smallest_normal
     rel = ((o - r).abs() / r.abs())[normal].nan_to_num(nan=math.inf)
-    underflow = {}
-    for n in names:
-        nonzero = ref[n] != 0
-        total = int(nonzero.sum())
-        underflow[n] = int((nonzero & (out[n] == 0)).sum()) / total if total else 0.0
     return HookComparison(
-        hook=hook, grad_sqnr_db=sqnr, max_rel=float(rel.max()) if rel.numel() else 0.0, underflow_rate=underflow,
+        hook=hook, grad_sqnr_db=tensors_sqnr_db(out, ref), max_rel=float(rel.max()) if rel.numel() else 0.0,
+        underflow_rate=underflow_rates(out, ref),
         overflow=int((~torch.isfinite(o) & torch.isfinite(r)).sum()),
         grad_norm=float(torch.linalg.vector_norm(o)), ref_grad_norm=ref_norm)
 

@@ -10,7 +10,7 @@ from tabulate import tabulate
 
 from .formats import format_of, ulp_distance
 
-__all__ = ["Comparison", "compare", "WORST_SHOWN"]
+__all__ = ["Comparison", "compare", "sqnr_db", "WORST_SHOWN"]
 
 WORST_SHOWN = 5
 
@@ -67,6 +67,14 @@ class Comparison:
     def worst_table(self) -> str:
         rows = [(str(w["index"]), _num(w["out"]), _num(w["ref"]), _num(w["ulp"])) for w in self.worst]
         return tabulate(rows, headers=("index", "out", "reference", "ULP"), tablefmt="plain")
+
+
+def sqnr_db(signal_norm: float, error_norm: float) -> float:
+    """20 log10(||ref|| / ||out - ref||) from the two norms (DESIGN 2.4): inf when there is no
+    error, -inf when there is error and no signal."""
+    if error_norm == 0:
+        return math.inf
+    return 20 * math.log10(signal_norm / error_norm) if signal_norm > 0 else -math.inf
 
 
 def _num(v: float) -> str:
@@ -132,7 +140,7 @@ def compare(
         p99_ulp = float(torch.quantile(fu.float(), 0.99)) if n_fin <= 16_000_000 else float(fu.max())
         err = float(torch.linalg.vector_norm(fo - fr))
         sig = float(torch.linalg.vector_norm(fr))
-        sqnr = math.inf if err == 0 else (20 * math.log10(sig / err) if sig > 0 else -math.inf)
+        sqnr = sqnr_db(sig, err)
         den = float(torch.linalg.vector_norm(fo)) * sig
         cosine = float((fo * fr).sum()) / den if den > 0 else (1.0 if err == 0 else 0.0)
     else:
@@ -195,7 +203,7 @@ def _compare_fused(out, ref, dtype, scale, log_domain, underflow_floor, keep_ulp
     ulps = ulp_distance(o / scale, r / scale, dtype, log_domain=log_domain) if keep_ulps else None
     if st.n_finite:
         err, sig = math.sqrt(st.sum_sq_err), math.sqrt(st.sum_sq_ref)
-        sqnr = math.inf if err == 0 else (20 * math.log10(sig / err) if sig > 0 else -math.inf)
+        sqnr = sqnr_db(sig, err)
         den = math.sqrt(st.sum_sq_out) * sig
         cosine = st.sum_out_ref / den if den > 0 else (1.0 if err == 0 else 0.0)
         if ulps is not None:

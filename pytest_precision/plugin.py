@@ -21,7 +21,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--precision-update-baselines", action="store_true",
                     help="write golden baselines (atomically) and print old vs new budgets")
     group.addoption("--precision-configs", metavar="ID,ID",
-                    help="configs to run: fp32,tf32,fp16,bf16,amp-fp16,amp-bf16,fp8-e4m3 (default: all the device runs)")
+                    help="configs to run: fp32,tf32,fp16,bf16,amp-fp16,amp-bf16,fp8-e4m3 (default: all the device "
+                         "runs); the training suite runs the recipes of each (amp-fp16: with and without a "
+                         "GradScaler; bf16: pure bf16, with stochastic rounding, DDP's bf16 hook; fp16: DDP's fp16 hook)")
     group.addoption("--precision-device", choices=("cpu", "cuda"),
                     help="device to run on (default: cuda when available, else cpu)")
     group.addoption("--precision-no-speed", action="store_true",

@@ -31,9 +31,11 @@ from torch import nn
 
 from .configs import fp8_roundtrip
 from .formats import format_of
+from .metrics import sqnr_db
 
 __all__ = ["TrainSpec", "TrainConfig", "TRAIN_CONFIGS", "Trajectory", "TrainMetrics", "standard_step",
-           "compute_loss", "run_training", "compare_trajectories", "stochastic_round", "fp8_linears"]
+           "compute_loss", "run_training", "prepare_training", "compare_trajectories", "tensors_sqnr_db",
+           "underflow_rates", "stochastic_round", "fp8_linears"]
 
 
 @dataclass(frozen=True)
@@ -417,8 +419,9 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
 # a run against the fp32 run
 
 
-def _sqnr_db(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
-    """20 log10(||ref|| / ||out - ref||) over all tensors together (DESIGN 2.4); inf when equal."""
+def tensors_sqnr_db(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
+    """The SQNR of all the named tensors together (metrics.sqnr_db); -inf when ``out`` holds a
+    non-finite value, NaN when the two share no name."""
     names = [n for n in ref if n in out]
     if not names:
         return float("nan")
@@ -426,10 +429,20 @@ def _sqnr_db(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> floa
     o = torch.cat([out[n].flatten().double() for n in names])
     if not bool(torch.isfinite(o).all()):
         return float("-inf")
-    err = float(torch.linalg.vector_norm(o - r))
-    if err == 0.0:
-        return float("inf")
-    return 20.0 * math.log10(max(float(torch.linalg.vector_norm(r)), 1e-300) / err)
+    return sqnr_db(float(torch.linalg.vector_norm(r)), float(torch.linalg.vector_norm(o - r)))
+
+
+def underflow_rates(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Per parameter of ``ref``: the fraction of its nonzero gradients that are 0 in ``out`` (1.0
+    where no gradient reached it in ``out``); parameters whose reference is all zeros are left out."""
+    rates = {}
+    for n, g_ref in ref.items():
+        nonzero = g_ref != 0
+        total = int(nonzero.sum())
+        if total:
+            g = out.get(n)
+            rates[n] = 1.0 if g is None else int(((g == 0) & nonzero).sum()) / total
+    return rates
 
 
 @dataclass
@@ -468,16 +481,8 @@ def compare_trajectories(run: Trajectory, ref: Trajectory) -> TrainMetrics:
     dev = []
     for a, b in zip(run.losses, ref.losses):
         dev.append(abs(a - b) / abs(b) if math.isfinite(a) and b != 0 else (0.0 if a == b else math.inf))
-    underflow = {}
     ref_grads = ref.grads.get(run.first_step, ref.grads0) if run.first_step is not None else {}
-    for n, g32 in ref_grads.items():
-        g = run.grads0.get(n)
-        nonzero = g32 != 0
-        total = int(nonzero.sum())
-        if g is None:  # no gradient reached the parameter in this config
-            underflow[n] = 1.0 if total else 0.0
-        elif total:
-            underflow[n] = int(((g == 0) & nonzero).sum()) / total
+    underflow = underflow_rates(run.grads0, ref_grads)
     lost = {}
     for n, moved32 in ref.changed.items():
         total = int(moved32.sum())
@@ -488,7 +493,7 @@ def compare_trajectories(run: Trajectory, ref: Trajectory) -> TrainMetrics:
     finite = [d for d in dev if d is not None]
     return TrainMetrics(
         steps=len(run.losses), loss_deviation=dev, max_loss_deviation=max(finite) if finite else 0.0,
-        grad_sqnr_db=_sqnr_db(run.grads0, ref_grads), param_sqnr_db=_sqnr_db(run.final, ref.final),
+        grad_sqnr_db=tensors_sqnr_db(run.grads0, ref_grads), param_sqnr_db=tensors_sqnr_db(run.final, ref.final),
         underflow_rate=underflow, update_lost_rate=lost, update_ratio=ratio, skipped=run.skipped,
         scales=run.scales, first_nonfinite=run.first_nonfinite, grad_norms=run.grad_norms,
         fp32_grad_norms=ref.grad_norms, losses=run.losses, fp32_losses=ref.losses,

@@ -11,6 +11,7 @@ bf16); and against the golden (the accepted underflow rate plus 2 points, the ac
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -20,6 +21,7 @@ from pytest_precision.distributed import DDPComparisonError, HookComparison, com
 from pytest_precision.formats import format_of
 from pytest_precision.golden import Golden, GoldenResult
 from pytest_precision.targets import TargetError
+from pytest_precision.suites.training import Verdicts
 from pytest_precision.training import TrainConfig, TrainSpec
 from pytest_precision.trajectory_golden import (OUTPUT, RATE_SLACK, budget_sources, load_baseline, message_lines,
                                                 rates_line)
@@ -29,9 +31,9 @@ __all__ = ["DDPOutcome", "run_ddp_case", "sqnr_floor_db"]
 UNDERFLOW_LIMIT = 0.05
 SQNR_SLACK_DB = 6.0
 
-# spec -> {hook: HookComparison} or the reason the spec cannot run under DDP; one group of
-# processes serves both hooks
-_RESULTS: dict[tuple[TrainSpec, str], dict | str] = {}
+# spec -> {device: {hook: HookComparison} or the reason the spec cannot run under DDP}; one group
+# of processes serves both hooks; weak, as training._REFERENCES
+_RESULTS: "weakref.WeakKeyDictionary[TrainSpec, dict]" = weakref.WeakKeyDictionary()
 
 
 def sqnr_floor_db(dtype: torch.dtype) -> float:
@@ -40,19 +42,19 @@ def sqnr_floor_db(dtype: torch.dtype) -> float:
 
 
 def _comparisons(spec: TrainSpec, device: str, where: str) -> dict | str:
-    key = (spec, device)
-    if key not in _RESULTS:
+    runs = _RESULTS.setdefault(spec, {})
+    if device not in runs:
         try:
-            _RESULTS[key] = compare_ddp_hooks(spec, device=device)
+            runs[device] = compare_ddp_hooks(spec, device=device)
         except TypeError as e:  # callables the spawned processes cannot import
-            _RESULTS[key] = str(e)
+            runs[device] = str(e)
         except DDPComparisonError as e:
             raise TargetError(f"{where}: {e}") from e
-    return _RESULTS[key]
+    return runs[device]
 
 
 @dataclass
-class DDPOutcome:
+class DDPOutcome(Verdicts):
     suite: str
     target: str
     config: str
@@ -63,23 +65,6 @@ class DDPOutcome:
     problems: list[tuple[str, str, str]] = field(default_factory=list)
     details: list[str] = field(default_factory=list)
     fault: None = None
-
-    @property
-    def passed(self) -> bool:
-        return not self.problems
-
-    @property
-    def categories(self) -> list[str]:
-        order = ("overflow", "underflow", "accuracy", "regression", "baseline")
-        cats = {c for _, c, _ in self.problems}
-        return [c for c in order if c in cats]
-
-    @property
-    def verdict(self) -> str:
-        return "pass" if self.passed else "FAIL " + ",".join(self.categories)
-
-    def headline(self) -> str:
-        return self.verdict + (f" ({'; '.join(s for _, _, s in self.problems)})" if self.problems else "")
 
     def _worst(self) -> tuple[str, float]:
         rates = self.result.underflow_rate

@@ -27,6 +27,7 @@ same step in float64, and names the first op that lost the value (faults.first_f
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -69,9 +70,9 @@ def default_targets() -> list[Target]:
     return [Target("tiny_gpt", tiny_gpt.SPEC, "train_step", origin="built-in")]
 
 
-# (spec, device) -> the fp32 run, shared by the spec's configs; keyed by the spec itself, not its
-# id(), which a later spec could reuse once this one is freed
-_REFERENCES: dict[tuple[TrainSpec, str], Trajectory] = {}
+# spec -> {device: the fp32 run}, shared by the spec's configs; weak, so a spec's runs go when its
+# conftest does (pytester sessions in one process), and never keyed by id(), which a later spec reuses
+_REFERENCES: "weakref.WeakKeyDictionary[TrainSpec, dict[str, Trajectory]]" = weakref.WeakKeyDictionary()
 
 
 def _spec(target: Target) -> TrainSpec:
@@ -87,28 +88,21 @@ def _where(target: Target, config: TrainConfig) -> str:
 
 def _reference(target: Target, device: str) -> Trajectory:
     spec = _spec(target)
-    key = (spec, device)
-    if key not in _REFERENCES:
+    runs = _REFERENCES.setdefault(spec, {})
+    if device not in runs:
         try:
-            _REFERENCES[key] = run_training(spec, TRAIN_CONFIGS["fp32"], device, _where(target, TRAIN_CONFIGS["fp32"]),
-                                            keep_grads=True)
+            runs[device] = run_training(spec, TRAIN_CONFIGS["fp32"], device, _where(target, TRAIN_CONFIGS["fp32"]),
+                                        keep_grads=True)
         except TrainingError as e:
             raise TargetError(str(e)) from e.__cause__
-    return _REFERENCES[key]
+    return runs[device]
 
 
-@dataclass
-class TrainingOutcome:
-    suite: str
-    target: str
-    config: str
-    regime: str
-    train_config: TrainConfig
-    metrics: TrainMetrics
-    golden: GoldenResult
-    problems: list[tuple[str, str, str]] = field(default_factory=list)  # (check, category, sentence)
-    details: list[str] = field(default_factory=list)
-    fault: Fault | None = None
+class Verdicts:
+    """The verdict of an outcome with ``problems`` (check, category, sentence): shared by the
+    trajectory cases here and the DDP cases (suites/ddp.py)."""
+
+    problems: list[tuple[str, str, str]]
 
     @property
     def passed(self) -> bool:
@@ -125,6 +119,20 @@ class TrainingOutcome:
 
     def headline(self) -> str:
         return self.verdict + (f" ({'; '.join(s for _, _, s in self.problems)})" if self.problems else "")
+
+
+@dataclass
+class TrainingOutcome(Verdicts):
+    suite: str
+    target: str
+    config: str
+    regime: str
+    train_config: TrainConfig
+    metrics: TrainMetrics
+    golden: GoldenResult
+    problems: list[tuple[str, str, str]] = field(default_factory=list)  # (check, category, sentence)
+    details: list[str] = field(default_factory=list)
+    fault: Fault | None = None
 
     def summary(self) -> dict:
         m = self.metrics

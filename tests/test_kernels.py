@@ -1,29 +1,17 @@
 """The Triton kernels: against torch on small shapes, the interpreter's bf16 traps, the one-pass
 error statistics against the torch path, and planted kernel defects caught by the suites.
 
-Without CUDA the kernels run under Triton's interpreter. Triton fixes its mode when it is
-imported, so this module imports it under TRITON_INTERPRET=1 and then restores the environment:
-the process's triton interprets, while pytester sessions elsewhere in the run, which read the
-variable to decide whether the suites list the kernels, still see it unset (kernels/runtime.py)."""
-import importlib.util
+Without CUDA the kernels run under Triton's interpreter: tests/conftest.py imports triton under
+TRITON_INTERPRET=1 before any test module and then restores the environment, so the process's
+triton interprets while pytester sessions, which read the variable to decide whether the suites
+list the kernels, still see it unset (kernels/runtime.py)."""
 import math
-import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 CUDA = torch.cuda.is_available()
-if importlib.util.find_spec("triton") is not None and not CUDA and "triton" not in sys.modules:
-    _saved = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    import triton  # noqa: F401,E402
-
-    if _saved is None:
-        del os.environ["TRITON_INTERPRET"]
-    else:
-        os.environ["TRITON_INTERPRET"] = _saved
 pytest.importorskip("triton")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
