@@ -126,3 +126,76 @@ def test_errors_name_the_callable():
     spec = TrainSpec(lambda: nn.LayerNorm(8), lambda p: torch.optim.SGD(p, lr=0.1), _batch, steps=1)
     with pytest.raises(TrainingError, match="no nn.Linear layer for the fp8 emulation"):
         run_training(spec, TRAIN_CONFIGS["fp8-e4m3"], "cpu")
+
+
+def _metrics(**changes):
+    spec = TrainSpec(_Big, lambda p: torch.optim.SGD(p, lr=1e-6), _batch, steps=3)
+    ref = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu", keep_grads=True)
+    m = compare_trajectories(run_training(spec, TRAIN_CONFIGS["fp32"], "cpu"), ref)
+    for k, v in changes.items():
+        setattr(m, k, v)
+    return m
+
+
+def test_trajectory_regression_budget_catches_each_metric():
+    """The golden's budget on each training metric: within it nothing, past it a named problem."""
+    from pytest_precision.trajectory_golden import _budget, _accepted, _violations
+
+    accepted = _metrics(max_loss_deviation=1e-3, underflow_rate={"fc.weight": 0.1}, update_lost_rate={"fc.bias": 0.0})
+    budget = _budget(_accepted(accepted), TRAIN_CONFIGS["amp-bf16"])
+    assert _violations(accepted, budget) == []
+    worse = {
+        "max_loss_deviation": (dict(max_loss_deviation=5e-3), "accuracy", "max loss deviation from fp32 0.005 > budget"),
+        "underflow": (dict(underflow_rate={"fc.weight": 0.5}), "underflow", "gradient-underflow rate 50.0 % in fc.weight > budget 12.0 %"),
+        "update_lost": (dict(update_lost_rate={"fc.bias": 0.5}), "accuracy", "update-lost rate 50.0 % in fc.bias > budget 2.0 %"),
+        "skipped": (dict(skipped=[0, 1]), "overflow", "2 steps skipped by the GradScaler > budget 1"),
+        "nonfinite": (dict(first_nonfinite=(1, "loss")), "nan", "non-finite at step 1, accepted none"),
+    }
+    for name, (change, category, sentence) in worse.items():
+        m = _metrics(**{**dict(max_loss_deviation=1e-3, underflow_rate={"fc.weight": 0.1},
+                               update_lost_rate={"fc.bias": 0.0}), **change})
+        problems = _violations(m, budget)
+        assert len(problems) == 1 and problems[0][0] == category and problems[0][1].startswith(sentence), (name, problems)
+
+
+def test_ddp_golden_catches_a_regression(tmp_path):
+    from pytest_precision.baselines import BaselineStore
+    from pytest_precision.distributed import HookComparison
+    from pytest_precision.golden import Golden
+    from pytest_precision.suites.ddp import _check_golden
+
+    def golden(update):
+        return Golden(BaselineStore(tmp_path), "train_step/t/trajectory", "ddp-fp16", "cpu", update, "pytest ... --update")
+
+    good = HookComparison("fp16", 70.0, 0.01, {"w": 0.0}, 0, 1.0, 1.0)
+    assert _check_golden(golden(True), TRAIN_CONFIGS["ddp-fp16"], good).updated.endswith(
+        "SQNR >= 64 dB, underflow rate <= 2.0 %, overflow <= 0")
+    assert _check_golden(golden(False), TRAIN_CONFIGS["ddp-fp16"], good).problems == []
+    bad = HookComparison("fp16", 60.0, 0.01, {"w": 0.3}, 2, 1.0, 1.0)
+    problems = _check_golden(golden(False), TRAIN_CONFIGS["ddp-fp16"], bad).problems
+    assert problems == [("accuracy", "gradient SQNR 60 dB < budget 64 dB"),
+                        ("underflow", "gradient-underflow rate 30.0 % > budget 2.0 %"),
+                        ("overflow", "overflow 2 > 0 allowed")]
+
+
+def test_first_nonfinite_gradient_is_named():
+    class InfGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * math.inf
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, x):
+            return InfGrad.apply(self.w * x).sum()
+
+    spec = TrainSpec(Net, lambda p: torch.optim.SGD(p, lr=0.1), lambda i: torch.ones(4), steps=2)
+    run = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu")
+    assert run.first_nonfinite == (0, "gradient of w")

@@ -133,6 +133,9 @@ def test_clipping_before_unscale_is_caught(pytester):
     result.stdout.fnmatch_lines([
         "*clip-amp-fp16-trajectory*FAIL accuracy*the parameter update is * x the fp32 update (median over steps), about "
         "1 / the loss scale 65536: the gradients were clipped or changed before scaler.unscale_(optimizer)*"])
+    # the stalled updates also show in the loss trajectory: the loss-deviation verdict
+    result.stdout.fnmatch_lines(["*clip-amp-fp16-trajectory*FAIL accuracy*(loss deviates from fp32 by * (relative) at step "
+                                 "* > 0.005 allowed for amp-fp16;*"])
 
 
 LOG_SOFTMAX = """
@@ -208,6 +211,32 @@ def test_pure_bf16_small_lr_loses_updates_and_stochastic_rounding_keeps_some(pyt
     row = next(line for line in result.outlines if line.startswith("| ones") and "| bf16-sr " in line)
     lost = float(row.split("|")[8].split("%")[0])
     assert 5 < lost < 80, row  # about 0.9 ** 8 = 43 %: each step moves a weight with probability 0.1
+
+
+ROUNDED_WEIGHTS = HEADER + """
+def rounding_step(model, optimizer, scaler, batch, autocast):
+    loss = pytest_precision.standard_step(model, optimizer, scaler, batch, autocast)
+    with autocast():  # the defect: master weights rounded to the autocast dtype after every step
+        dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+    if dtype is not None:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(p.to(dtype))
+    return loss
+""" + PURE_BF16[len(HEADER):].replace("Scale, lambda p: torch.optim.SGD(p, lr={LR}), batch, steps=8)",
+                                      "Scale, lambda p: torch.optim.SGD(p, lr={LR}), batch, steps=8, step_fn={STEP})")
+
+
+def test_amp_keeps_small_updates_in_fp32_master_weights(pytester):
+    pytester.makeconftest(ROUNDED_WEIGHTS.format(LR="0.1", STEP="None"))
+    _accept_then_run(pytester, "--precision-configs=fp32,amp-bf16").assert_outcomes(passed=2)
+
+
+def test_master_weights_rounded_to_bf16_lose_updates(pytester):
+    pytester.makeconftest(ROUNDED_WEIGHTS.format(LR="0.1", STEP="rounding_step"))
+    result = _run(pytester, "--precision-configs=amp-bf16")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*ones-amp-bf16-trajectory*FAIL accuracy*update-lost rate 100.0 % in w > 5 % allowed*"])
 
 
 def test_update_lost_regression_is_caught(pytester):
@@ -321,6 +350,15 @@ def test_ddp_fp16_hook_underflows_small_gradients(pytester):
     result.assert_outcomes(failed=2)  # no golden yet: both fail on it, only fp16 on the numerics
     result.stdout.fnmatch_lines(["*small_net-ddp-fp16-trajectory*: FAIL underflow,accuracy,baseline (gradient-underflow rate 100.0 % in fc.weight > 5 % allowed; gradient SQNR 0 dB < 54.2 dB*"])
     result.stdout.fnmatch_lines(["*small_net-ddp-bf16-trajectory*: FAIL baseline (no golden baseline at *"])
+
+
+def test_ddp_fp16_hook_overflows_large_gradients(pytester):
+    # gradients of about 1e7: past fp16's 65504 even after the hook divides by the world size
+    pytester.makeconftest(DDP.format(SCALE="1e9"))
+    result = _run(pytester, "--precision-configs=fp16", "-k", "ddp")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*small_net-ddp-fp16-trajectory*: FAIL overflow,* gradient elements not finite with the "
+                                 "hook, finite without*"])
 
 
 def test_ddp_cases_skip_a_spec_the_ranks_cannot_import(pytester):
