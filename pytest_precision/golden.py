@@ -40,6 +40,9 @@ class Output:
     log_domain: bool = False
     abs_budget: bool = False  # regression budget on max abs error instead of max ULP (attention)
     underflow_floor: float = 0.0  # see metrics.compare
+    # the max-abs error a correct implementation can have under another summation order (the
+    # problem's conditioning, given by the kind): the regression budget never sits below it
+    error_floor: float | None = None
 
     def compare_with(self, ref: torch.Tensor) -> Comparison:
         return compare(self.out, ref, self.dtype, scale=self.scale, log_domain=self.log_domain,
@@ -48,6 +51,8 @@ class Output:
     def budget_for(self, accepted: Comparison, ref: torch.Tensor) -> Budget:
         if not self.abs_budget:
             return regression_budget(accepted)
+        if self.error_floor is not None:
+            return regression_budget(accepted, abs_floor_value=self.error_floor)
         top = float(ref[torch.isfinite(ref)].abs().max()) if bool(torch.isfinite(ref).any()) else 0.0
         return regression_budget(accepted, abs_floor_value=abs_floor(top, format_of(self.dtype).mantissa_bits))
 

@@ -301,8 +301,12 @@ def run_case(target: Target, config: Config, regime_name: str, device: str, gold
         oracle[name] = compare(o, ref, dtype, scale=scale, underflow_floor=noise)
         peers[name] = compare(p, ref, dtype, scale=peer_scale, underflow_floor=noise)
         factor = PEER_FACTOR if name == "out" else GRAD_PEER_FACTOR
-        budgets[name] = peer_budget(peers[name], factor, abs_floor_value=error_floor(top, dtype, logit_top))
-        golden_outputs[name] = Output(o, ref, dtype, scale, abs_budget=True, underflow_floor=noise)
+        floor = error_floor(top, dtype, logit_top)
+        budgets[name] = peer_budget(peers[name], factor, abs_floor_value=floor)
+        # the same floor under the regression budget: the interpreted Triton kernel in fp32 at q scale
+        # 40 is 1.6e-6 or 4.9e-6 off depending on OpenBLAS's kernel (its tl.dot), and 1.5 x one of them
+        # is below the other
+        golden_outputs[name] = Output(o, ref, dtype, scale, abs_budget=True, underflow_floor=noise, error_floor=floor)
     gold = golden.check_outputs(golden_outputs, inputs=torch.cat([t.flatten() for t in (a.q, a.k, a.v)]),
                                 seed=regime.seed, input_spec=regime.spec())
     outcome = judge(suite=NAME, target=target.name, config=config.id + variant, regime=regime_name,
