@@ -140,7 +140,8 @@ def _check_golden(golden: Golden, config: TrainConfig, r: HookComparison) -> Gol
         return GoldenResult(error=f"{base.json_path}: corrupt DDP budget under {', '.join(sources)} ({e!r})")
     res = GoldenResult()
     if sources != [nk]:
-        res.note = f"no budget recorded for {nk}: judged by the widest recorded for {', '.join(sources)}"
+        res.note = (f"no budget recorded for {nk}: judged by the widest recorded for {', '.join(sources)}; "
+                    f"record this machine's with: {golden.update_command}")
     if not acc["grad_sqnr_db"] >= budget["min_grad_sqnr_db"]:
         res.problems.append(("accuracy", f"gradient SQNR {acc['grad_sqnr_db']:.4g} dB < budget {budget['min_grad_sqnr_db']:.4g} dB"))
     if acc["max_underflow_rate"] > budget["max_underflow_rate"]:
