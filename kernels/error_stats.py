@@ -1,6 +1,6 @@
 """Error statistics of ``out`` against ``ref`` in one pass: a Triton kernel and its torch twin.
 
-Everything the core comparison (pytest_precision.metrics) needs besides the worst elements and
+Everything the core comparison (``pytest_precision.numerics.metrics``) needs besides the worst elements and
 the exact p99: ULPs in the dtype under test (the same piecewise-linear ordinal as
 ``formats.ulp_distance``, in float64, so the numbers are identical), their maximum and where, their
 sum and a histogram in power-of-two buckets, max abs and max rel error, the sums SQNR and cosine
@@ -11,8 +11,8 @@ Histogram buckets: 0 holds ULP 0; 1 holds (0, 1]; b in 2..62 holds (2^(b-2), 2^(
 holds everything larger but finite; 63 holds the infinite distances (a NaN or inf facing anything else).
 
 Each program reduces ``ITERS`` blocks and writes its partial results; torch combines the partials
-(in float64, deterministic: no float atomics). On CUDA ``pytest_precision.metrics.compare`` uses
-the kernel; ``error_statistics_torch`` computes the same fields with torch ops (and is what the
+(in float64, deterministic: no float atomics). On CUDA ``compare`` uses the kernel once it is
+installed (``install()``, which the plugin calls on CUDA runs); ``error_statistics_torch`` computes the same fields with torch ops (and is what the
 kernel is tested against, on CPU under the interpreter).
 """
 from __future__ import annotations
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from pytest_precision.formats import format_of, ulp_distance
+from pytest_precision.numerics.formats import format_of, ulp_distance
 
-__all__ = ["ErrorStatistics", "error_statistics", "error_statistics_torch", "BUCKETS", "KERNEL_DTYPES"]
+__all__ = ["ErrorStatistics", "error_statistics", "error_statistics_torch", "install", "BUCKETS", "KERNEL_DTYPES"]
 
 BUCKETS = 64
 # ULP dtypes the kernel counts in; float64 ULPs need more than float64 arithmetic (the torch path has them)
@@ -289,3 +289,10 @@ def error_statistics(out, ref, dtype=None, *, scale: float = 1.0, log_domain: bo
         sum_sq_out=float(floats[:, 6].sum()), sum_out_ref=float(floats[:, 7].sum()),
         overflow=i[1], underflow=i[2], nan=i[3], missing_nan=i[4], flushed_subnormal=i[5],
     )
+
+
+def install() -> None:
+    """Make ``numerics.metrics.compare`` take its statistics of CUDA tensors from the kernel."""
+    from pytest_precision.numerics.metrics import install_fused_statistics
+
+    install_fused_statistics(error_statistics, KERNEL_DTYPES)

@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 from pytest_precision.kernels.runtime import LazyKernel, boundary_dtype, interpreting, upcast_dot
-from pytest_precision.kernels.targets import needs_triton
+from pytest_precision.kinds.triton import needs_triton
 
 __all__ = ["flash_attention", "flash_attention_with_lse"]
 

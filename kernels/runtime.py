@@ -1,11 +1,8 @@
-"""Where the Triton kernels can run, and how they are launched.
+"""How the project's Triton kernels are launched, and the interpreter traps they avoid.
 
-Natively the kernels need CUDA. On the CPU they run under Triton's interpreter, which triton
-turns on with the environment variable ``TRITON_INTERPRET=1``. Triton reads it when a function is
-jitted, and its own library functions (``tl.max`` and friends) are jitted when triton is imported,
-so the variable must be set before triton is imported: the process's triton is then in
-interpreter mode for good (``interpreting()`` asks triton itself). Our kernels are jitted on their
-first launch, in the mode of the process's triton.
+Where Triton code can run at all (CUDA, or the interpreter with ``TRITON_INTERPRET=1`` set before
+triton is imported) is ``pytest_precision.kinds.triton``. Our kernels are jitted on their first
+launch, in the mode of the process's triton.
 
 The interpreter's ``tl.dot`` on bfloat16 operands multiplies the raw bit patterns (triton 3.9.0,
 upstream triton-lang/triton#11584, "not supported yet"): results around 1e10 for unit inputs.
@@ -26,35 +23,14 @@ does. A bf16 kernel is therefore never judged on the interpreter's bf16 bugs.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
-import sys
 import types
 
-__all__ = ["triton_installed", "interpret_requested", "interpreting", "upcast_dot", "boundary_dtype", "unavailable", "builtin_enabled", "LazyKernel",
-           "INTERPRET_HINT"]
+from pytest_precision.kinds.triton import (INTERPRET_HINT, interpret_requested, interpreting, triton_installed,
+                                           unavailable)
 
-INTERPRET_HINT = "set TRITON_INTERPRET=1 before starting pytest to run them on the CPU under Triton's interpreter"
-
-
-def triton_installed() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-def interpret_requested() -> bool:
-    """Whether TRITON_INTERPRET is set in the environment."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
-
-
-def interpreting() -> bool:
-    """Whether Triton kernels run under the interpreter in this process: triton was imported in
-    interpreter mode, or is not imported yet and TRITON_INTERPRET is set."""
-    if "triton.language.standard" in sys.modules:
-        from triton.language import standard
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return isinstance(standard.max, InterpretedFunction)
-    return interpret_requested()
+__all__ = ["triton_installed", "interpret_requested", "interpreting", "upcast_dot", "boundary_dtype", "unavailable",
+           "builtin_enabled", "LazyKernel", "INTERPRET_HINT"]
 
 
 @contextlib.contextmanager
@@ -89,17 +65,6 @@ def boundary_dtype(dtype):
 def _cuda() -> bool:
     import torch
     return torch.cuda.is_available()
-
-
-def unavailable(device: str) -> str | None:
-    """Why the Triton kernels cannot run on ``device`` ("cpu" or "cuda") here, or None."""
-    if not triton_installed():
-        return "Triton kernels: triton is not installed (pip install triton; Linux only)"
-    if device == "cpu" and not interpreting():
-        return f"Triton kernels need CUDA or the interpreter: {INTERPRET_HINT}"
-    if device.startswith("cuda") and not interpreting() and not _cuda():
-        return "Triton kernels: no CUDA device"
-    return None
 
 
 def builtin_enabled() -> bool:

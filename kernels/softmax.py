@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from pytest_precision.kernels.runtime import LazyKernel, boundary_dtype, interpreting
-from pytest_precision.kernels.targets import needs_triton
+from pytest_precision.kinds.triton import needs_triton
 
 __all__ = ["softmax", "log_softmax", "softmax_with_lse", "MAX_BLOCK"]
 

@@ -10,8 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from .baseline_tools import diff_lines, list_lines, remove, show_lines
-from .baseline_usage import CACHE_KEY
+from .baselines.tools import diff_lines, list_lines, remove, show_lines
+from .baselines.usage import CACHE_KEY
 
 DEFAULT_DIR = "precision_baselines"
 

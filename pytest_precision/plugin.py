@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from .collection import SuiteCollector
-from .fixtures import golden, parametrize_precision_config, precision_config  # noqa: F401 (fixtures)
-from .session import SESSION_KEY, PrecisionSession
-from .devices import numerics_key
-from .outputs import RunOutputs, add_output_options
-from .summary import write_terminal_summary
-from .targets import clear as clear_targets
+from .kinds.registry import clear as clear_targets, forget_project_kinds, parse_ini_kinds
+from .numerics.devices import numerics_key
+from .reporting.summary import write_terminal_summary
+from .runner.collection import SuiteCollector
+from .runner.fixtures import golden, parametrize_precision_config, precision_config  # noqa: F401 (fixtures)
+from .runner.options import OPTIONS_KEY, RECORDS_KEY, RunOptions
+from .runner.outputs import RunOutputs, add_output_options
 
-RECORDS_KEY = "precision_records"
+WORKER_RECORDS = "precision_records"  # xdist workeroutput key
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -41,20 +41,46 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("precision_baseline_dir", "directory of golden baselines, relative to the rootdir",
                   default="precision_baselines")
     parser.addini("precision_targets", "targets as 'package.module:function kind' lines", type="linelist", default=[])
+    parser.addini("precision_kinds", "kinds as 'package.module:KIND' lines (pytest_precision.Kind objects)",
+                  type="linelist", default=[])
     add_output_options(group)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
+    """ini kinds before the conftests, whose targets may be of those kinds."""
+    try:
+        parse_ini_kinds(early_config.getini("precision_kinds"))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "precision: a numerical precision check (suite case or user test)")
     config.addinivalue_line("markers", "precision_suite: a case of the built-in suites (--precision-suite)")
-    config.stash[SESSION_KEY] = PrecisionSession.from_config(config)
+    options = RunOptions.from_config(config)
+    config.stash[OPTIONS_KEY] = options
+    config.stash[RECORDS_KEY] = []
+    if options.device.startswith("cuda"):
+        _install_fused_statistics()
     config.pluginmanager.register(RunOutputs(config), "precision-outputs")
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistController(), "precision-xdist")
 
 
+def _install_fused_statistics() -> None:
+    """On CUDA the comparison's statistics come from the project's Triton kernel (one pass)."""
+    from .kinds.triton import triton_installed
+
+    if triton_installed():
+        from .kernels import error_stats
+
+        error_stats.install()
+
+
 def pytest_unconfigure(config: pytest.Config) -> None:
     clear_targets()  # registrations belong to one session (pytester runs several in one process)
+    forget_project_kinds()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -67,7 +93,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for item in items:
         if "precision_config" in getattr(item, "fixturenames", ()) or "golden" in getattr(item, "fixturenames", ()):
             item.add_marker("precision")
-    if config.stash[SESSION_KEY].run_suite:
+    if config.stash[OPTIONS_KEY].run_suite:
         collector = SuiteCollector.from_parent(session, name="precision-suite", nodeid="precision-suite")
         report = collector.ihook.pytest_make_collect_report(collector=collector)
         collector.ihook.pytest_collectreport(report=report)  # counted in "collected N items"
@@ -77,21 +103,21 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def pytest_sessionfinish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # an xdist worker: the controller prints the table
-        workeroutput[RECORDS_KEY] = session.config.stash[SESSION_KEY].records
+        workeroutput[WORKER_RECORDS] = session.config.stash[RECORDS_KEY]
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
     """pytest-benchmark's machine id ignores the GPU: add the device fingerprint our speed
     records are keyed by, so --benchmark-compare can tell two GPUs apart."""
-    state = config.stash[SESSION_KEY]
-    machine_info["pytest_precision"] = {"fingerprint": state.fingerprint, "numerics_key": numerics_key(state.device)}
+    options = config.stash[OPTIONS_KEY]
+    machine_info["pytest_precision"] = {"fingerprint": options.fingerprint, "numerics_key": numerics_key(options.device)}
 
 
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if hasattr(config, "workeroutput"):
         return
-    write_terminal_summary(terminalreporter, config.stash[SESSION_KEY])
+    write_terminal_summary(terminalreporter, config.stash[OPTIONS_KEY], config.stash[RECORDS_KEY])
 
 
 class _XdistController:
@@ -99,5 +125,5 @@ class _XdistController:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
-        records = getattr(node, "workeroutput", {}).get(RECORDS_KEY, [])
-        node.config.stash[SESSION_KEY].records.extend(records)
+        records = getattr(node, "workeroutput", {}).get(WORKER_RECORDS, [])
+        node.config.stash[RECORDS_KEY].extend(records)

@@ -15,10 +15,10 @@ from typing import Callable
 import torch
 from hypothesis import currently_in_test_context, target
 
-from .checking import PrecisionFailure
-from .formats import format_of, ulp_distance
-from .inputs import seeded_normal
-from .metrics import Comparison, compare
+from .kinds.outcome import PrecisionFailure
+from .numerics.formats import format_of, ulp_distance
+from .numerics.inputs import seeded_normal
+from .numerics.metrics import Comparison, compare
 
 __all__ = [
     "Verdict", "softmax_rows_sum_to_one", "softmax_shift_invariant", "softmax_order_preserved",

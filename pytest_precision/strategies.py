@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from hypothesis import settings, strategies as st
 
-from .formats import format_of
-from .inputs import seeded_normal
+from .numerics.formats import format_of
+from .numerics.inputs import seeded_normal
 
 __all__ = [
     "LOGIT_REGIMES", "DEFAULT_LOGIT_REGIMES", "exp_overflow_threshold", "exp_underflow_threshold", "representable", "logits",

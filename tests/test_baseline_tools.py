@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pytest_precision.__main__ import default_dir, main
-from pytest_precision.baseline_tools import baseline_names, diff_lines, remove
+from pytest_precision.baselines.tools import baseline_names, diff_lines, remove
 
 GOLDENS = Path(__file__).resolve().parents[1] / "baselines"
 SMALL = "softmax/torch.softmax/len32768"  # a few configs of one regime

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from pytest_precision.configs import CONFIG_IDS, CONFIGS, fp8_roundtrip, fp8_scale, select_configs
+from pytest_precision.numerics.configs import CONFIG_IDS, CONFIGS, fp8_roundtrip, fp8_scale, select_configs
 
 
 def test_stable_ids_in_matrix_order():

@@ -177,12 +177,12 @@ def test_bf16_subnormal_outputs_round_correctly_under_the_interpreter():
 
 def test_targets_skip_with_a_reason_where_kernels_cannot_run(monkeypatch):
     from pytest_precision.kernels.flash_attention import flash_attention
-    from pytest_precision.kernels.targets import builtin_targets, skip_reason
+    from pytest_precision.kernels.builtin import builtin_targets, skip_reason
 
-    from pytest_precision.kernels import runtime
+    from pytest_precision.kinds import triton as where_triton_runs
 
     assert skip_reason(torch.softmax, "cpu") is None  # unmarked callables are never skipped
-    monkeypatch.setattr(runtime, "interpreting", lambda: False)  # a CPU process without the interpreter
+    monkeypatch.setattr(where_triton_runs, "interpreting", lambda: False)  # a CPU process without the interpreter
     assert "TRITON_INTERPRET=1" in skip_reason(flash_attention, "cpu")
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if not CUDA:
@@ -242,8 +242,10 @@ def test_error_statistics_kernel_equals_torch_path(case):
 def test_metrics_compare_on_the_kernel_path_equals_the_torch_path(monkeypatch):
     """What compare() does on CUDA (the kernel's statistics), forced on this device, gives the
     same Comparison as the torch path."""
-    from pytest_precision import metrics
+    from pytest_precision.kernels.error_stats import KERNEL_DTYPES, error_statistics
+    from pytest_precision.numerics import metrics
 
+    monkeypatch.setattr(metrics, "_FUSED", (error_statistics, frozenset(KERNEL_DTYPES)))  # what install() does on CUDA
     g = _gen(5)
     ref = torch.randn(64, 48, generator=g, dtype=torch.float64) * 20
     cases = [

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from pytest_precision.metrics import compare
+from pytest_precision.numerics.metrics import compare
 
 
 def t(*v, dtype=torch.float64):

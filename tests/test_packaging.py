@@ -10,6 +10,6 @@ def test_entry_point_and_namespace():
     import pytest_precision.kernels
     import pytest_precision.suites.softmax
 
-    assert pytest_precision.suites.softmax.NAME == "softmax"
+    assert pytest_precision.suites.softmax.SOFTMAX.name == "softmax"
     top = (dist.read_text("top_level.txt") or "pytest_precision").split()
     assert "suites" not in top and "kernels" not in top

@@ -7,7 +7,7 @@ import torch
 from hypothesis import find, given, settings, HealthCheck
 from hypothesis.errors import NoSuchExample
 
-from pytest_precision.checking import PrecisionFailure
+from pytest_precision.kinds.outcome import PrecisionFailure
 from pytest_precision.properties import (
     attention_causal_ignores_future, attention_key_permutation_equivariant, attention_output_in_value_range,
     softmax_in_unit_interval, softmax_masked_positions_zero, softmax_order_preserved, softmax_rows_sum_to_one,

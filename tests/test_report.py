@@ -128,9 +128,9 @@ def test_plots_are_written_and_open(run):
 
 
 def test_plots_without_matplotlib_is_a_usage_error(pytester, monkeypatch):
-    import pytest_precision.outputs
+    import pytest_precision.runner.outputs
 
-    monkeypatch.setattr(pytest_precision.outputs, "plots_available", lambda: False)
+    monkeypatch.setattr(pytest_precision.runner.outputs, "plots_available", lambda: False)
     pytester.makeini("[pytest]\n")
     result = pytester.runpytest("--precision-plots=figs", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR

@@ -1,5 +1,5 @@
 """summary: one row per target and config, worst case of each column, failures counted."""
-from pytest_precision.summary import HEADERS, summary_rows, render_summary
+from pytest_precision.reporting.summary import HEADERS, summary_rows, render_summary
 
 
 def rec(target, config, ulp, passed=True, cats=(), nan=0):

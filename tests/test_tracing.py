@@ -68,7 +68,7 @@ def test_gradient_underflow_in_backward_is_named_at_its_forward_line():
 
 
 def test_audit_shows_cpu_autocast_keeps_softmax_in_bf16_for_bf16_scores():
-    """DESIGN 2.6: on the CPU, a softmax of the bf16 scores a matmul produced under autocast stays
+    """On the CPU, a softmax of the bf16 scores a matmul produced under autocast stays
     bf16 (on CUDA autocast runs it in fp32); the audit shows it and flags it."""
     q = torch.randn(8, 16)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_precision.configs import fp8_roundtrip
+from pytest_precision.numerics.configs import fp8_roundtrip
 from pytest_precision.inputs import seeded_normal
 from pytest_precision.training import (TRAIN_CONFIGS, TrainSpec, TrainingError, compare_trajectories, fp8_linears,
                                        run_training, stochastic_round)
@@ -139,7 +139,7 @@ def _metrics(**changes):
 
 def test_trajectory_regression_budget_catches_each_metric():
     """The golden's budget on each training metric: within it nothing, past it a named problem."""
-    from pytest_precision.trajectory_golden import _budget, _accepted, _violations
+    from pytest_precision.training.baseline import _budget, _accepted, _violations
 
     accepted = _metrics(max_loss_deviation=1e-3, underflow_rate={"fc.weight": 0.1}, update_lost_rate={"fc.bias": 0.0})
     budget = _budget(_accepted(accepted), TRAIN_CONFIGS["amp-bf16"])
@@ -161,11 +161,14 @@ def test_trajectory_regression_budget_catches_each_metric():
 def test_ddp_golden_catches_a_regression(tmp_path):
     from pytest_precision.baselines import BaselineStore
     from pytest_precision.distributed import HookComparison
-    from pytest_precision.golden import Golden
-    from pytest_precision.suites.ddp import _check_golden
+    from pytest_precision.baselines.lifecycle import BaselineCheck
+    from pytest_precision.training.baseline import DDPEntry
 
     def golden(update):
-        return Golden(BaselineStore(tmp_path), "train_step/t/trajectory", "ddp-fp16", "cpu", update, "pytest ... --update")
+        return BaselineCheck(BaselineStore(tmp_path), "train_step/t/trajectory", "ddp-fp16", "cpu", update, "pytest ... --update")
+
+    def _check_golden(check, config, result):
+        return check.check(DDPEntry(config, result))
 
     good = HookComparison("fp16", 70.0, 0.01, {"w": 0.0}, 0, 1.0, 1.0)
     assert _check_golden(golden(True), TRAIN_CONFIGS["ddp-fp16"], good).updated.endswith(

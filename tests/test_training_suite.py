@@ -180,7 +180,7 @@ def test_log_of_softmax_in_fp16_is_caught(pytester):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*classifier-amp-fp16-trajectory*FAIL overflow*non-finite loss at step 0 (loss inf)*",
-        # on the CPU, autocast leaves softmax of fp16 logits in fp16 (DESIGN 2.6): the 0 meets the log
+        # on the CPU, autocast leaves softmax of fp16 logits in fp16: the 0 meets the log
         "*first underflow in aten::log at conftest.py:* under amp-fp16: produced -inf from finite inputs where the reference is *"
         "the 0 came from aten::_softmax at conftest.py:* underflowing where the reference is *",
     ])

@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from pytest_precision.baseline_usage import BaselineUsage, find_unused, incomplete_reason
+from pytest_precision.baselines.usage import BaselineUsage, find_unused, incomplete_reason
 
 CONFTEST = textwrap.dedent("""
     import pytest_precision
@@ -116,10 +116,10 @@ def test_scope_rules(tmp_path):
         (tmp_path / f"{name}.json").parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / f"{name}.json").write_text("{}")
     usage = BaselineUsage(used={"softmax/t/a/fp32"})
-    assert find_unused(tmp_path, usage, suite_ran=True) == ["softmax/t/b/fp32", "tests/test_x/test_y/fp32",
+    assert find_unused(tmp_path, usage, suite_ran=True, kinds={"softmax"}) == ["softmax/t/b/fp32", "tests/test_x/test_y/fp32",
                                                             "tests/test_z/test_w/fp32"]
-    assert find_unused(tmp_path, usage, suite_ran=False) == ["tests/test_x/test_y/fp32", "tests/test_z/test_w/fp32"]
+    assert find_unused(tmp_path, usage, suite_ran=False, kinds={"softmax"}) == ["tests/test_x/test_y/fp32", "tests/test_z/test_w/fp32"]
     usage.whole_project, usage.module_prefixes = False, {"tests/test_x/"}
     usage.excused_prefixes = {"tests/test_x/test_y"}
     usage.excused = {"softmax/t/b/fp32"}
-    assert find_unused(tmp_path, usage, suite_ran=True) == []
+    assert find_unused(tmp_path, usage, suite_ran=True, kinds={"softmax"}) == []

@@ -1,0 +1,347 @@
+"""The one life of a golden baseline: find it, fail when it is missing (saying the command that
+writes it), judge a result within its accepted budget, or accept a new one under the update flag
+and say what changed. Every golden goes through :meth:`BaselineCheck.check`: the tensor outputs
+of the softmax and attention kinds, the metric dictionaries of the training kind, the ``golden``
+fixture of users' own tests.
+
+What is stored and how it is judged is a :class:`BaselineEntry`: :class:`TensorOutputs` here
+(float64 oracles on the config's rounded inputs stored as float32, errors in ULPs or max abs),
+the training kind's metric entries in ``pytest_precision.training.baseline``.
+
+Accepted budgets are keyed by the numerics key of the machine (``numerics.devices``: device type
+and CPU ISA or GPU compute capability), then by output name. A machine with no budget of its own
+is judged by the widest budget recorded for its device type, and the result says so. Nothing is
+written without the update flag.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..numerics.budgets import Budget, abs_floor, regression_budget, violations
+from ..numerics.devices import device_class, machine_name, numerics_key
+from ..numerics.formats import format_of
+from ..numerics.metrics import Comparison, compare
+from .store import UPDATE_OPTION, Baseline, BaselineError, BaselineStore, checksum
+
+__all__ = ["BaselineCheck", "BaselineResult", "BaselineEntry", "TensorOutput", "TensorOutputs", "budget_sources",
+           "SINGLE"]
+
+SINGLE = "reference"  # the array name when a case has one output
+
+
+def budget_sources(recorded: dict, key: str) -> list[str]:
+    """The numerics keys whose budgets judge this machine: its own, else every one of its device type."""
+    return [key] if key in recorded else sorted(k for k in recorded if device_class(k) == device_class(key))
+
+
+@dataclass
+class BaselineResult:
+    """What a check found. ``problems`` are (category, sentence) past the budget; ``error`` says
+    why the baseline cannot judge (missing, corrupt, inconsistent); ``absent`` why a case has none
+    at all (drawn inputs); ``note`` that the budget was borrowed from other machines."""
+
+    comparisons: dict[str, Comparison] = field(default_factory=dict)
+    budgets: dict = field(default_factory=dict)  # output name -> Budget (tensors) or budget dict (metrics)
+    problems: list[tuple[str, str]] = field(default_factory=list)
+    error: str | None = None
+    updated: str | None = None  # "old -> new" line when the baseline was (re)written
+    note: str | None = None
+    absent: str | None = None
+
+    @property
+    def comparison(self) -> Comparison | None:
+        return next(iter(self.comparisons.values()), None)
+
+    @property
+    def budget(self):
+        return next(iter(self.budgets.values()), None)
+
+    def message_lines(self, update_command: str) -> list[str]:
+        """The golden's part of a failure message."""
+        if self.absent:
+            return [f"  no golden baseline: {self.absent}"]
+        if self.error:
+            return ["  golden baseline:"] + ["    " + s for s in self.error.splitlines()]
+        lines = []
+        several = len(self.comparisons) > 1
+        for name, c in self.comparisons.items():
+            b = self.budgets[name]
+            label = f"{name} " if several else ""
+            lines.append(f"  {label}against the golden (regression budget {b.describe()}):")
+            over = f", {c.count_over(b.max_ulp)} of {c.numel} elements over" if b.max_ulp is not None else ""
+            lines.append(f"    max ULP {c.max_ulp:.4g}, max abs {c.max_abs:.4g}{over};"
+                         f" overflow {c.overflow}, underflow {c.underflow}, NaN {c.nan}")
+        if self.note:
+            lines.append(f"    ({self.note})")
+        lines.append(f"  if the new results are intended, accept them as the golden with: {update_command}")
+        return lines
+
+
+class BaselineEntry:
+    """What one check stores and how it is judged: the hooks :class:`BaselineCheck` calls.
+
+    A stored baseline is an ``.npz`` of float32 arrays and a JSON of metadata whose ``budgets``
+    map numerics key -> ``{"outputs": {name: {"budget": ..., "accepted": ...}}, "torch", "machine",
+    ...key_record()}``."""
+
+    names: tuple[str, ...] = ()
+    borrowed_clause = ""  # added to the borrowed-budget note: what a borrowed budget leaves unjudged
+
+    def arrays(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def accepted_outputs(self, result: BaselineResult) -> dict[str, dict]:
+        """{name: {"budget": ..., "accepted": ...}} for this machine's key (may fill ``result``)."""
+        raise NotImplementedError
+
+    def meta_fields(self) -> dict:
+        """Top-level metadata written with the baseline (seed, input spec and checksum, dtypes)."""
+        return {}
+
+    def key_record(self) -> dict:
+        """Extra fields stored under this machine's numerics key."""
+        return {}
+
+    def carried_meta(self, old: Baseline | None) -> dict:
+        """What a rewrite keeps of the old metadata (its ``budgets`` are updated, not replaced)."""
+        return {"budgets": old.meta.get("budgets", {})} if old is not None else {}
+
+    def inconsistency(self, base: Baseline, key: str, command: str) -> str | None:
+        """Why the stored baseline cannot judge this result (other inputs, other outputs), or None."""
+        return None
+
+    def own_key_problems(self, record: dict) -> list[tuple[str, str]]:
+        """Problems found against what this machine's own key recorded besides the budgets."""
+        return []
+
+    def widest(self, name: str, budgets: list) -> object:
+        """The loosest of several machines' budgets for output ``name`` (raises on a corrupt one)."""
+        raise NotImplementedError
+
+    def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
+        """Fill ``result`` with the comparisons and the problems past ``budgets``."""
+        raise NotImplementedError
+
+    def describe(self, outputs: dict[str, dict]) -> str:
+        """The accepted budgets, for the line that reports a new baseline."""
+        raise NotImplementedError
+
+    def changes(self, old: dict[str, dict], new: dict[str, dict]) -> list[str]:
+        """Each budget field that moved, "old -> new", for the line that reports a rewrite."""
+        moved = []
+        for name, e in new.items():
+            before = old.get(name, {}).get("budget", {}) or {}
+            label = _label(name) if len(new) > 1 else ""
+            moved += [f"{label}{k} {before.get(k)!r} -> {v!r}" for k, v in e["budget"].items() if before.get(k) != v]
+        return moved
+
+
+@dataclass
+class TensorOutput:
+    """One output under golden check: what the run gave and its float64 oracle."""
+
+    out: torch.Tensor
+    reference: torch.Tensor
+    dtype: torch.dtype
+    scale: float = 1.0
+    log_domain: bool = False
+    abs_budget: bool = False  # regression budget on max abs error instead of max ULP (attention)
+    underflow_floor: float = 0.0  # see numerics.metrics.compare
+    # the max-abs error a correct implementation can have under another summation order (the
+    # problem's conditioning, given by the kind): the regression budget never sits below it
+    error_floor: float | None = None
+
+    def compare_with(self, ref: torch.Tensor) -> Comparison:
+        return compare(self.out, ref, self.dtype, scale=self.scale, log_domain=self.log_domain,
+                       underflow_floor=self.underflow_floor)
+
+    def budget_for(self, accepted: Comparison, ref: torch.Tensor) -> Budget:
+        if not self.abs_budget:
+            return regression_budget(accepted)
+        if self.error_floor is not None:
+            return regression_budget(accepted, abs_floor_value=self.error_floor)
+        top = float(ref[torch.isfinite(ref)].abs().max()) if bool(torch.isfinite(ref).any()) else 0.0
+        return regression_budget(accepted, abs_floor_value=abs_floor(top, format_of(self.dtype).mantissa_bits))
+
+
+class TensorOutputs(BaselineEntry):
+    """Named tensor outputs: the float32 references are stored, each output's error against its
+    reference is judged by the regression budget accepted with it."""
+
+    def __init__(self, outputs: dict[str, TensorOutput], *, inputs: torch.Tensor | None = None,
+                 seed: int | None = None, input_spec: dict | None = None):
+        self.outputs = outputs
+        self.names = tuple(outputs)
+        self.input_checksum = checksum(inputs) if inputs is not None else None
+        self.seed, self.input_spec = seed, input_spec
+        self._refs = {n: o.reference.detach().to(torch.float32).cpu() for n, o in outputs.items()}
+
+    def arrays(self) -> dict[str, torch.Tensor]:
+        return self._refs
+
+    def accepted_outputs(self, result: BaselineResult) -> dict[str, dict]:
+        entries = {}
+        for name, o in self.outputs.items():
+            cmp = o.compare_with(self._refs[name])
+            budget = o.budget_for(cmp, self._refs[name])
+            result.comparisons[name], result.budgets[name] = cmp, budget
+            entries[name] = {"budget": budget.as_dict(), "accepted": cmp.summary()}
+        return entries
+
+    def meta_fields(self) -> dict:
+        dtypes = {n: format_of(o.dtype).name for n, o in self.outputs.items()}
+        return {"dtypes": dtypes, "seed": self.seed, "input_spec": self.input_spec, "input_checksum": self.input_checksum}
+
+    def carried_meta(self, old: Baseline | None) -> dict:
+        same = old is not None and set(old.arrays) == set(self._refs) and all(
+            old.arrays[n].shape == self._refs[n].shape for n in self._refs)
+        return dict(old.meta) if same else {}
+
+    def inconsistency(self, base: Baseline, key: str, command: str) -> str | None:
+        stored = base.meta.get("input_checksum")
+        if self.input_checksum is not None and stored is not None and stored != self.input_checksum:
+            return (f"{base.json_path}: the inputs changed since the golden was accepted (checksum "
+                    f"{stored[:12]} -> {self.input_checksum[:12]}): a generator or input-spec change, not a "
+                    f"precision regression; check it and re-accept with: {command}")
+        if set(base.arrays) != set(self.outputs):
+            return (f"{base.npz_path}: holds outputs {sorted(base.arrays)}, this check has {sorted(self.outputs)}; "
+                    f"re-accept with: {command}")
+        for name, o in self.outputs.items():
+            ref = base.arrays[name]
+            if tuple(ref.shape) != tuple(o.out.shape):
+                return (f"{base.npz_path}: shape mismatch for {name}, golden {tuple(ref.shape)} vs output "
+                        f"{tuple(o.out.shape)}; re-accept with: {command}")
+        return None
+
+    def widest(self, name: str, budgets: list) -> Budget:
+        return Budget.widest([Budget.from_dict(b) for b in budgets])
+
+    def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
+        for name, o in self.outputs.items():
+            cmp = o.compare_with(base.arrays[name])
+            result.comparisons[name], result.budgets[name] = cmp, budgets[name]
+            prefix = "" if name == SINGLE else f"{name}: "
+            result.problems += [(cat, prefix + s) for cat, s in violations(cmp, budgets[name])]
+
+    def describe(self, outputs: dict[str, dict]) -> str:
+        return "; ".join(_label(n) + Budget.from_dict(e["budget"]).describe() for n, e in outputs.items())
+
+
+def _label(name: str) -> str:
+    return "" if name == SINGLE else f"{name} "
+
+
+@dataclass
+class BaselineCheck:
+    """The baseline store bound to one test key, config and device: the golden of one case."""
+
+    store: BaselineStore
+    key: str
+    config_id: str
+    device: str
+    update: bool
+    update_command: str
+
+    @property
+    def budget_key(self) -> str:
+        return numerics_key(self.device)
+
+    def check(self, entry: BaselineEntry) -> BaselineResult:
+        """Judge ``entry`` against its stored baseline, or (update flag) store it as the new one."""
+        try:
+            base = self.store.load(self.key, self.config_id)
+        except BaselineError as e:
+            if not self.update:
+                return BaselineResult(error=f"{e}\n(the file is left as it is; {UPDATE_OPTION} rewrites it)")
+            base = None
+        if self.update:
+            return self._accept(entry, base)
+        if base is None:
+            npz, _ = self.store.paths(self.key, self.config_id)
+            return BaselineResult(error=f"no golden baseline at {npz}\nwrite it with: {self.update_command}")
+        return self._judge(entry, base)
+
+    def check_outputs(self, outputs: dict[str, TensorOutput], *, inputs: torch.Tensor | None = None,
+                      seed: int | None = None, input_spec: dict | None = None) -> BaselineResult:
+        return self.check(TensorOutputs(outputs, inputs=inputs, seed=seed, input_spec=input_spec))
+
+    def check_output(self, out: torch.Tensor, reference: torch.Tensor, *, dtype: torch.dtype | None = None,
+                     inputs: torch.Tensor | None = None, scale: float = 1.0, log_domain: bool = False,
+                     seed: int | None = None, input_spec: dict | None = None) -> BaselineResult:
+        """One output: ``out`` against the stored reference under the regression budget, or (update
+        flag) ``reference`` stored with the error ``out`` has against it as the new budget."""
+        one = TensorOutput(out, reference, dtype or out.dtype, scale, log_domain)
+        return self.check_outputs({SINGLE: one}, inputs=inputs, seed=seed, input_spec=input_spec)
+
+    def _judge(self, entry: BaselineEntry, base: Baseline) -> BaselineResult:
+        error = entry.inconsistency(base, self.budget_key, self.update_command)
+        if error:
+            return BaselineResult(error=error)
+        key = self.budget_key
+        recorded = base.meta.get("budgets", {})
+        result = BaselineResult()
+        own = recorded.get(key)
+        if isinstance(own, dict):
+            result.problems += entry.own_key_problems(own)
+        sources = budget_sources(recorded, key)
+        if not sources:
+            return BaselineResult(error=(
+                f"{base.json_path}: no accepted budget for '{key}' nor any {device_class(key)} machine (has: "
+                f"{', '.join(recorded) or 'none'}); accept with: {self.update_command}"))
+        if sources != [key]:
+            result.note = (f"no budget recorded for {key}: judged by the widest recorded for "
+                           f"{', '.join(sources)}{entry.borrowed_clause}; record this machine's with: {self.update_command}")
+        budgets = {}
+        for name in entry.names:
+            try:
+                budgets[name] = entry.widest(name, [recorded[k]["outputs"][name]["budget"] for k in sources])
+            except (KeyError, TypeError, ValueError) as e:
+                return BaselineResult(error=f"{base.json_path}: corrupt budget for '{name}' under "
+                                            f"{', '.join(sources)} ({e!r})")
+        entry.judge(base, budgets, result)
+        return result
+
+    def _accept(self, entry: BaselineEntry, old: Baseline | None) -> BaselineResult:
+        result = BaselineResult()
+        outputs = entry.accepted_outputs(result)
+        meta = entry.carried_meta(old)
+        meta.pop("schema_version", None)
+        budgets = dict(meta.get("budgets", {}))
+        key = self.budget_key
+        old_outputs = budgets.get(key, {}).get("outputs", {}) if isinstance(budgets.get(key), dict) else {}
+        budgets[key] = {"outputs": outputs, "torch": torch.__version__, "machine": machine_name(self.device),
+                        **entry.key_record()}
+        meta.update({"key": self.key, "config": self.config_id, **entry.meta_fields(), "written_on": key,
+                     "torch": torch.__version__, "budgets": budgets})
+        self.store.write(self.key, self.config_id, entry.arrays(), meta)
+        head = f"{self.key} [{self.config_id}] on {key}"
+        if not old_outputs:
+            result.updated = f"{head} new: {entry.describe(outputs)}"
+        else:
+            moved = entry.changes(old_outputs, outputs)
+            result.updated = f"{head} changed: {', '.join(moved)}" if moved else f"{head} unchanged"
+        return result
+
+    def speed_record(self, fingerprint: str) -> dict | None:
+        """The speed and memory recorded with this golden for a device fingerprint, if any."""
+        try:
+            meta = self.store.load_meta(self.key, self.config_id)
+        except BaselineError:
+            return None  # the accuracy check names the damaged file
+        return None if meta is None else meta.get("speed", {}).get(fingerprint)
+
+    def record_speed(self, fingerprint: str, entry: dict) -> bool:
+        """Store ``entry`` for the fingerprint beside the golden (update flag only); False when
+        there is no golden to store it with."""
+        try:
+            base = self.store.load(self.key, self.config_id)
+        except BaselineError:
+            return False
+        if base is None:
+            return False
+        meta = dict(base.meta)
+        meta["speed"] = {**meta.get("speed", {}), fingerprint: entry}
+        self.store.write_meta(self.key, self.config_id, meta)
+        return True

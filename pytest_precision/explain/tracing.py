@@ -1,0 +1,146 @@
+"""Op-level tracing: every aten op a call runs, forward and backward, what dtypes it ran in and
+what its output holds.
+
+A ``TorchDispatchMode`` sees each op after autocast has chosen its dtypes, so the trace shows what
+really ran, not what the autocast lists say. Backward ops are attributed to the
+autograd node running them and, with anomaly mode on, to the user's line that built that node in
+the forward pass. Tracing costs a Python call and a few reductions per op: it runs for failing
+cases (to name the first fault), with ``--precision-trace`` and with ``--precision-audit``, never
+on the passing path.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+from tabulate import tabulate
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["OpRecord", "OpTracer", "trace", "render_trace", "user_frame"]
+
+# torch and this package (not its suites and kernels: the built-in targets are code a trace points into)
+_SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
+# ops that only re-label a tensor: left out of traces, they say nothing about precision
+_BOOKKEEPING = {"detach", "alias", "lift_fresh", "lift_fresh_copy", "_has_compatible_shallow_copy_type"}
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _is_user_file(filename: str) -> bool:
+    return not filename.startswith(_SKIP_DIRS) and "pluggy" not in filename and "_pytest" not in filename
+
+
+def user_frame() -> str:
+    """``file.py:12`` of the innermost frame outside torch, this package and pytest, or ``?``."""
+    for fr in reversed(traceback.extract_stack()):
+        if _is_user_file(fr.filename):
+            return f"{os.path.basename(fr.filename)}:{fr.lineno}"
+    return "?"
+
+
+def _forward_frame(node) -> str:
+    """The user's line that created an autograd node (recorded by anomaly mode), or ``?``."""
+    stack = node.metadata.get("traceback_") if hasattr(node, "metadata") else None
+    for entry in reversed(stack or []):
+        m = _FRAME.search(entry)
+        if m and _is_user_file(m.group(1)):
+            return f"{os.path.basename(m.group(1))}:{m.group(2)}"
+    return "?"
+
+
+def _dtype(t: torch.Tensor) -> str:
+    return str(t.dtype).replace("torch.", "")
+
+
+@dataclass
+class OpRecord:
+    index: int
+    op: str  # "aten::exp"
+    phase: str  # "forward", or "backward (ExpBackward0)"
+    in_dtypes: tuple[str, ...]
+    out_dtypes: tuple[str, ...]
+    numel: int  # elements of the floating-point outputs
+    nonfinite: int
+    zeros: int
+    max_abs: float  # over the finite output elements
+    where: str  # user's source line; for backward ops, the forward line that built the node
+    inputs_finite: bool
+    inputs_zero: bool  # some floating input element is exactly 0
+    output: torch.Tensor | None = field(default=None, repr=False)  # first floating output (kept on request)
+
+    @property
+    def name(self) -> str:
+        return self.op.split("::", 1)[-1]
+
+    def row(self) -> tuple:
+        return (self.index, self.op, self.phase, ",".join(self.in_dtypes) or "-", ",".join(self.out_dtypes) or "-",
+                self.numel, self.nonfinite, self.zeros, f"{self.max_abs:.3g}", self.where)
+
+
+HEADERS = ("#", "op", "phase", "in", "out", "elements", "non-finite", "zeros", "max |out|", "where")
+
+
+class OpTracer(TorchDispatchMode):
+    """Records an ``OpRecord`` per aten op run inside it (``records``)."""
+
+    def __init__(self, keep_outputs: bool = False):
+        super().__init__()
+        self.records: list[OpRecord] = []
+        self.keep_outputs = keep_outputs
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name.split("::")[-1]
+        if name in _BOOKKEEPING:
+            return out
+        ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        fins = [t for t in ins if t.is_floating_point()]
+        fouts = [t for t in outs if t.is_floating_point()]
+        node = torch._C._current_autograd_node()
+        if node is None:
+            phase, where = "forward", user_frame()
+        else:
+            phase, where = f"backward ({node.name().split('::')[-1]})", _forward_frame(node)
+        nonfinite = zeros = numel = 0
+        top = 0.0
+        for t in fouts:
+            finite = torch.isfinite(t)
+            numel += t.numel()
+            nonfinite += int((~finite).sum())
+            zeros += int((t == 0).sum())
+            if bool(finite.any()):
+                top = max(top, float(t[finite].abs().max()))
+        self.records.append(OpRecord(
+            len(self.records), f"aten::{name}", phase, tuple(_dtype(t) for t in ins), tuple(_dtype(t) for t in outs),
+            numel, nonfinite, zeros, top, where,
+            inputs_finite=all(bool(torch.isfinite(t).all()) for t in fins),
+            inputs_zero=any(bool((t == 0).any()) for t in fins),
+            output=fouts[0].detach() if self.keep_outputs and fouts else None))
+        return out
+
+
+def trace(fn, *args, keep_outputs: bool = False, **kwargs) -> list[OpRecord]:
+    """Run ``fn(*args, **kwargs)`` traced and return its ops in order. Anomaly mode is on (without
+    its NaN check) so backward ops can name the forward line that built them. Exceptions from
+    ``fn`` propagate."""
+    tracer = OpTracer(keep_outputs)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(torch.autograd.set_detect_anomaly(True, check_nan=False))
+        stack.enter_context(tracer)
+        fn(*args, **kwargs)
+    return tracer.records
+
+
+def render_trace(records: list[OpRecord], limit: int | None = None) -> str:
+    """The trace as a table; with ``limit``, the first ``limit`` rows and a count of the rest."""
+    shown = records if limit is None or len(records) <= limit else records[:limit]
+    table = tabulate([r.row() for r in shown], headers=HEADERS, tablefmt="github")
+    if len(shown) < len(records):
+        table += f"\n... {len(records) - len(shown)} more op(s)"
+    return table
+

@@ -1,0 +1,536 @@
+"""The seam every kind goes through: a :class:`Kind` is one object with small hooks, and the
+harness drives it through final template methods (``run``, ``bench_call``, ``trace_call``).
+
+A kind has
+
+- an identity: ``name`` (the ``kind=`` of ``register``), a ``contract`` line shown in errors and
+  docs, a ``suite`` (the report group: softmax and log_softmax share one) and a summary ``table``;
+- inputs: named, seeded :class:`Regime` s (the same bits on every machine) and, optionally, a
+  :class:`DrawnRegime` whose inputs Hypothesis draws, attacked by one generic loop;
+- numerics: a float64 ``reference`` in the kind's calling convention (the oracle runs it on the
+  config's *rounded* inputs), a ``peer`` (a trusted implementation run in the same config), an
+  :class:`OutputRule` per output (the dtype its ULPs count in, the budget's factor and floor) and
+  ``grad_inputs`` (inputs whose gradients are outputs, under a seeded upstream gradient);
+- running: ``invoke`` (the call in the kind's convention) and ``validate`` (its output contract),
+  ``variants`` (such as SDPA backends: objects with their own context and skip rule), ``configs``,
+  ``check_target`` and ``default_targets``;
+- reporting: the evidence it returns (message body, summary fields, report fields).
+
+A :class:`Case` (kind, target, config, variant, regime, device) names one cell of the matrix. The
+tensor kinds (softmax, log_softmax, attention, and users' own) use ``run`` as it is; the training
+kind overrides ``run`` (a training run has no single output tensor). ``tests/test_kinds.py`` runs
+one conformance check over every kind.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+import zlib
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, ContextManager
+
+import torch
+
+from ..baselines.lifecycle import BaselineCheck, BaselineResult, TensorOutput
+from ..explain.faults import first_fault
+from ..numerics.budgets import ULP_FLOOR, Budget, peer_budget, violations
+from ..numerics.configs import CONFIGS, Config
+from ..numerics.metrics import Comparison, compare
+from ..speed.timing import Bench
+from .outcome import Evidence, Outcome, baseline_problems
+from .target import Target, TargetError
+from .tables import TENSOR_TABLE, SummaryTable
+from .triton import interpreted, skip_reason as triton_skip_reason
+
+__all__ = ["Kind", "Case", "Regime", "DrawnRegime", "Variant", "NO_VARIANT", "OutputRule", "Measurement",
+           "TensorEvidence", "skip"]
+
+
+def skip(reason: str):
+    """Skip the running case with ``reason`` (pytest's skip, imported only when needed)."""
+    import pytest
+
+    pytest.skip(reason)
+
+
+@dataclass(frozen=True)
+class Regime:
+    """A named input regime: ``make(seed)`` builds the inputs (float32, CPU) from the regime's seed,
+    which is the kind's base seed plus a hash of the name, so adding a regime moves no other."""
+
+    name: str
+    description: str
+    make: Callable[[int], Any]
+    base_seed: int
+    parameters: dict = field(default_factory=dict)  # what the golden's input spec records besides the seed
+
+    @property
+    def seed(self) -> int:
+        return self.base_seed + zlib.crc32(self.name.encode()) % 100_000
+
+    def inputs(self) -> Any:
+        return self.make(self.seed)
+
+
+@dataclass(frozen=True)
+class DrawnRegime:
+    """Inputs Hypothesis draws (``Kind.draw``): no golden (one file cannot hold many examples); the
+    oracle with the peer budget and the counts judge each example, a failure shows the shrunk input."""
+
+    name: str = "hypothesis"
+    examples: int = 30
+
+
+class Variant:
+    """A variant of every config (an SDPA backend): a suffix of the config id, a context entered
+    around the target's call, and the targets it does not apply to."""
+
+    suffix = ""
+
+    def context(self) -> ContextManager:
+        return contextlib.nullcontext()
+
+    def skip_reason(self, target: Target) -> str | None:
+        return None
+
+    def unavailable(self, error: TargetError, case: "Case") -> str | None:
+        """A skip reason when ``error`` means the variant cannot run this case here, else None."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"Variant({self.suffix!r})"
+
+
+NO_VARIANT = Variant()
+
+
+@dataclass(frozen=True)
+class Case:
+    """One cell of the matrix: a kind's target under a config and variant, on one regime."""
+
+    kind: "Kind"
+    target: Target
+    config: Any  # numerics.configs.Config; the training kind's TrainConfig
+    variant: Variant
+    regime: str
+    device: str
+
+    @property
+    def config_id(self) -> str:
+        return self.config.id + self.variant.suffix
+
+    @property
+    def name(self) -> str:
+        """The node name: ``softmax[torch.softmax-fp32-unit]``."""
+        return f"{self.kind.name}[{self.target.name}-{self.config_id}-{self.regime}]"
+
+    @property
+    def baseline_key(self) -> str:
+        return f"{self.kind.name}/{self.target.name}/{self.regime}"
+
+    @property
+    def where(self) -> str:
+        return f"target {self.target.name!r} ({self.kind.name}) under config {self.config_id} on regime {self.regime}"
+
+
+@dataclass
+class OutputRule:
+    """How one output is compared: the output and the peer's as compared (fp8 dequantised), the
+    dtype whose ULPs count, the peer budget's factor and floor. ``abs_floor`` set: budgets on
+    max abs error with that floor (outputs that cross zero); None: on ULPs."""
+
+    out: torch.Tensor
+    peer: torch.Tensor
+    dtype: torch.dtype
+    scale: float = 1.0
+    peer_scale: float = 1.0
+    peer_factor: float = 2.0
+    abs_floor: float | None = None
+    underflow_floor: float = 0.0
+    log_domain: bool = False
+
+
+@dataclass
+class Measurement:
+    """A case's run on one set of inputs: the target, the peer and the oracle, compared."""
+
+    values: dict[str, torch.Tensor]  # inputs as the config feeds them
+    exact: dict[str, torch.Tensor]  # the same rounded values in float64 (CPU)
+    outputs: dict[str, torch.Tensor]  # the target's, as returned
+    oracle: dict[str, Comparison] = field(default_factory=dict)
+    peer: dict[str, Comparison] = field(default_factory=dict)
+    peer_budget: dict[str, Budget] = field(default_factory=dict)
+    golden: dict[str, TensorOutput] = field(default_factory=dict)
+
+    @property
+    def lost(self) -> bool:
+        """Whether an output holds a non-finite value (where the first fault is worth naming)."""
+        return not all(bool(torch.isfinite(t).all()) for t in self.outputs.values())
+
+
+class TensorEvidence(Evidence):
+    """What a tensor kind measured: every output against the oracle and the peer."""
+
+    def __init__(self, m: Measurement, peer_name: str, magnitude_input: torch.Tensor | None = None):
+        self.oracle, self.peer, self.peer_budget = m.oracle, m.peer, m.peer_budget
+        self.peer_name = peer_name
+        self.magnitude_input = magnitude_input
+
+    @property
+    def forward(self) -> Comparison:
+        return next(iter(self.oracle.values()))
+
+    def record_fields(self, outcome) -> dict:
+        o, every = self.forward, self.oracle.values()
+        return {"max_ulp": o.max_ulp, "max_rel": o.max_rel, "sqnr_db": o.sqnr_db,
+                "overflow": sum(c.overflow for c in every), "underflow": sum(c.underflow for c in every),
+                "nan": sum(c.nan for c in every)}
+
+    def report_fields(self, outcome) -> dict:
+        from .details import error_by_magnitude, output_detail
+
+        fields = {"outputs": {name: output_detail(name, self, outcome.baseline) for name in self.oracle}}
+        if self.magnitude_input is not None:
+            fields["error_by_magnitude"] = error_by_magnitude(self.forward, self.magnitude_input)
+        return fields
+
+    def message_lines(self, outcome) -> list[str]:
+        lines = []
+        several = len(self.oracle) > 1
+        for name, o in self.oracle.items():
+            label = f"{name}: " if several else ""
+            lines.append(f"  {label}shape {o.shape}, ULPs in {o.dtype}; against the float64 oracle on the rounded inputs:")
+            lines += [f"    {s}" for s in o.statistics_lines()]
+            peer, pb = self.peer.get(name), self.peer_budget.get(name)
+            if peer is not None and pb is not None:
+                lines.append(f"    peer ({self.peer_name}, same config): max ULP {peer.max_ulp:.4g}, max abs "
+                             f"{peer.max_abs:.4g} -> budget {pb.describe()}; peer overflow {pb.overflow}, "
+                             f"underflow {pb.underflow}, NaN {pb.nan}")
+                if pb.max_ulp is not None:
+                    lines.append(f"    {o.count_over(pb.max_ulp)} of {o.numel} elements over the peer budget")
+            if o.worst and (not several or any(p.check == "oracle" and p.sentence.startswith(f"oracle: {name}:")
+                                               for p in outcome.problems)):
+                lines.append("    worst elements:")
+                lines += ["      " + row for row in o.worst_table().splitlines()]
+        return lines
+
+
+class Kind:
+    """One kind of target (module docstring). Subclasses set the identity and override the hooks;
+    ``run``, ``bench_call`` and ``trace_call`` are the template methods the runner calls."""
+
+    # identity
+    name: str = ""
+    contract: str = ""
+    suite: str = ""  # the report group; defaults to the name
+    table: SummaryTable = TENSOR_TABLE
+    # inputs
+    regimes: dict[str, Regime] = {}
+    drawn: DrawnRegime | None = None
+    audit_regime: str | None = "unit"  # --precision-audit looks at one regime per target and config
+    # numerics
+    peer_name: str = "torch's op"
+    forward_output: str = "reference"  # the forward output's name (the golden's array name)
+    grad_inputs: tuple[str, ...] = ()  # inputs whose gradients are outputs, named "d" + input
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # where the kind is defined, for pytest's report lines (pytester sessions drop modules
+        # from sys.modules, so it is read now, while the module is importing)
+        cls.source_file = getattr(sys.modules.get(cls.__module__), "__file__", None) or "<unknown>"
+
+    def __init__(self):
+        if not self.suite:
+            self.suite = self.name
+
+    # ---- targets -------------------------------------------------------------------------------
+
+    def check_target(self, name: str, fn: Any) -> None:
+        """Raise TypeError when ``fn`` cannot be a target of this kind (at registration)."""
+        if not callable(fn):
+            raise TypeError(f"target {name!r}: {fn!r} is not callable")
+
+    def default_targets(self) -> list[Target]:
+        """The targets run when none of this kind is registered (torch's op, the project's kernels)."""
+        return []
+
+    # ---- the matrix ----------------------------------------------------------------------------
+
+    def configs(self, selected: list[Config]) -> list:
+        """The configs this kind runs, given the ones the run selected."""
+        return list(selected)
+
+    def variants(self, device: str) -> list[Variant]:
+        return [NO_VARIANT]
+
+    def regime_names(self) -> tuple[str, ...]:
+        return (*self.regimes, *((self.drawn.name,) if self.drawn else ()))
+
+    def skip_reason(self, case: Case) -> str | None:
+        """Why ``case`` cannot run here (checked when it runs): Triton code that cannot run on this
+        machine (one rule for every kind), a variant that does not apply to the target."""
+        reason = triton_skip_reason(case.target.fn, case.device)
+        if reason:
+            return f"{case.target.name}: {reason}"
+        reason = case.variant.skip_reason(case.target)
+        return f"{case.target.name}: {reason}" if reason else None
+
+    # ---- the kind's calling convention and numerics (tensor kinds) -------------------------------
+
+    def floating_inputs(self, inputs: Any) -> dict[str, torch.Tensor]:
+        """The input tensors a config rounds, by name (the rest of ``inputs`` passes as it is)."""
+        raise NotImplementedError
+
+    def invoke(self, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, device: str) -> torch.Tensor:
+        """Call ``fn`` in the kind's convention on ``values`` (and the non-tensor parts of ``inputs``)."""
+        raise NotImplementedError
+
+    def expected_shape(self, values: dict[str, torch.Tensor], inputs: Any) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def validate(self, case: Case, out: Any, values: dict[str, torch.Tensor], inputs: Any, where: str) -> None:
+        """Raise TargetError when ``out`` breaks the kind's output contract."""
+        if not isinstance(out, torch.Tensor):
+            raise TargetError(f"{where} returned {type(out).__name__}, expected a tensor")
+        expect = tuple(self.expected_shape(values, inputs))
+        if tuple(out.shape) != expect:
+            raise TargetError(f"{where}: shape mismatch, output {tuple(out.shape)}, expected {expect}")
+
+    def reference(self, *args, **kwargs) -> torch.Tensor:
+        """The exact result in the kind's convention, run in float64 on the rounded inputs."""
+        raise NotImplementedError
+
+    def peer(self, *args, **kwargs) -> torch.Tensor:
+        """A trusted implementation in the kind's convention, run in the same config."""
+        raise NotImplementedError
+
+    def output_rule(self, case: Case, name: str, out: torch.Tensor, peer: torch.Tensor, ref: torch.Tensor,
+                    exact: dict[str, torch.Tensor], inputs: Any) -> OutputRule:
+        """How output ``name`` is compared. The default: the forward output in the ULPs of what the
+        config produced (fp8 dequantised), gradients in the autocast dtype under autocast and in
+        e5m2 under fp8; ULP budgets, peer factor 2."""
+        config = case.config
+        if name == self.forward_output:
+            o, scale = config.finish(out)
+            p, peer_scale = config.finish(peer)
+            return OutputRule(o, p, config.ulp_dtype(out), scale, peer_scale)
+        from ..numerics.configs import fp8_roundtrip
+
+        if config.fp8 is not None:  # fp8 recipes carry gradients in e5m2
+            o, scale = fp8_roundtrip(out, torch.float8_e5m2)
+            p, peer_scale = fp8_roundtrip(peer, torch.float8_e5m2)
+            return OutputRule(o, p, torch.float8_e5m2, scale, peer_scale)
+        if config.autocast_dtype is not None:  # gradients of fp32 leaves under autocast are computed in it
+            dtype = config.autocast_dtype
+        else:
+            dtype = out.dtype if out.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) \
+                else torch.float32
+        return OutputRule(out, peer, dtype)
+
+    def input_spec(self, regime: Regime, inputs: Any) -> dict:
+        """What the golden records of the inputs besides their checksum."""
+        return {"regime": regime.name, "seed": regime.seed, **regime.parameters}
+
+    def checksum_input(self, inputs: Any) -> torch.Tensor:
+        """The tensor whose checksum the golden keeps: every floating input, flattened."""
+        return torch.cat([t.flatten() for t in self.floating_inputs(inputs).values()])
+
+    def magnitude_input(self, inputs: Any) -> torch.Tensor | None:
+        """Inputs whose magnitude the reports profile the error against (softmax's logits), or None."""
+        return None
+
+    # drawn inputs (kinds with a DrawnRegime)
+    def draw(self, case: Case):
+        """The Hypothesis strategy of the drawn regime's examples for ``case``."""
+        raise NotImplementedError
+
+    def drawn_inputs(self, example: Any) -> Any:
+        return example
+
+    def describe_drawn(self, example: Any, case: Case) -> list[str]:
+        return [f"Hypothesis found (after shrinking) {example!r}"]
+
+    # ---- template methods ------------------------------------------------------------------------
+
+    def run(self, case: Case, baseline: BaselineCheck) -> Outcome:
+        """Judge one case three ways: against the float64 oracle with the peer budget, against the
+        golden with the regression budget, and by its overflow / underflow / NaN counts."""
+        reason = self.skip_reason(case)
+        if reason:
+            skip(reason)
+        if self.drawn is not None and case.regime == self.drawn.name:
+            return self._attack(case)
+        regime = self.regimes[case.regime]
+        inputs = regime.inputs()
+        m = self.measure(case, inputs, grad_seed=regime.seed + 1)
+        result = baseline.check_outputs(m.golden, inputs=self.checksum_input(inputs), seed=regime.seed,
+                                        input_spec=self.input_spec(regime, inputs))
+        outcome = self._outcome(case, m, result, self.magnitude_input(inputs))
+        if not outcome.passed and (m.lost or "underflow" in outcome.categories):
+            outcome.fault = self._locate_fault(case, m, inputs, regime.seed + 1)
+        return outcome
+
+    def measure(self, case: Case, inputs: Any, grad_seed: int = 0) -> Measurement:
+        """Run the target, the peer and the oracle on ``inputs`` under the case's config."""
+        prepared = {n: case.config.prepare(t, case.device) for n, t in self.floating_inputs(inputs).items()}
+        values = {n: p.value for n, p in prepared.items()}
+        exact = {n: p.exact for n, p in prepared.items()}
+        refs = self._reference_outputs(exact, inputs, grad_seed)
+        try:
+            mine = self.call(case, case.target.fn, values, inputs, grad_seed)
+        except TargetError as e:
+            reason = case.variant.unavailable(e, case)
+            if reason:
+                skip(reason)
+            raise
+        peer_where = f"peer ({self.peer_name}) under config {case.config.id} on regime {case.regime}"
+        peer = self.call(replace(case, variant=NO_VARIANT), self.peer, values, inputs, grad_seed, where=peer_where)
+        m = Measurement(values, exact, mine)
+        for name, ref in refs.items():
+            rule = self.output_rule(case, name, mine[name], peer[name], ref, exact, inputs)
+            m.oracle[name] = compare(rule.out, ref, rule.dtype, scale=rule.scale, log_domain=rule.log_domain,
+                                     underflow_floor=rule.underflow_floor)
+            m.peer[name] = compare(rule.peer, ref, rule.dtype, scale=rule.peer_scale, log_domain=rule.log_domain,
+                                   underflow_floor=rule.underflow_floor)
+            if rule.abs_floor is None:
+                m.peer_budget[name] = peer_budget(m.peer[name], rule.peer_factor, ULP_FLOOR)
+            else:
+                m.peer_budget[name] = peer_budget(m.peer[name], rule.peer_factor, abs_floor_value=rule.abs_floor)
+            m.golden[name] = TensorOutput(rule.out, ref, rule.dtype, rule.scale, rule.log_domain,
+                                          abs_budget=rule.abs_floor is not None,
+                                          underflow_floor=rule.underflow_floor, error_floor=rule.abs_floor)
+        return m
+
+    def call(self, case: Case, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, grad_seed: int = 0, *,
+             where: str | None = None, check: bool = True) -> dict[str, torch.Tensor]:
+        """``fn`` on ``values`` under the case's config and variant: the forward output and, for
+        ``grad_inputs``, the gradients under a seeded upstream gradient. Anything it raises, and any
+        break of the output contract, is a TargetError naming the target, config and regime."""
+        where = where or case.where
+        leaves = {n: v.detach().clone().requires_grad_(True) if n in self.grad_inputs else v for n, v in values.items()}
+        try:
+            with case.config.active(case.device), case.variant.context():
+                out = self.invoke(fn, leaves, inputs, case.device)
+                if check:
+                    self.validate(case, out, values, inputs, where)
+                if self.grad_inputs:
+                    # copied into place rather than cast with .to(): the audit flags Python-level
+                    # 16-bit casts as the user's, and this one is the harness's
+                    grad_out = torch.empty_like(out).copy_(self._grad_out(out.shape, grad_seed))
+                    out.backward(grad_out)
+        except TargetError:
+            raise
+        except torch.OutOfMemoryError as e:
+            shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in values.items())
+            raise TargetError(f"{where}: out of memory ({e}); inputs {shapes}") from e
+        except Exception as e:
+            raise TargetError(f"{where} raised {type(e).__name__}: {e}") from e
+        outputs = {self.forward_output: out.detach()}
+        for n in self.grad_inputs:
+            if leaves[n].grad is None:
+                raise TargetError(f"{where}: no gradient reached {n} (is the output detached?)")
+            outputs[f"d{n}"] = leaves[n].grad.detach()
+        return outputs
+
+    @staticmethod
+    def _grad_out(shape, seed: int) -> torch.Tensor:
+        return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+    def _reference_outputs(self, exact: dict[str, torch.Tensor], inputs: Any, grad_seed: int) -> dict[str, torch.Tensor]:
+        """The oracle: ``reference`` in float64 on the rounded inputs, with the same upstream gradient."""
+        leaves = {n: t.detach().clone().requires_grad_(n in self.grad_inputs) for n, t in exact.items()}
+        out = self.invoke(self.reference, leaves, inputs, "cpu")
+        refs = {self.forward_output: out.detach()}
+        if self.grad_inputs:
+            out.backward(self._grad_out(out.shape, grad_seed))
+            refs.update({f"d{n}": leaves[n].grad for n in self.grad_inputs})
+        return refs
+
+    def _outcome(self, case: Case, m: Measurement, result: BaselineResult,
+                 magnitude_input: torch.Tensor | None = None) -> Outcome:
+        outcome = Outcome(self.suite, self.name, case.target.name, case.config_id, case.regime,
+                          TensorEvidence(m, self.peer_name, magnitude_input), result)
+        several = len(m.oracle) > 1
+        for name, cmp in m.oracle.items():
+            label = f"{name}: " if several else ""
+            for cat, s in violations(cmp, m.peer_budget[name]):
+                outcome.add("oracle", cat, f"oracle: {label}{s}")
+        outcome.problems += baseline_problems(result)
+        return outcome
+
+    def _locate_fault(self, case: Case, m: Measurement, inputs: Any, grad_seed: int):
+        """Re-run the target traced under the config, beside the same callable on the float64
+        inputs without autocast or variant, and name the first op that lost the value."""
+        fp64 = replace(case, config=CONFIGS["fp32"], variant=NO_VARIANT)
+        exact = {n: t.to(case.device) for n, t in m.exact.items()}
+        return first_fault(lambda: self.call(case, case.target.fn, m.values, inputs, grad_seed),
+                           lambda: self.call(fp64, case.target.fn, exact, inputs, grad_seed, check=False))
+
+    def _attack(self, case: Case) -> Outcome:
+        """The drawn regime: Hypothesis searches for inputs on which the target breaks its peer
+        budget or counts, steered toward the largest error, and shrinks what it finds."""
+        from hypothesis import given, settings
+        from hypothesis import target as steer
+
+        from ..strategies import PROFILE
+
+        worst: dict[str, Any] = {}
+
+        class Falsified(AssertionError):
+            pass
+
+        @settings(settings.get_profile(PROFILE), max_examples=self.drawn.examples, database=None, deadline=None)
+        @given(self.draw(case))
+        def attack(example):
+            m = self.measure(case, self.drawn_inputs(example))
+            error = m.oracle[self.forward_output].max_ulp
+            if "m" not in worst or error > worst["m"].oracle[self.forward_output].max_ulp:
+                worst["m"] = m
+            steer(min(error, 1e300) if error == error else 1e300, label="max ULP")
+            if any(violations(m.oracle[n], m.peer_budget[n]) for n in m.oracle):
+                worst.update(m=m, example=example)
+                raise Falsified()
+
+        try:
+            attack()
+        except Falsified:
+            pass
+        m = worst["m"]
+        absent = BaselineResult(absent="drawn inputs have no golden; the oracle and the peer judge them")
+        outcome = self._outcome(case, m, absent)
+        example = worst.get("example")
+        if example is not None:
+            shape = tuple(m.values[next(iter(m.values))].shape)
+            outcome.add("oracle", "hypothesis", f"Hypothesis found a failing input of shape {shape}")
+            outcome.details = self.describe_drawn(example, case)
+            if any(c.nan or c.overflow or c.underflow for c in m.oracle.values()):  # where the shrunk input lost it
+                outcome.fault = self._locate_fault(case, m, self.drawn_inputs(example), 0)
+        return outcome
+
+    def bench_call(self, case: Case) -> Bench | None:
+        """The timed call of a case: the target's forward on the regime's inputs under the config
+        and variant, or None where the case has nothing to time (drawn inputs have no fixed size,
+        and a Triton kernel under the interpreter runs at the interpreter's speed)."""
+        if case.regime not in self.regimes or interpreted(case.target.fn, case.device) or self.skip_reason(case):
+            return None
+        inputs = self.regimes[case.regime].inputs()
+        values = {n: case.config.prepare(t, case.device).value for n, t in self.floating_inputs(inputs).items()}
+
+        @contextlib.contextmanager
+        def context():
+            with torch.no_grad(), case.config.active(case.device), case.variant.context():
+                yield
+        return Bench(lambda: self.invoke(case.target.fn, values, inputs, case.device), context=context)
+
+    def trace_call(self, case: Case) -> Callable | None:
+        """The call --precision-trace and --precision-audit run traced: forward and the gradients,
+        in the config and variant, as the case runs them."""
+        if case.regime not in self.regimes or self.skip_reason(case):
+            return None
+        regime = self.regimes[case.regime]
+        inputs = regime.inputs()
+        values = {n: case.config.prepare(t, case.device).value for n, t in self.floating_inputs(inputs).items()}
+        return lambda: self.call(case, case.target.fn, values, inputs, regime.seed + 1)
+
+    def __repr__(self) -> str:
+        return f"<kind {self.name}>"

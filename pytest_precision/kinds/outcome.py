@@ -1,0 +1,121 @@
+"""The outcome of one suite case, whatever its kind: the problems found, in one category order,
+one headline, one failure message.
+
+A kind measures a case and returns an :class:`Outcome` holding its *evidence* (what it measured:
+output comparisons for tensor kinds, trajectories for training), the baseline check's result,
+and the problems: each a :class:`Problem` (which check found it, its category, one sentence).
+The message is assembled here, once: the headline, the first fault, the kind's evidence, then
+the golden baseline's part.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..baselines.lifecycle import BaselineResult
+from ..explain.faults import Fault
+
+__all__ = ["CATEGORY_ORDER", "Problem", "Evidence", "Outcome", "PrecisionFailure", "baseline_problems"]
+
+# headline order: the most specific cause first; categories a kind adds beyond these sort after them
+CATEGORY_ORDER = ("overflow", "underflow", "nan", "missing_nan", "accuracy", "regression", "baseline", "hypothesis",
+                  "speed", "memory")
+
+
+class PrecisionFailure(AssertionError):
+    """A precision verdict that failed; its message is the full report."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    check: str  # what found it: "oracle" (against the exact result or the fp32 run), "golden", "speed", ...
+    category: str  # one of CATEGORY_ORDER, or the kind's own
+    sentence: str
+
+
+def baseline_problems(result: BaselineResult) -> list[Problem]:
+    """The golden's problems as the outcome's: an unusable baseline is a ``baseline`` problem,
+    an error past its budget a ``regression``, counts keep their category."""
+    out = []
+    if result.error:
+        out.append(Problem("golden", "baseline", result.error.splitlines()[0]))
+    for category, sentence in result.problems:
+        out.append(Problem("golden", "regression" if category == "accuracy" else category, f"golden: {sentence}"))
+    return out
+
+
+class Evidence:
+    """What a kind measured for a case. Subclasses supply the message body and the record fields."""
+
+    peer_name: str | None = None  # the trusted implementation the oracle check compares with, if any
+
+    def message_lines(self, outcome: "Outcome") -> list[str]:
+        """The failure message's body (indented lines), between the fault and the golden's part."""
+        return []
+
+    def record_fields(self, outcome: "Outcome") -> dict:
+        """Fields of the summary record (plain types: records cross from xdist workers)."""
+        return {}
+
+    def report_fields(self, outcome: "Outcome") -> dict:
+        """What the JSON report adds for this case (plain types)."""
+        return {}
+
+
+@dataclass
+class Outcome:
+    suite: str
+    kind: str
+    target: str
+    config: str  # with the variant: "fp32+math"
+    regime: str
+    evidence: Evidence
+    baseline: BaselineResult
+    problems: list[Problem] = field(default_factory=list)
+    details: list[str] = field(default_factory=list)  # lines after the fault (a shrunk input, a shown rate)
+    fault: Fault | None = None
+
+    def add(self, check: str, category: str, sentence: str) -> None:
+        self.problems.append(Problem(check, category, sentence))
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    @property
+    def categories(self) -> list[str]:
+        cats = {p.category for p in self.problems}
+        if self.fault is not None and self.fault.kind in ("overflow", "underflow") and cats & {"nan", "accuracy"}:
+            cats.add(self.fault.kind)  # NaN at the output that began as an overflow is an overflow
+        return [c for c in CATEGORY_ORDER if c in cats] + sorted(cats - set(CATEGORY_ORDER))
+
+    @property
+    def verdict(self) -> str:
+        return "pass" if self.passed else "FAIL " + ",".join(self.categories)
+
+    def headline(self) -> str:
+        """The verdict and every problem's sentence: the message's first line, the report's headline."""
+        return self.verdict + (f" ({'; '.join(p.sentence for p in self.problems)})" if self.problems else "")
+
+    def record(self) -> dict:
+        """The summary row of this case (plain types)."""
+        return {"suite": self.suite, "kind": self.kind, "target": self.target, "config": self.config,
+                "regime": self.regime, **self.evidence.record_fields(self), "passed": self.passed,
+                "categories": self.categories, "baseline_update": self.baseline.updated,
+                "borrowed_budget": self.baseline.note is not None}
+
+    def report_details(self) -> dict:
+        b = self.baseline
+        return {"headline": self.headline(), **self.evidence.report_fields(self),
+                "golden_note": b.error.splitlines()[0] if b.error else (b.absent or b.note)}
+
+    def message(self, nodeid: str, update_command: str) -> str:
+        lines = [f"{nodeid}: {self.headline()}"]
+        if self.fault is not None:
+            lines.append(f"  {self.fault.describe(self.config)}")
+        lines += ["  " + line for line in self.details]
+        lines += self.evidence.message_lines(self)
+        lines += self.baseline.message_lines(update_command)
+        if self.evidence.peer_name and any(p.check == "oracle" for p in self.problems):
+            lines.append(f"  (the oracle check compares with {self.evidence.peer_name} in the same config and fails"
+                         " until the target is fixed)")
+        return "\n".join(lines)

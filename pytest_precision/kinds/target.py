@@ -1,0 +1,19 @@
+"""A target: a user's callable (or training spec) registered under a name and a kind."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Target", "TargetError"]
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    fn: Any  # a callable in the kind's convention; a TrainSpec for train_step
+    kind: str
+    origin: str = "register()"
+
+
+class TargetError(Exception):
+    """A target raised or broke its kind's contract; the message names target, config and input."""

@@ -1,0 +1,92 @@
+"""The end-of-run summary: the baselines written, one table per kind's table (tensor kinds share
+one; training has its own), the borrowed-budget and speed notes, traces and audits. Built from the
+run's records, merged across xdist workers."""
+from __future__ import annotations
+
+from ..kinds.registry import get_kind
+from ..kinds.tables import HEADERS, TENSOR_TABLE, SummaryTable
+from ..numerics.devices import device_class, numerics_key
+
+__all__ = ["HEADERS", "tables", "summary_rows", "render_summary", "borrowed_budgets_line", "speed_lines", "write_terminal_summary"]
+
+
+def _table_of(record: dict) -> SummaryTable:
+    try:
+        return get_kind(record["kind"]).table
+    except (KeyError, ValueError):  # a record without a known kind: the tensor table's fields
+        return TENSOR_TABLE
+
+
+def tables(records: list[dict]) -> list[tuple[SummaryTable, list[dict]]]:
+    """Each table the records go into, with its records, in the order the kinds come."""
+    out: dict[str, tuple[SummaryTable, list[dict]]] = {}
+    for r in records:
+        table = _table_of(r)
+        out.setdefault(table.name, (table, []))[1].append(r)
+    return list(out.values())
+
+
+def summary_rows(records: list[dict], config_order: list[str] | None = None) -> list[tuple]:
+    """The tensor kinds' rows of ``records``: one per target and config."""
+    return TENSOR_TABLE.rows([r for r in records if _table_of(r) is TENSOR_TABLE], config_order)
+
+
+def render_summary(records: list[dict], config_order: list[str] | None = None) -> str:
+    """The tensor kinds' table of ``records`` (what the terminal prints first)."""
+    return TENSOR_TABLE.render([r for r in records if _table_of(r) is TENSOR_TABLE], config_order)
+
+
+def speed_lines(records: list[dict], fingerprint: str) -> list[str]:
+    """Cases with no speed record for this device, and slower-but-noisy cases, in a line each."""
+    lines = []
+    missing = sum(1 for r in records if r.get("speed_status") == "no-baseline")
+    if missing:
+        lines.append(f"no speed baseline for this device ({fingerprint}) in {missing} case(s): "
+                     "record with --precision-update-baselines")
+    noisy = [f"{r['target']}-{r['config']}-{r['regime']} {r['speed_ratio']:.2f} x" for r in records
+             if r.get("speed_status") == "noisy"]
+    if noisy:
+        lines.append(f"slower but within the noise (not failed): {', '.join(noisy)}")
+    return lines
+
+
+def borrowed_budgets_line(records: list[dict], key: str) -> str | None:
+    """Says how many cases were judged by budgets recorded on other machines."""
+    n = sum(1 for r in records if r.get("borrowed_budget"))
+    if not n:
+        return None
+    return (f"{n} case(s) had no budget recorded for {key} and were judged by the widest recorded for other "
+            f"{device_class(key)} machines; record this machine's with --precision-update-baselines")
+
+
+def write_terminal_summary(tr, options, records: list[dict]) -> None:
+    """The end of a run: baselines written, the tables, budget and speed notes, traces, audits."""
+    from ..explain.audit import render_audits  # the audit pulls in the tracer; only needed here
+
+    if not records:
+        return
+    updates = sorted(r["baseline_update"] for r in records if r.get("baseline_update"))
+    if updates:
+        tr.write_sep("=", f"precision baselines written: {len(updates)} (under {options.store.root})")
+        for line in updates:
+            tr.write_line(line)
+    key = numerics_key(options.device)
+    for table, rs in tables(records):
+        tr.write_sep("=", f"{table.title} (device {options.device}, budgets keyed {key}{table.detail})")
+        tr.write_line(table.render(rs, [c.id for c in options.configs]))
+    borrowed = borrowed_budgets_line(records, key)
+    if borrowed:
+        tr.write_line(borrowed)
+    for line in speed_lines(records, options.fingerprint):
+        tr.write_line(line)
+    traced = sorted((r for r in records if r.get("trace")), key=lambda r: r["case"])
+    if traced:
+        tr.write_sep("=", f"precision trace ({len(traced)} case(s))")
+        for r in traced:
+            tr.write_line(f"{r['case']}:")
+            tr.write_line(r["trace"])
+    audit_lines = render_audits(sorted(records, key=lambda r: (r["target"], r["config"])))
+    if audit_lines:
+        tr.write_sep("=", "precision audit: the dtype each op ran in")
+        for line in audit_lines:
+            tr.write_line(line)

@@ -1,0 +1,87 @@
+"""The options of one pytest run, resolved once (device, configs, baseline store, flags), and the
+records its suite cases leave for the summary and the reports."""
+from __future__ import annotations
+
+import functools
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import torch
+
+from ..baselines.store import BaselineStore
+from ..kinds.registry import Target, parse_ini_targets
+from ..numerics.configs import Config, select_configs
+from ..numerics.devices import fingerprint
+from ..speed.gate import DEFAULT_THRESHOLD
+
+__all__ = ["RunOptions", "OPTIONS_KEY", "RECORDS_KEY"]
+
+
+@dataclass
+class RunOptions:
+    device: str
+    configs: list[Config]
+    store: BaselineStore
+    update: bool
+    run_suite: bool
+    default_device: str
+    ini_targets: list[Target] = field(default_factory=list)
+    speed: bool = True  # time every suite case and gate it (off with --precision-no-speed)
+    speed_threshold: float = 0.2  # a fraction: 0.1 is 10 % slower
+    trace: bool = False  # trace every suite case op by op (--precision-trace)
+    audit: bool = False  # audit the dtypes each op ran in, per target and config (--precision-audit)
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> "RunOptions":
+        default_device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = config.getoption("precision_device") or default_device
+        if device == "cuda" and not torch.cuda.is_available():
+            raise pytest.UsageError("--precision-device=cuda: torch.cuda.is_available() is False on this machine")
+        try:
+            configs = select_configs(config.getoption("precision_configs"))
+            ini_targets = parse_ini_targets(config.getini("precision_targets"))
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+        threshold = config.getoption("precision_speed_threshold")
+        if threshold is None:
+            threshold = DEFAULT_THRESHOLD["cuda" if device.startswith("cuda") else "cpu"]
+        else:
+            try:
+                threshold = float(str(threshold).rstrip("%")) / 100
+            except ValueError:
+                threshold = -1.0
+            if not threshold > 0:
+                raise pytest.UsageError(f"--precision-speed-threshold={config.getoption('precision_speed_threshold')}: "
+                                        "give a positive percentage, for example 10 or 10%")
+        root = Path(config.getini("precision_baseline_dir") or "precision_baselines")
+        if not root.is_absolute():
+            root = config.rootpath / root
+        return cls(device, configs, BaselineStore(root), bool(config.getoption("precision_update_baselines")),
+                   bool(config.getoption("precision_suite")), default_device, ini_targets,
+                   speed=not config.getoption("precision_no_speed"), speed_threshold=threshold,
+                   trace=bool(config.getoption("precision_trace")), audit=bool(config.getoption("precision_audit")))
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        return fingerprint(self.device)
+
+    def update_command(self, *, nodeid: str | None = None, suite_item: str | None = None, config_id: str = "") -> str:
+        """The exact command that (re)writes one baseline."""
+        parts = ["pytest"]
+        if nodeid is not None:
+            parts.append(nodeid)
+        else:
+            parts += ["--precision-suite", "-k", suite_item or ""]
+        if config_id:
+            parts.append(f"--precision-configs={config_id}")
+        if self.device != self.default_device:
+            parts.append(f"--precision-device={self.device}")
+        parts.append("--precision-update-baselines")
+        return " ".join(shlex.quote(p) for p in parts)
+
+
+OPTIONS_KEY = pytest.StashKey[RunOptions]()
+# the run's records: one plain dict per suite case (summary row, report detail), merged across xdist workers
+RECORDS_KEY = pytest.StashKey[list]()

@@ -1,0 +1,126 @@
+"""What a run leaves behind besides the terminal table: the JSON and Markdown reports, the plots,
+and the unused-baselines list. A pytest plugin object registered by plugin.py, so that its hooks
+run on the controller after every xdist worker's records have been merged.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ..baselines.usage import (CACHE_KEY, PRUNE_COMMAND, USAGE_KEY, BaselineUsage, find_unused, incomplete_reason,
+                               module_prefix)
+from ..kinds.registry import kind_names
+from ..numerics.devices import numerics_key
+from ..reporting.plots import MISSING_MESSAGE as PLOTS_MISSING, plots_available
+from .options import OPTIONS_KEY, RECORDS_KEY
+
+__all__ = ["RunOutputs", "USAGE_OUTPUT_KEY", "add_output_options"]
+
+USAGE_OUTPUT_KEY = "precision_baseline_usage"
+
+
+def add_output_options(group) -> None:
+    group.addoption("--precision-report", metavar="FILE.json",
+                    help="write every suite case (metrics, budgets, timings, verdict) as JSON (schema: "
+                         "pytest_precision.report.REPORT_SCHEMA)")
+    group.addoption("--precision-report-md", metavar="FILE",
+                    help="write the summary table, totals and failing cases as Markdown (CI job summaries, PR comments)")
+    group.addoption("--precision-plots", metavar="DIR",
+                    help="write PNG figures (ULP histogram per config, error against logit magnitude) to DIR; "
+                         "needs the plots extra (matplotlib)")
+
+
+def _path_option(config: pytest.Config, name: str) -> Path | None:
+    value = config.getoption(name)
+    if not value:
+        return None
+    p = Path(value)
+    return p if p.is_absolute() else Path(config.invocation_params.dir) / p
+
+
+class RunOutputs:
+    def __init__(self, config: pytest.Config):
+        if config.getoption("precision_plots") and not plots_available():
+            raise pytest.UsageError(PLOTS_MISSING)  # at start-up, not after a long run
+        self.config = config
+        usage = BaselineUsage(whole_project=config.args_source != pytest.Config.ArgsSource.ARGS)
+        config.stash[USAGE_KEY] = usage
+        self.lines: list[str] = []  # for the terminal, after the summary table
+
+    @property
+    def usage(self) -> BaselineUsage:
+        return self.config.stash[USAGE_KEY]
+
+    def pytest_deselected(self, items) -> None:
+        for item in items:
+            if item.get_closest_marker("precision"):
+                self.usage.deselect(item)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self.usage.module_prefixes |= {module_prefix(i.nodeid) for i in session.items
+                                       if not i.nodeid.startswith("precision-suite")}
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error) -> None:
+        self.usage.merge(getattr(node, "workeroutput", {}).get(USAGE_OUTPUT_KEY, {}))
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
+        state = self.config.stash[OPTIONS_KEY]
+        self.usage.used |= state.store.used
+        workeroutput = getattr(self.config, "workeroutput", None)
+        if workeroutput is not None:  # an xdist worker: the controller writes the outputs
+            workeroutput[USAGE_OUTPUT_KEY] = self.usage.as_workeroutput()
+            return
+        if state.run_suite:
+            self._unused_baselines(state, session, exitstatus)
+        self._reports(state, self.config.stash[RECORDS_KEY])
+
+    def _unused_baselines(self, state, session, exitstatus) -> None:
+        cache = getattr(self.config, "cache", None)
+        reason = incomplete_reason(self.usage, exitstatus, session.testsfailed, self.config.getoption("maxfail"))
+        if reason:
+            self.lines.append(f"unused baselines not checked: {reason}")
+            if cache is not None:
+                cache.set(CACHE_KEY, {"root": str(state.store.root), "unused": None, "reason": reason})
+            return
+        unused = find_unused(state.store.root, self.usage, suite_ran=True, kinds=set(kind_names()))
+        if cache is not None:
+            cache.set(CACHE_KEY, {"root": str(state.store.root), "unused": unused})
+        if unused:
+            how = (f"remove with {PRUNE_COMMAND}" if cache is not None else
+                   f"to remove them, run again without -p no:cacheprovider (the list is kept in its cache), then {PRUNE_COMMAND}")
+            self.lines.append(f"{len(unused)} unused baseline(s) under {state.store.root} (no test used them in "
+                              f"this run); {how}:")
+            self.lines += [f"  {name}" for name in unused]
+
+    def _reports(self, state, records: list[dict]) -> None:
+        from ..reporting.report import build_report, render_markdown, write_json_report, write_markdown_report
+
+        configs = [c.id for c in state.configs]
+        key = numerics_key(state.device)
+        notes = list(self.lines)  # the unused-baselines lines, not the "written to" ones below
+        path = _path_option(self.config, "precision_report")
+        if path is not None:
+            write_json_report(path, build_report(records, device=state.device, numerics_key=key,
+                                                 fingerprint=state.fingerprint, torch_version=torch.__version__,
+                                                 configs=configs))
+            self.lines.append(f"precision report (JSON) written to {path}")
+        path = _path_option(self.config, "precision_report_md")
+        if path is not None:
+            write_markdown_report(path, render_markdown(records, config_order=configs, device=state.device,
+                                                        numerics_key=key, fingerprint=state.fingerprint,
+                                                        extra_lines=notes))
+            self.lines.append(f"precision report (Markdown) written to {path}")
+        directory = _path_option(self.config, "precision_plots")
+        if directory is not None:
+            from ..reporting.plots import write_plots
+
+            written = write_plots(records, directory, configs)
+            self.lines.append(f"precision plots: {len(written)} PNG file(s) written to {directory}")
+
+    @pytest.hookimpl(trylast=True)  # after plugin.py's summary table
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        for line in self.lines:
+            terminalreporter.write_line(line)

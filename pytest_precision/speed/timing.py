@@ -1,0 +1,172 @@
+"""How long one call takes: many samples within a time budget, median and spread.
+
+On CUDA each sample is bracketed by CUDA events with the L2 cache flushed before it (a 256 MB
+buffer zeroed, as ``triton.testing.do_bench`` does), so a kernel is not timed on a warm cache its
+real callers would not have. On the CPU each sample is ``perf_counter`` around the call, run on
+one thread: measured on a shared 2-core machine, unchanged torch ops timed with 2 threads drifted
+1.2 to 2.9 x between runs (a 2 x 32768 softmax: 46 to 134 us), single-threaded within about 5 %
+(69 to 73 us). The gate needs the second; parallel scaling is not what it guards. Even so, whole
+stretches of a run on a shared machine went 1.4 to 1.9 x slower for every op at once; a fixed
+calibration workload interleaved with the calls (once every third call) sees the same stretch,
+and the gate compares the call's time relative to it.
+
+Warm-up and measurement are time budgets, not repetition counts: a 10 us call gets hundreds of
+samples and a 50 ms call a handful, for the same cost.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Callable, ContextManager
+
+import torch
+
+__all__ = ["Bench", "Timing", "TimingBudget", "format_seconds", "CPU_BUDGET", "CUDA_BUDGET", "measure", "synchronized_perf_counter"]
+
+_L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Bench:
+    """What is timed: ``fn()``, called inside ``context()``, which is entered once around the
+    warm-up and all samples. Config set-up (autocast, TF32 flags, the SDPA backend) belongs in the
+    context: entering it costs microseconds, as much as a small kernel, and would dilute in each
+    sample the slowdown the gate is looking for."""
+    fn: Callable[[], object]
+    context: Callable[[], ContextManager] = contextlib.nullcontext
+
+    def __call__(self):
+        with self.context():
+            return self.fn()
+
+
+@dataclass(frozen=True)
+class TimingBudget:
+    warmup_s: float
+    measure_s: float
+    min_samples: int
+    max_samples: int
+
+
+# Small on the CPU so that timing every case of the default suite stays cheap (issue: at most 30 %
+# of its wall time); the gate's bootstrap interval says when so few samples are too noisy to judge.
+CPU_BUDGET = TimingBudget(warmup_s=0.001, measure_s=0.004, min_samples=15, max_samples=300)
+CUDA_BUDGET = TimingBudget(warmup_s=0.025, measure_s=0.1, min_samples=20, max_samples=1000)
+
+
+@dataclass(frozen=True)
+class Timing:
+    samples: tuple[float, ...]  # seconds per call
+    # CPU: a fixed workload timed in alternation with the call, so the gate can divide out what
+    # slowed the whole machine while the case ran (a neighbour, frequency); empty on CUDA
+    calibration: tuple[float, ...] = ()
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def spread(self) -> float:
+        """Interquartile range over the median: the run's own noise, relative."""
+        if len(self.samples) < 4:
+            return 0.0
+        q = statistics.quantiles(self.samples, n=4)
+        return (q[2] - q[0]) / self.median if self.median > 0 else 0.0
+
+    def describe(self) -> str:
+        return f"median {format_seconds(self.median)} over {len(self.samples)} calls (IQR {100 * self.spread:.0f} %)"
+
+
+def format_seconds(s: float) -> str:
+    for unit, f in (("s", 1.0), ("ms", 1e3), ("us", 1e6)):
+        if s * f >= 1.0:
+            return f"{s * f:.3g} {unit}"
+    return f"{s * 1e9:.3g} ns"
+
+
+def measure(bench: Bench | Callable[[], object], device: str, budget: TimingBudget | None = None) -> Timing:
+    """Time ``bench`` (a Bench, or a plain callable) on ``device``: warm-up, then samples until the
+    budget is spent."""
+    if not isinstance(bench, Bench):
+        bench = Bench(bench)
+    with bench.context():
+        if device.startswith("cuda"):
+            return _measure_cuda(bench.fn, budget or CUDA_BUDGET)
+        return _measure_cpu(bench.fn, budget or CPU_BUDGET)
+
+
+def _measure_cpu(fn, budget: TimingBudget) -> Timing:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _sample_cpu(fn, budget)
+    finally:
+        torch.set_num_threads(threads)
+
+
+_CAL_X = torch.randn(1 << 12, generator=torch.Generator().manual_seed(1))
+_CAL_Y = torch.randn(1 << 10, generator=torch.Generator().manual_seed(2))
+
+
+_CAL_EVERY = 3  # calls per calibration sample: enough to follow the machine, most time to the call
+
+
+def _calibration() -> None:
+    """A few us on one core: an exp over 16 KB and a sine, so that most of the budget goes to the
+    call's own samples. Neither op is on an autocast list: the workload is the same inside every
+    config's context."""
+    torch.exp(_CAL_X)
+    torch.sin(_CAL_Y)
+
+
+def _sample_cpu(fn, budget: TimingBudget) -> Timing:
+    clock = time.perf_counter
+    end = clock() + budget.warmup_s
+    fn()
+    _calibration()
+    while clock() < end:
+        fn()
+        _calibration()
+    samples, cal = [], []
+    end = clock() + budget.measure_s
+    while len(samples) < budget.max_samples and (len(samples) < budget.min_samples or clock() < end):
+        t0 = clock()
+        fn()
+        t1 = clock()
+        samples.append(t1 - t0)
+        if len(samples) % _CAL_EVERY == 1:
+            _calibration()
+            cal.append(clock() - t1)
+    return Timing(tuple(samples), tuple(cal))
+
+
+def _measure_cuda(fn, budget: TimingBudget) -> Timing:
+    flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    fn()
+    torch.cuda.synchronize()
+    end = time.perf_counter() + budget.warmup_s
+    while time.perf_counter() < end:
+        fn()
+        torch.cuda.synchronize()
+    samples = []
+    end = time.perf_counter() + budget.measure_s
+    while len(samples) < budget.max_samples and (len(samples) < budget.min_samples or time.perf_counter() < end):
+        flush.zero_()
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        stop.record()
+        stop.synchronize()
+        samples.append(start.elapsed_time(stop) / 1e3)
+    return Timing(tuple(samples))
+
+
+def synchronized_perf_counter() -> float:
+    """``time.perf_counter`` after the GPU has finished its queued work: a correct timer for
+    pytest-benchmark on CUDA code (``--benchmark-timer=pytest_precision.timing.synchronized_perf_counter``),
+    whose default timer reads the clock when the kernel is launched, not when it has run."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()

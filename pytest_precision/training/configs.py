@@ -1,0 +1,87 @@
+"""The training configs: each a recipe of the training suite (autocast, loss scaling, pure low
+precision, stochastic rounding, fp8 Linear emulation, DDP gradient compression), named and
+selected by the matrix config it belongs to."""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ..numerics.configs import CONFIGS
+
+__all__ = ["TrainConfig", "TRAIN_CONFIGS"]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training recipe. ``base`` is the matrix config id it belongs to (``--precision-configs``
+    selects by it). ``autocast_dtype``: autocast region dtype. ``loss_scaling``: a GradScaler.
+    ``param_dtype``: params, grads and optimizer state in that dtype (pure low precision).
+    ``stochastic_rounding``: the weight update is computed in fp32 and stored with stochastic
+    rounding. ``fp8``: nn.Linear layers emulated in fp8 (e4m3 forward, e5m2 gradients).
+    ``shows``: what this config exists to show, reported rather than held to the absolute limits:
+    ``underflow`` (gradient underflow), ``update_lost`` and ``update_size`` (the lost updates that
+    follow from it, or from rounding the update away).
+    ``loss_rtol``: the largest relative deviation of a step's loss from fp32 a correct step has."""
+
+    id: str
+    base: str
+    description: str
+    loss_rtol: float
+    autocast_dtype: torch.dtype | None = None
+    loss_scaling: bool = False
+    param_dtype: torch.dtype = torch.float32
+    stochastic_rounding: bool = False
+    fp8: bool = False
+    tf32: bool = False
+    shows: tuple[str, ...] = ()
+    ddp_hook: str | None = None  # a DDP gradient-compression comparison (distributed.py), not a run
+
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the model's matmuls run in (what gradient underflow is measured against); for
+        a DDP comparison, the dtype gradients are communicated in."""
+        if self.ddp_hook is not None:
+            return {"fp16": torch.float16, "bf16": torch.bfloat16}[self.ddp_hook]
+        if self.fp8:
+            return torch.float8_e5m2
+        return self.autocast_dtype or self.param_dtype
+
+    def skip_reason(self, device: str) -> str | None:
+        """Why the matrix config this recipe belongs to cannot run on ``device``, or None (the
+        training kind adds the DDP cases' own reasons)."""
+        return CONFIGS[self.base].skip_reason(device)
+
+    def autocast(self, device: str) -> Callable[[], contextlib.AbstractContextManager]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext
+        return lambda: torch.autocast(device_type=device, dtype=self.autocast_dtype)
+
+
+# loss_rtol: a correct step's largest relative loss deviation from fp32, with room. Measured on the
+# built-in GPT (8 AdamW steps, CPU): 4e-5 in amp-bf16, 7e-6 in amp-fp16, 1e-2 in pure bf16 (with
+# or without stochastic rounding), 2e-4 in fp8. The limits are the autocast dtype's ULP at 1 (bf16
+# 2^-8 x 5, fp16 2^-11 x 10) and 0.1 where the weights themselves are 8-bit or 16-bit; a loss
+# computed as log(softmax) in fp16, or a run that stalls or diverges, lands far outside them.
+TRAIN_CONFIGS: dict[str, TrainConfig] = {c.id: c for c in (
+    TrainConfig("fp32", "fp32", "float32, TF32 off (the reference trajectory)", 0.0),
+    TrainConfig("tf32", "tf32", "float32 params, TF32 matmuls (CUDA)", 5e-3, tf32=True),
+    TrainConfig("amp-bf16", "amp-bf16", "fp32 params, autocast bfloat16", 2e-2, autocast_dtype=torch.bfloat16),
+    TrainConfig("amp-fp16", "amp-fp16", "fp32 params, autocast float16, GradScaler", 5e-3,
+                autocast_dtype=torch.float16, loss_scaling=True),
+    TrainConfig("amp-fp16-noscale", "amp-fp16", "fp32 params, autocast float16, no GradScaler (what the scaler prevents)",
+                5e-3, autocast_dtype=torch.float16, shows=("underflow", "update_lost", "update_size")),
+    TrainConfig("bf16", "bf16", "pure bfloat16: params, grads and optimizer state (updates below half a ULP are lost)",
+                1e-1, param_dtype=torch.bfloat16, shows=("update_lost", "update_size")),
+    TrainConfig("bf16-sr", "bf16", "pure bfloat16, the update computed in fp32 and stored with stochastic rounding",
+                1e-1, param_dtype=torch.bfloat16, stochastic_rounding=True, shows=("update_lost", "update_size")),
+    TrainConfig("fp8-e4m3", "fp8-e4m3", "nn.Linear in emulated fp8: e4m3 forward, e5m2 gradients, per-tensor current scaling",
+                1e-1, fp8=True),
+    TrainConfig("ddp-fp16", "fp16", "DDP on 2 processes, gradients all-reduced through fp16_compress_hook, against "
+                "uncompressed DDP", 0.0, ddp_hook="fp16"),
+    TrainConfig("ddp-bf16", "bf16", "DDP on 2 processes, gradients all-reduced through bf16_compress_hook, against "
+                "uncompressed DDP", 0.0, ddp_hook="bf16"),
+)}

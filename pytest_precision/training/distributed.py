@@ -1,0 +1,270 @@
+"""Gradient compression in data-parallel training, measured on the real engine.
+
+When one machine is not enough, users train data-parallel (``DistributedDataParallel``) across
+GPUs and nodes, and the gradient all-reduce becomes the bottleneck. DDP's communication hooks
+``fp16_compress_hook`` and ``bf16_compress_hook`` halve that traffic by casting each gradient
+bucket to 16 bits, dividing by the world size and all-reducing in 16 bits. That is a precision
+change the single-process training suite never sees: in fp16, gradients below the subnormal range
+(6e-8, and the division by the world size pushes them further down) become 0 and sums above 65504
+become inf; bf16 keeps fp32's range but has 8 significant bits. ``compare_ddp_hooks`` runs one
+forward/backward of a :class:`~pytest_precision.training.TrainSpec` under DDP (gloo on CPU, nccl
+on CUDA) without a hook and with each hook, in one group of spawned processes, and compares the
+all-reduced gradients rank 0 holds. DDP refuses ``bf16_compress_hook`` by name without CUDA and
+NCCL >= 2.10, so the same function runs under another name (gloo all-reduces bf16 on CPU).
+
+Metrics (hook run against the uncompressed run, both fp32 models, no autocast):
+
+- ``grad_sqnr_db``: 20 log10(||ref|| / ||out - ref||) over all gradients together; inf when equal,
+  -inf when a hooked gradient is not finite;
+- ``max_rel``: max |out - ref| / |ref| over elements with |ref| >= the hook dtype's smallest normal
+  (below it the format cannot hold the value to relative precision, which ``underflow_rate`` shows);
+- ``underflow_rate``: per parameter, the fraction of elements nonzero uncompressed that are 0 with
+  the hook (besides range underflow this counts ranks' gradients that cancel exactly once rounded,
+  which is why bf16 shows a small rate too);
+- ``overflow``: elements not finite with the hook where the uncompressed gradient is finite;
+- ``grad_norm`` / ``ref_grad_norm``: L2 norms of all gradients together.
+"""
+from __future__ import annotations
+
+import math
+import os
+import importlib
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from multiprocessing.connection import wait
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+from .compare import tensors_sqnr_db, underflow_rates
+from .spec import TrainSpec, compute_loss
+
+__all__ = ["HOOKS", "HookComparison", "DDPComparisonError", "ddp_skip_reason", "compare_ddp_hooks"]
+
+HOOKS = ("fp16", "bf16")
+_HOOK_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+class DDPComparisonError(RuntimeError):
+    """A rank failed, or the ranks did not finish in time."""
+
+
+@dataclass
+class HookComparison:
+    """One hook's all-reduced gradients against uncompressed DDP (plain values, see the module docstring)."""
+
+    hook: str
+    grad_sqnr_db: float
+    max_rel: float
+    underflow_rate: dict[str, float]
+    overflow: int
+    grad_norm: float
+    ref_grad_norm: float
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__, underflow_rate=dict(self.underflow_rate))
+
+
+def _bf16_hook(process_group, bucket):
+    """torch's bf16_compress_hook under another name (DDP's check by name is about the build, not the numerics)."""
+    return default_hooks.bf16_compress_hook(process_group, bucket)
+
+
+_HOOK_FNS = {"fp16": default_hooks.fp16_compress_hook, "bf16": _bf16_hook}
+
+
+def _backend(device: str, world_size: int) -> str:
+    # nccl needs one GPU per rank; with fewer GPUs the ranks share them over gloo
+    return "nccl" if device == "cuda" and torch.cuda.device_count() >= world_size and dist.is_nccl_available() else "gloo"
+
+
+def ddp_skip_reason(device: str = "cpu", world_size: int = 2) -> str | None:
+    """Why ``compare_ddp_hooks`` cannot run here, or None."""
+    if world_size < 2:
+        return f"a DDP comparison needs world_size >= 2, got {world_size}"
+    if not dist.is_available():
+        return "torch.distributed is not available in this torch build"
+    if device == "cuda" and not torch.cuda.is_available():
+        return "device 'cuda' requested but CUDA is not available"
+    if device not in ("cpu", "cuda"):
+        return f"the DDP comparison runs on 'cpu' or 'cuda', not {device!r}"
+    if _backend(device, world_size) == "gloo" and not dist.is_gloo_available():
+        return "the gloo backend is not available in this torch build"
+    return None
+
+
+def _to_device(batch, device):
+    """Tensors in ``batch`` to ``device``, floating ones as fp32 (the comparison runs in fp32)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, torch.float32) if batch.is_floating_point() else batch.to(device)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(v, device) for v in batch)
+    return batch
+
+
+def _import_path(fn) -> str:
+    """``module:qualname``, by which a spawned rank imports ``fn``: the ranks get names, not
+    pickled objects. ValueError when ``fn`` has no such name (a lambda, a nested function)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname:
+        raise ValueError("it has no importable name (a lambda or a function defined inside another)")
+    path = f"{module}:{qualname}"
+    if _resolve(path) is not fn:
+        raise ValueError(f"{module}.{qualname} names another object")
+    return path
+
+
+def _resolve(path: str):
+    module, _, qualname = path.partition(":")
+    if module == "__main__":  # a spawned process re-imports the parent's script as __mp_main__
+        module = "__mp_main__" if "__mp_main__" in sys.modules else module
+    obj = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _rank_main(rank, world_size, port, device, backend, fns, seed, hooks, workdir, timeout_s):
+    """One rank: the uncompressed run, then one run per hook; rank 0 saves the gradients."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.set_num_threads(1)  # N ranks on a few cores: OpenMP threads per rank would oversubscribe
+    stage = "importing model_fn/batch_fn"
+    try:
+        model_fn, batch_fn = (_resolve(path) for path in fns)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        stage = f"init_process_group({backend})"
+        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+        dev = torch.device(device, rank % torch.cuda.device_count()) if device == "cuda" else torch.device("cpu")
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)
+        stage = f"batch_fn({rank})"
+        batch = _to_device(batch_fn(rank), dev)
+        grads = {}
+        for name in ("none", *hooks):
+            stage = "model_fn()"
+            torch.manual_seed(seed)
+            model = model_fn().to(dev, torch.float32)
+            stage = f"forward/backward under DDP (hook {name})"
+            ddp = DDP(model, device_ids=[dev.index] if backend == "nccl" else None)
+            if name != "none":
+                ddp.register_comm_hook(None, _HOOK_FNS[name])
+            compute_loss(ddp, batch).backward()
+            grads[name] = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+        if rank == 0:
+            torch.save(grads, os.path.join(workdir, "grads.pt"))
+        dist.destroy_process_group()
+        code = 0
+    except BaseException as e:
+        with open(os.path.join(workdir, f"error{rank}.txt"), "w") as f:
+            f.write(f"{stage} raised {''.join(traceback.format_exception_only(type(e), e)).strip()}")
+        traceback.print_exc()
+        code = 1
+    # DDP imported torch._dynamo and sympy: tearing that interpreter down takes seconds, for nothing
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _first_error(workdir: str, procs) -> str:
+    """The error of the rank that failed first (the others then fail on the closed connection)."""
+    reports = []
+    for rank in range(len(procs)):
+        path = os.path.join(workdir, f"error{rank}.txt")
+        if os.path.exists(path):
+            with open(path) as f:
+                reports.append((os.stat(path).st_mtime_ns, rank, f.read()))
+    if reports:
+        _, rank, text = min(reports)
+        return f"rank {rank}: {text}"
+    rank, code = next((r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0))
+    return f"rank {rank} exited with code {code} before reporting an error (its stderr has the details)"
+
+
+def _run_ranks(spec: TrainSpec, device: str, world_size: int, hooks, timeout_s: float) -> dict:
+    fns = []
+    for name in ("model_fn", "batch_fn"):  # the ranks need only these
+        fn = getattr(spec, name)
+        try:
+            fns.append(_import_path(fn))
+        except Exception as e:
+            raise TypeError(f"TrainSpec.{name} ({fn!r}) cannot be imported by name ({e}): the TrainSpec's "
+                            "model_fn/optimizer_fn/batch_fn must be module-level functions for the DDP comparison "
+                            "(spawned processes import them)") from None
+    backend, port = _backend(device, world_size), _free_port()
+    ctx = torch.multiprocessing.get_context("spawn")  # not fork: torch's OpenMP threads are not fork-safe
+    with tempfile.TemporaryDirectory(prefix="precision-ddp-") as workdir:
+        procs = [ctx.Process(target=_rank_main, daemon=True, args=(
+            rank, world_size, port, device, backend, fns, spec.seed, tuple(hooks), workdir, timeout_s))
+            for rank in range(world_size)]
+        deadline = time.monotonic() + timeout_s
+        try:
+            for p in procs:
+                p.start()
+            while True:
+                codes = [p.exitcode for p in procs]  # read once: a rank may exit between two reads
+                if any(c not in (None, 0) for c in codes):
+                    raise DDPComparisonError(f"DDP comparison ({backend}, {world_size} ranks) failed: "
+                                             + _first_error(workdir, procs))
+                if all(c == 0 for c in codes):
+                    break
+                running = [p for p, c in zip(procs, codes) if c is None]
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DDPComparisonError(f"DDP comparison ({backend}, {world_size} ranks) timed out after "
+                                             f"{timeout_s:g} s; ranks {[procs.index(p) for p in running]} still running")
+                ready = wait([p.sentinel for p in running], timeout=left)
+                for p in running:
+                    if p.sentinel in ready:  # its pipe closed as it exits: reap it (no spinning until it is gone)
+                        p.join()
+        finally:
+            for p in procs:  # a failed rank leaves the others blocked in a collective: kill them
+                if p.is_alive():
+                    p.kill()
+                p.join()
+        return torch.load(os.path.join(workdir, "grads.pt"), weights_only=True)
+
+
+def _compare(hook: str, out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> HookComparison:
+    names = [n for n in ref if n in out]
+    o = torch.cat([out[n].flatten().double() for n in names])
+    r = torch.cat([ref[n].flatten().double() for n in names])
+    ref_norm = float(torch.linalg.vector_norm(r))
+    normal = r.abs() >= torch.finfo(_HOOK_DTYPES[hook]).smallest_normal
+    rel = ((o - r).abs() / r.abs())[normal].nan_to_num(nan=math.inf)
+    return HookComparison(
+        hook=hook, grad_sqnr_db=tensors_sqnr_db(out, ref), max_rel=float(rel.max()) if rel.numel() else 0.0,
+        underflow_rate=underflow_rates(out, ref),
+        overflow=int((~torch.isfinite(o) & torch.isfinite(r)).sum()),
+        grad_norm=float(torch.linalg.vector_norm(o)), ref_grad_norm=ref_norm)
+
+
+def compare_ddp_hooks(spec: TrainSpec, *, device: str = "cpu", world_size: int = 2, hooks=HOOKS,
+                      timeout_s: float = 120) -> dict[str, HookComparison]:
+    """One DDP forward/backward of ``spec`` (rank r on ``spec.batch_fn(r)``, model seeded with
+    ``spec.seed``) uncompressed and under each of ``hooks``; the gradients compared per hook.
+    Raises ValueError where ``ddp_skip_reason`` gives a reason, TypeError for callables spawned
+    processes cannot import, DDPComparisonError when a rank fails or time runs out."""
+    unknown = [h for h in hooks if h not in _HOOK_DTYPES]
+    if unknown:
+        raise ValueError(f"unknown DDP compression hooks {unknown}; known: {list(HOOKS)}")
+    reason = ddp_skip_reason(device, world_size)
+    if reason:
+        raise ValueError(f"compare_ddp_hooks: {reason}")
+    grads = _run_ranks(spec, device, world_size, hooks, timeout_s)
+    return {h: _compare(h, grads[h], grads["none"]) for h in hooks}

@@ -1,0 +1,157 @@
+"""The Kind seam: one conformance check over every kind (built-in and a project's own), and a new
+kind added as one module plus one line, run end to end by the suite."""
+import textwrap
+
+import pytest
+import torch
+
+import pytest_precision
+from pytest_precision.kinds import registry
+from pytest_precision.kinds.base import NO_VARIANT, Case, Kind
+from pytest_precision.kinds.target import Target
+from pytest_precision.numerics.configs import CONFIGS
+
+pytest_plugins = ["pytester"]
+
+# A whole new kind: one module. ``logsumexp`` over the last dimension.
+LOGSUMEXP_KIND = '''
+import torch
+import pytest_precision
+from pytest_precision.numerics.inputs import seeded_normal
+
+
+def _regime(name, description, scale, shift=0.0):
+    make = lambda seed: seeded_normal(torch.Generator().manual_seed(seed), 8, 64, scale=scale, shift=shift)
+    return pytest_precision.Regime(name, description, make, base_seed=7, parameters={"scale": scale, "shift": shift})
+
+
+class LogSumExp(pytest_precision.Kind):
+    name = "logsumexp"
+    contract = "fn(x) -> logsumexp over the last dimension, shape x.shape[:-1], x's dtype"
+    regimes = {r.name: r for r in (_regime("unit", "N(0, 1)", 1.0), _regime("large", "N(100, 10^2)", 10.0, 100.0))}
+
+    def floating_inputs(self, x):
+        return {"x": x}
+
+    def invoke(self, fn, values, x, device):
+        return fn(values["x"])
+
+    def expected_shape(self, values, x):
+        return tuple(values["x"].shape[:-1])
+
+    def reference(self, x):
+        return torch.logsumexp(x, -1)
+
+    def peer(self, x):
+        return torch.logsumexp(x, -1)
+
+    def default_targets(self):
+        return [pytest_precision.Target("torch.logsumexp", self.peer, self.name, origin="built-in")]
+
+
+KIND = LogSumExp()
+'''
+
+
+@pytest.fixture
+def example_kind(tmp_path, monkeypatch):
+    (tmp_path / "logsumexp_kind.py").write_text(LOGSUMEXP_KIND)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    kind = registry.register_kind("logsumexp_kind:KIND")
+    yield kind
+    registry.forget_project_kinds()
+
+
+def _conforms(kind: Kind) -> None:
+    """What every kind owes the runner (the hooks it must answer, and answer consistently)."""
+    assert kind.name and kind.contract and kind.suite and kind.table is not None
+    assert registry.get_kind(kind.name) is kind
+    names = kind.regime_names()
+    assert names and len(set(names)) == len(names)
+    configs = kind.configs(list(CONFIGS.values()))
+    assert configs and len({c.id for c in configs}) == len(configs)
+    assert kind.variants("cpu")
+    with pytest.raises(TypeError):
+        kind.check_target("not-a-target", 42)
+    for target in kind.default_targets():
+        assert target.kind == kind.name
+        kind.check_target(target.name, target.fn)
+    case = Case(kind, Target("t", lambda *a: None, kind.name), configs[0], kind.variants("cpu")[0], names[0], "cpu")
+    assert case.name == f"{kind.name}[t-{configs[0].id}{kind.variants('cpu')[0].suffix}-{names[0]}]"
+    assert case.baseline_key == f"{kind.name}/t/{names[0]}"
+    for regime in kind.regimes.values():  # seeded inputs: the same bits twice
+        a, b = kind.floating_inputs(regime.inputs()), kind.floating_inputs(regime.inputs())
+        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+    if kind.regimes:  # a tensor kind: the oracle and the peer agree on its first regime in fp32
+        regime = next(iter(kind.regimes.values()))
+        inputs = regime.inputs()
+        target = Target("peer", kind.peer, kind.name)
+        case = Case(kind, target, CONFIGS["fp32"], NO_VARIANT, regime.name, "cpu")
+        m = kind.measure(case, inputs, grad_seed=regime.seed + 1)
+        assert set(m.oracle) == {kind.forward_output, *(f"d{n}" for n in kind.grad_inputs)}
+        assert all(not pytest_precision.numerics.budgets.violations(m.oracle[n], m.peer_budget[n]) for n in m.oracle)
+        assert kind.trace_call(case) is not None
+
+
+@pytest.mark.parametrize("name", list(registry.BUILTIN_KINDS))
+def test_every_builtin_kind_conforms(name):
+    _conforms(registry.get_kind(name))
+
+
+def test_a_project_kind_conforms(example_kind):
+    _conforms(example_kind)
+
+
+def test_kinds_are_named_and_refused_clearly(example_kind):
+    with pytest.raises(ValueError, match="unknown kind 'norm'.*known kinds: softmax, log_softmax, attention, "
+                                         "train_step, logsumexp"):
+        pytest_precision.register("mine", torch.exp, kind="norm")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_kind(type(example_kind)())
+    with pytest.raises(ValueError, match="built-in"):
+        registry.register_kind(type(registry.get_kind("softmax"))(log=False))
+    with pytest.raises(TypeError, match="not a pytest_precision.Kind"):
+        registry.register_kind(object())
+
+
+def test_an_installed_kind_is_found_through_its_entry_point(tmp_path, monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    (tmp_path / "logsumexp_kind.py").write_text(LOGSUMEXP_KIND)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    ep = EntryPoint("logsumexp", "logsumexp_kind:KIND", registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(registry, "entry_points", lambda group: [ep] if group == registry.ENTRY_POINT_GROUP else [])
+    monkeypatch.setattr(registry, "_discovered", False)
+    monkeypatch.setattr(registry, "_PATHS", {})
+    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+    assert "logsumexp" in registry.kind_names()
+    assert registry.get_kind("logsumexp").contract.startswith("fn(x) -> logsumexp")
+
+
+CORRECT = "def mine(x):\n    return torch.logsumexp(x.float(), -1).to(x.dtype)\n"
+NAIVE = "def mine(x):\n    return torch.log(torch.exp(x).sum(-1))\n"  # exp overflows past 88 in fp32
+
+
+@pytest.mark.parametrize("how", ["conftest", "ini"])
+def test_a_new_kind_is_one_module_and_one_line(pytester, how):
+    pytester.makepyfile(logsumexp_kind=LOGSUMEXP_KIND)
+    registration = "import torch\nimport pytest_precision\n"
+    if how == "conftest":
+        registration += 'pytest_precision.register_kind("logsumexp_kind:KIND")\n'
+    else:
+        pytester.makeini("[pytest]\nprecision_kinds = logsumexp_kind:KIND\n")
+    pytester.makeconftest(registration + CORRECT.replace("def mine", '@pytest_precision.register("mine", kind="logsumexp")\ndef mine'))
+    args = ["--precision-suite", "--precision-no-speed", "--precision-configs=fp32,bf16", "-p", "no:cacheprovider",
+            "-k", "logsumexp"]
+    written = pytester.runpytest(*args, "--precision-update-baselines")
+    written.assert_outcomes(passed=4)
+    assert (pytester.path / "precision_baselines/logsumexp/mine/large/fp32.npz").is_file()
+    passed = pytester.runpytest(*args)
+    passed.assert_outcomes(passed=4)
+    passed.stdout.fnmatch_lines(["*precision summary*", "*| mine *| fp32 *|*2 |*| pass *"])
+
+    pytester.makeconftest(registration + NAIVE.replace("def mine", '@pytest_precision.register("mine", kind="logsumexp")\ndef mine'))
+    failed = pytester.runpytest(*args)
+    failed.assert_outcomes(passed=2, failed=2)
+    failed.stdout.fnmatch_lines(["*logsumexp[[]mine-fp32-large[]]: FAIL overflow*",
+                                 "*first overflow in aten::exp at conftest.py:* under fp32: produced inf from finite inputs*"])
