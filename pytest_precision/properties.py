@@ -1,4 +1,4 @@
-"""Property helpers for users' own Hypothesis tests: each returns a :class:`Verdict` with the
+"""Property helpers for users' own Hypothesis tests: each returns a :class:`PropertyResult` with the
 measured error, its budget and the core comparison's statistics, and steers Hypothesis toward
 the worst case with ``hypothesis.target()`` when called inside a ``@given`` test.
 
@@ -21,7 +21,7 @@ from .numerics.inputs import seeded_normal
 from .numerics.metrics import Comparison, compare
 
 __all__ = [
-    "Verdict", "softmax_rows_sum_to_one", "softmax_shift_invariant", "softmax_order_preserved",
+    "PropertyResult", "Verdict", "softmax_rows_sum_to_one", "softmax_shift_invariant", "softmax_order_preserved",
     "softmax_masked_positions_zero", "softmax_in_unit_interval", "attention_key_permutation_equivariant",
     "attention_output_in_value_range", "attention_causal_ignores_future",
 ]
@@ -30,7 +30,7 @@ _TARGET_CAP = 1e300  # hypothesis.target() takes finite floats: inf and NaN clim
 
 
 @dataclass
-class Verdict:
+class PropertyResult:
     """Outcome of one property: ``error`` (in ``unit``) against ``budget``."""
 
     name: str
@@ -56,17 +56,21 @@ class Verdict:
                 lines += ["  worst elements:"] + ["    " + r for r in c.worst_table().splitlines()]
         return "\n".join(lines)
 
-    def assert_ok(self) -> "Verdict":
+    def assert_ok(self) -> "PropertyResult":
+        __tracebackhide__ = True  # the failure is the message, not this frame
         if not self.passed:
             raise PrecisionFailure(self.message())
         return self
 
 
+Verdict = PropertyResult  # its earlier name
+
+
 def _verdict(name: str, error: float, budget: float, unit: str, detail: str = "",
-             comparison: Comparison | None = None) -> Verdict:
+             comparison: Comparison | None = None) -> PropertyResult:
     if currently_in_test_context():
         target(min(error, _TARGET_CAP) if not math.isnan(error) else _TARGET_CAP, label=name)
-    return Verdict(name, bool(error <= budget), error, budget, unit, detail, comparison)
+    return PropertyResult(name, bool(error <= budget), error, budget, unit, detail, comparison)
 
 
 def _compare_dtype(t: torch.Tensor) -> torch.dtype:
@@ -83,7 +87,7 @@ def _live_rows(logits: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor
 # ---- softmax ---------------------------------------------------------------------------------
 
 def softmax_rows_sum_to_one(probs: torch.Tensor, logits: torch.Tensor | None = None, *,
-                            ulp_budget: float | None = None) -> Verdict:
+                            ulp_budget: float | None = None) -> PropertyResult:
     """Each row of ``probs`` sums (in float64) to 1 within ``ulp_budget`` ULPs of probs' dtype at 1.0.
 
     Default budget: half an ULP per element plus one (each rounded probability contributes at
@@ -105,7 +109,7 @@ def softmax_rows_sum_to_one(probs: torch.Tensor, logits: torch.Tensor | None = N
 
 
 def softmax_shift_invariant(softmax: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, c: float, *,
-                            ulp_budget: float = 2.0) -> Verdict:
+                            ulp_budget: float = 2.0) -> PropertyResult:
     """``softmax(x + c)`` against ``softmax(x)``. ``c`` must keep ``x + c`` exact in x's dtype (a
     ValueError says so otherwise): then a max-subtracting softmax gives the same bits."""
     shifted = x + c
@@ -119,7 +123,7 @@ def softmax_shift_invariant(softmax: Callable[[torch.Tensor], torch.Tensor], x: 
     return _verdict(f"softmax shift invariance (c={c!r})", err, ulp_budget, "ULP", comparison=cmp)
 
 
-def softmax_order_preserved(x: torch.Tensor, probs: torch.Tensor) -> Verdict:
+def softmax_order_preserved(x: torch.Tensor, probs: torch.Tensor) -> PropertyResult:
     """x_i < x_j implies p_i <= p_j in every row; error is the number of violating pairs."""
     xs, order = torch.sort(x.to(torch.float64), dim=-1, stable=True)
     ps = torch.gather(probs.to(torch.float64), -1, order)
@@ -131,7 +135,7 @@ def softmax_order_preserved(x: torch.Tensor, probs: torch.Tensor) -> Verdict:
     return _verdict("softmax preserves order", float(n), 0.0, "violating pairs")
 
 
-def softmax_masked_positions_zero(logits: torch.Tensor, probs: torch.Tensor) -> Verdict:
+def softmax_masked_positions_zero(logits: torch.Tensor, probs: torch.Tensor) -> PropertyResult:
     """Positions whose logit is -inf get probability exactly 0 (rows not fully masked)."""
     masked = torch.isneginf(logits) & _live_rows(logits, probs)[..., None]
     bad = masked & (probs != 0)
@@ -140,7 +144,7 @@ def softmax_masked_positions_zero(logits: torch.Tensor, probs: torch.Tensor) -> 
     return _verdict("softmax masked positions are 0", float(n), 0.0, "nonzero masked positions", detail)
 
 
-def softmax_in_unit_interval(probs: torch.Tensor, logits: torch.Tensor | None = None) -> Verdict:
+def softmax_in_unit_interval(probs: torch.Tensor, logits: torch.Tensor | None = None) -> PropertyResult:
     """Every probability is in [0, 1] and not NaN (fully masked rows of ``logits`` skipped)."""
     live = _live_rows(logits, probs)[..., None].expand_as(probs)
     bad = live & ~((probs >= 0) & (probs <= 1))  # NaN fails both comparisons
@@ -168,7 +172,7 @@ def _row_scaled_error(a: torch.Tensor, b: torch.Tensor) -> tuple[float, torch.Te
 
 
 def attention_key_permutation_equivariant(attention: Callable, q, k, v, *, causal: bool = False,
-                                          perm: torch.Tensor | None = None, budget: float = 4.0) -> Verdict:
+                                          perm: torch.Tensor | None = None, budget: float = 4.0) -> PropertyResult:
     """Permuting keys together with values leaves the output unchanged (non-causal attention).
     Error in ULPs of each output row's largest value, so cancellation does not inflate it."""
     if causal:
@@ -181,7 +185,7 @@ def attention_key_permutation_equivariant(attention: Callable, q, k, v, *, causa
 
 
 def attention_output_in_value_range(out: torch.Tensor, v: torch.Tensor, *, causal: bool = False,
-                                    key_padding_mask: torch.Tensor | None = None, budget: float = 2.0) -> Verdict:
+                                    key_padding_mask: torch.Tensor | None = None, budget: float = 2.0) -> PropertyResult:
     """Each output is a convex combination of the value rows it attends to, so every feature lies
     within their min and max (plus ``budget`` ULPs of the output dtype at that bound)."""
     b, h, sq, d = out.shape
@@ -209,7 +213,7 @@ def attention_output_in_value_range(out: torch.Tensor, v: torch.Tensor, *, causa
 
 
 def attention_causal_ignores_future(attention: Callable, q, k, v, *, split: int | None = None,
-                                    budget: float = 0.0) -> Verdict:
+                                    budget: float = 0.0) -> PropertyResult:
     """Causal attention: replacing the keys and values at positions >= ``split`` leaves the outputs
     of queries before ``split`` unchanged (top-left aligned causal mask, as torch's is_causal)."""
     sk = k.shape[-2]

@@ -29,7 +29,7 @@ __all__ = ["DDPEvidence", "run_case", "sqnr_floor_db", "UNDERFLOW_LIMIT"]
 UNDERFLOW_LIMIT = 0.05
 
 # spec -> {device: {hook: HookComparison} or the reason the spec cannot run under DDP}; one group
-# of processes serves both hooks; weak, as the fp32 references of suites/training.py
+# of processes serves both hooks; weak, as the fp32 references of the train_step kind
 _RESULTS: "weakref.WeakKeyDictionary[TrainSpec, dict]" = weakref.WeakKeyDictionary()
 
 

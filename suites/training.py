@@ -5,7 +5,7 @@ Configs (``training.TRAIN_CONFIGS``; ``--precision-configs`` selects them by the
 ``amp-fp16`` runs both amp-fp16 recipes, ``bf16`` both pure-bf16 ones and the bf16 DDP case):
 fp32, tf32 (CUDA), amp-bf16, amp-fp16 with a GradScaler, amp-fp16 without one, pure bf16, pure
 bf16 with stochastic rounding, fp8 Linear emulation; and ``ddp-fp16``, ``ddp-bf16``, DDP's
-gradient-compression hooks against uncompressed DDP (suites/ddp.py has their verdicts).
+gradient-compression hooks against uncompressed DDP (ddp.py has their verdicts).
 
 A case fails when, against the fp32 run of this session:
 

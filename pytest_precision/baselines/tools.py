@@ -92,7 +92,7 @@ def show_lines(root: Path, name: str) -> list[str]:
                 limits = ", ".join(f"{f} {b[f]!r}" for f in BUDGET_FIELDS if b.get(f) is not None)
                 lines.append(f"    {output}: budget {limits}; accepted max ULP {acc.get('max_ulp')!r}, "
                              f"max abs {acc.get('max_abs')!r}")
-            else:  # a training budget (trajectory_golden, suites/ddp.py): its own fields, all shown
+            else:  # a training budget (training.baseline): its own fields, all shown
                 lines.append(f"    {output}: budget " + ", ".join(f"{f} {v!r}" for f, v in sorted(b.items())))
                 lines.append(f"    {output}: accepted " + ", ".join(f"{f} {v!r}" for f, v in sorted(acc.items())))
     for fp in sorted(meta.get("speed") or {}):

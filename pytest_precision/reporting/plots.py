@@ -1,7 +1,7 @@
 """PNG figures of a run (``--precision-plots=DIR``; needs the ``plots`` extra, matplotlib):
 
 - ``ulp-histogram-<config>.png``: per config, the ULP distances of every element of every case's
-  forward output, one bar series per target, in the power-of-two bins of case_details.ULP_EDGES;
+  forward output, one bar series per target, in the power-of-two bins of kinds.details.ULP_EDGES;
 - ``error-vs-logit-magnitude.png``: softmax kinds, max ULP against |logit - row max|, one line per
   config and target.
 

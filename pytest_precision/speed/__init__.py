@@ -1,7 +1,7 @@
 """Speed: how long one call takes (``timing``), the speed and memory gate (``gate``) and the
 tensor-core alignment lint (``alignment``). ``pytest_precision.speed`` is the gate's public path."""
-from .gate import (DEFAULT_THRESHOLD, MEMORY_THRESHOLD, SpeedCheck, SpeedVerdict, check_speed, judge_memory,
+from .gate import (DEFAULT_THRESHOLD, MEMORY_THRESHOLD, SpeedCheck, SpeedComparison, check_speed, judge_memory,
                    judge_speed, ratio_interval, thin_samples)
 
-__all__ = ["DEFAULT_THRESHOLD", "MEMORY_THRESHOLD", "SpeedVerdict", "ratio_interval", "judge_speed", "judge_memory",
+__all__ = ["DEFAULT_THRESHOLD", "MEMORY_THRESHOLD", "SpeedComparison", "ratio_interval", "judge_speed", "judge_memory",
            "thin_samples", "SpeedCheck", "check_speed"]

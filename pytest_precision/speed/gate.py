@@ -21,7 +21,7 @@ import torch
 
 from .timing import Bench, Timing, format_seconds, measure
 
-__all__ = ["DEFAULT_THRESHOLD", "MEMORY_THRESHOLD", "SpeedVerdict", "ratio_interval", "judge_speed",
+__all__ = ["DEFAULT_THRESHOLD", "MEMORY_THRESHOLD", "SpeedComparison", "ratio_interval", "judge_speed",
            "judge_memory", "thin_samples", "SpeedCheck", "check_speed"]
 
 # The CPU's median drifts more between runs (frequency scaling, neighbours on a shared machine).
@@ -63,7 +63,7 @@ def ratio_interval(baseline, current, *, baseline_cal=(), current_cal=(), level:
 
 
 @dataclass
-class SpeedVerdict:
+class SpeedComparison:
     status: str  # "pass", "slower", "noisy", "no-baseline", "recorded"
     timing: Timing
     threshold: float
@@ -96,16 +96,16 @@ class SpeedVerdict:
                 f"{format_seconds(self.baseline_median)}, now {now}")
 
 
-def judge_speed(timing: Timing, baseline: dict | None, threshold: float, fingerprint: str) -> SpeedVerdict:
+def judge_speed(timing: Timing, baseline: dict | None, threshold: float, fingerprint: str) -> SpeedComparison:
     if not baseline or not baseline.get("samples"):
-        return SpeedVerdict("no-baseline", timing, threshold, fingerprint=fingerprint)
+        return SpeedComparison("no-baseline", timing, threshold, fingerprint=fingerprint)
     ratio, low, high = ratio_interval(baseline["samples"], timing.samples,
                                       baseline_cal=baseline.get("calibration", ()), current_cal=timing.calibration)
     status = "pass"
     if ratio > 1.0 + threshold:
         status = "slower" if low > 1.0 else "noisy"
     calibrated = bool(baseline.get("calibration")) and bool(timing.calibration)
-    return SpeedVerdict(status, timing, threshold, ratio, low, high, float(np.median(baseline["samples"])), fingerprint,
+    return SpeedComparison(status, timing, threshold, ratio, low, high, float(np.median(baseline["samples"])), fingerprint,
                         calibrated)
 
 
@@ -123,7 +123,7 @@ def judge_memory(peak_bytes: int | None, baseline: dict | None, threshold: float
 @dataclass
 class SpeedCheck:
     """One case's timing, its verdict against the recorded speed, and memory (CUDA)."""
-    verdict: SpeedVerdict
+    verdict: SpeedComparison
     peak_bytes: int | None = None
     memory_problem: str | None = None
 
@@ -163,7 +163,7 @@ def check_speed(make_bench, device: str, golden, threshold: float, fingerprint: 
         entry = {"median_s": timing.median, "spread": timing.spread, "samples": thin_samples(timing.samples),
                  "calibration": thin_samples(timing.calibration) if timing.calibration else [], "peak_bytes": peak}
         status = "recorded" if golden.record_speed(fingerprint, entry) else "no-baseline"
-        return SpeedCheck(SpeedVerdict(status, timing, threshold, fingerprint=fingerprint), peak)
+        return SpeedCheck(SpeedComparison(status, timing, threshold, fingerprint=fingerprint), peak)
     baseline = golden.speed_record(fingerprint)
     verdict = judge_speed(timing, baseline, threshold, fingerprint)
     if verdict.failed:

@@ -23,7 +23,7 @@ from typing import Callable, ContextManager
 
 import torch
 
-__all__ = ["Bench", "Timing", "TimingBudget", "format_seconds", "CPU_BUDGET", "CUDA_BUDGET", "measure", "synchronized_perf_counter"]
+__all__ = ["Bench", "Timing", "SamplingPlan", "format_seconds", "CPU_PLAN", "CUDA_PLAN", "measure", "synchronized_perf_counter"]
 
 _L2_FLUSH_BYTES = 256 * 1024 * 1024
 
@@ -43,17 +43,19 @@ class Bench:
 
 
 @dataclass(frozen=True)
-class TimingBudget:
+class SamplingPlan:
+    """How long to warm up and to sample (seconds), and the fewest and most samples to take."""
+
     warmup_s: float
     measure_s: float
     min_samples: int
     max_samples: int
 
 
-# Small on the CPU so that timing every case of the default suite stays cheap (issue: at most 30 %
-# of its wall time); the gate's bootstrap interval says when so few samples are too noisy to judge.
-CPU_BUDGET = TimingBudget(warmup_s=0.001, measure_s=0.004, min_samples=15, max_samples=300)
-CUDA_BUDGET = TimingBudget(warmup_s=0.025, measure_s=0.1, min_samples=20, max_samples=1000)
+# Small on the CPU so that timing every case of the default suite stays cheap (about a fifth of its
+# wall time); the gate's bootstrap interval says when so few samples are too noisy to judge.
+CPU_PLAN = SamplingPlan(warmup_s=0.001, measure_s=0.004, min_samples=15, max_samples=300)
+CUDA_PLAN = SamplingPlan(warmup_s=0.025, measure_s=0.1, min_samples=20, max_samples=1000)
 
 
 @dataclass(frozen=True)
@@ -86,22 +88,22 @@ def format_seconds(s: float) -> str:
     return f"{s * 1e9:.3g} ns"
 
 
-def measure(bench: Bench | Callable[[], object], device: str, budget: TimingBudget | None = None) -> Timing:
+def measure(bench: Bench | Callable[[], object], device: str, plan: SamplingPlan | None = None) -> Timing:
     """Time ``bench`` (a Bench, or a plain callable) on ``device``: warm-up, then samples until the
-    budget is spent."""
+    plan's time is spent."""
     if not isinstance(bench, Bench):
         bench = Bench(bench)
     with bench.context():
         if device.startswith("cuda"):
-            return _measure_cuda(bench.fn, budget or CUDA_BUDGET)
-        return _measure_cpu(bench.fn, budget or CPU_BUDGET)
+            return _measure_cuda(bench.fn, plan or CUDA_PLAN)
+        return _measure_cpu(bench.fn, plan or CPU_PLAN)
 
 
-def _measure_cpu(fn, budget: TimingBudget) -> Timing:
+def _measure_cpu(fn, plan: SamplingPlan) -> Timing:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _sample_cpu(fn, budget)
+        return _sample_cpu(fn, plan)
     finally:
         torch.set_num_threads(threads)
 
@@ -114,24 +116,24 @@ _CAL_EVERY = 3  # calls per calibration sample: enough to follow the machine, mo
 
 
 def _calibration() -> None:
-    """A few us on one core: an exp over 16 KB and a sine, so that most of the budget goes to the
+    """A few us on one core: an exp over 16 KB and a sine, so that most of the time goes to the
     call's own samples. Neither op is on an autocast list: the workload is the same inside every
     config's context."""
     torch.exp(_CAL_X)
     torch.sin(_CAL_Y)
 
 
-def _sample_cpu(fn, budget: TimingBudget) -> Timing:
+def _sample_cpu(fn, plan: SamplingPlan) -> Timing:
     clock = time.perf_counter
-    end = clock() + budget.warmup_s
+    end = clock() + plan.warmup_s
     fn()
     _calibration()
     while clock() < end:
         fn()
         _calibration()
     samples, cal = [], []
-    end = clock() + budget.measure_s
-    while len(samples) < budget.max_samples and (len(samples) < budget.min_samples or clock() < end):
+    end = clock() + plan.measure_s
+    while len(samples) < plan.max_samples and (len(samples) < plan.min_samples or clock() < end):
         t0 = clock()
         fn()
         t1 = clock()
@@ -142,17 +144,17 @@ def _sample_cpu(fn, budget: TimingBudget) -> Timing:
     return Timing(tuple(samples), tuple(cal))
 
 
-def _measure_cuda(fn, budget: TimingBudget) -> Timing:
+def _measure_cuda(fn, plan: SamplingPlan) -> Timing:
     flush = torch.empty(_L2_FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     fn()
     torch.cuda.synchronize()
-    end = time.perf_counter() + budget.warmup_s
+    end = time.perf_counter() + plan.warmup_s
     while time.perf_counter() < end:
         fn()
         torch.cuda.synchronize()
     samples = []
-    end = time.perf_counter() + budget.measure_s
-    while len(samples) < budget.max_samples and (len(samples) < budget.min_samples or time.perf_counter() < end):
+    end = time.perf_counter() + plan.measure_s
+    while len(samples) < plan.max_samples and (len(samples) < plan.min_samples or time.perf_counter() < end):
         flush.zero_()
         start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
