@@ -38,12 +38,19 @@ class Fault:
     phase: str = "forward"
     reference: float | None = None  # the float64 run's value at the first faulty element
     cause: str | None = None  # for a pole: the op that underflowed to the zero it met
+    kernel: str | None = None  # an interpreted Triton kernel the op ran inside (its internals)
 
     def describe(self, config: str | None = None) -> str:
         frm = "from nonzero inputs" if self.produced == "0" else "from finite inputs"
         phase = "" if self.phase == "forward" else f" ({self.phase})"
         under = f" under {config}" if config else ""
-        s = f"first {self.kind} in {self.op}{phase} at {self.where}{under}: produced {self.produced} {frm}"
+        if self.kernel is not None:  # the aten ops are the interpreter's own; the kernel is what ran
+            s = (f"first {self.kind} inside Triton kernel {self.kernel} (interpreted; launched at {self.where}){phase}"
+                 f"{under}: produced {self.produced} {frm}")
+            if self.reference is None:
+                s += " (its arithmetic runs in numpy, out of the op tracer's sight)"
+        else:
+            s = f"first {self.kind} in {self.op}{phase} at {self.where}{under}: produced {self.produced} {frm}"
         if self.reference is not None:
             s += f" where the reference is {self.reference:.3g}"
         if self.cause:
@@ -115,11 +122,33 @@ def locate(run: list[OpRecord], ref: list[OpRecord] | None = None) -> Fault | No
         if exact is None and ref_op is not None and ref_op.out_dtypes and ref_op.out_dtypes[0] != "float64":
             cause = (f"the float64 run computed it in {ref_op.out_dtypes[0]} too (the callable casts its inputs "
                      "itself, defeating the config), so there is no reference value")
-        return Fault(r.op, kind, produced, r.where, r.phase, _at(ref_op, r, mask), cause)
+        return Fault(r.op, kind, produced, r.where, r.phase, _at(ref_op, r, mask), cause, r.kernel)
+    fault = _kernel_fault(run)
+    if fault is not None:
+        return fault
     for r in run:  # nothing went non-finite: the first value lost to 0
         mask = _underflowed(r, pairs.get(r.index))
         if mask is not None and r.name not in _LAYOUT_OPS:
-            return Fault(r.op, "underflow", "0", r.where, r.phase, _at(pairs.get(r.index), r, mask))
+            return Fault(r.op, "underflow", "0", r.where, r.phase, _at(pairs.get(r.index), r, mask), kernel=r.kernel)
+    return None
+
+
+def _kernel_fault(run: list[OpRecord]) -> Fault | None:
+    """An interpreted Triton kernel computes in numpy, out of the tracer's sight: when every value
+    was finite before the kernel ran and a value after it is not, the kernel produced it."""
+    kernel = None
+    for r in run:
+        if r.kernel is not None:
+            kernel = kernel or r
+            continue
+        if r.nonfinite and r.output is not None:
+            if kernel is None:
+                return None  # not finite before any kernel ran: not a kernel's doing
+            out = r.output
+            nan = bool(torch.isnan(out).any())
+            produced = "nan" if nan else ("inf" if bool((out == float("inf")).any()) else "-inf")
+            return Fault(f"Triton kernel {kernel.kernel}", "nan" if nan else "overflow", produced, kernel.where,
+                         kernel.phase, kernel=kernel.kernel)
     return None
 
 

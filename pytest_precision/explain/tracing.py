@@ -21,6 +21,8 @@ from tabulate import tabulate
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from .launches import current_kernel, watch_launches
+
 __all__ = ["OpRecord", "OpTracer", "trace", "render_trace", "user_frame"]
 
 # torch and this package (not its suites and kernels: the built-in targets are code a trace points into)
@@ -31,11 +33,13 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
 def _is_user_file(filename: str) -> bool:
-    return not filename.startswith(_SKIP_DIRS) and "pluggy" not in filename and "_pytest" not in filename
+    return (not filename.startswith(_SKIP_DIRS) and "pluggy" not in filename and "_pytest" not in filename
+            and f"{os.sep}triton{os.sep}" not in filename and f"{os.sep}numpy{os.sep}" not in filename)
 
 
 def user_frame() -> str:
-    """``file.py:12`` of the innermost frame outside torch, this package and pytest, or ``?``."""
+    """``file.py:12`` of the innermost frame outside torch, this package, triton, numpy and
+    pytest (inside an interpreted Triton kernel: the line that launched it), or ``?``."""
     for fr in reversed(traceback.extract_stack()):
         if _is_user_file(fr.filename):
             return f"{os.path.basename(fr.filename)}:{fr.lineno}"
@@ -71,14 +75,16 @@ class OpRecord:
     inputs_finite: bool
     inputs_zero: bool  # some floating input element is exactly 0
     output: torch.Tensor | None = field(default=None, repr=False)  # first floating output (kept on request)
+    kernel: str | None = None  # the interpreted Triton kernel this op ran inside (its internals), if any
 
     @property
     def name(self) -> str:
         return self.op.split("::", 1)[-1]
 
     def row(self) -> tuple:
+        where = self.where if self.kernel is None else f"{self.where} (in Triton kernel {self.kernel})"
         return (self.index, self.op, self.phase, ",".join(self.in_dtypes) or "-", ",".join(self.out_dtypes) or "-",
-                self.numel, self.nonfinite, self.zeros, f"{self.max_abs:.3g}", self.where)
+                self.numel, self.nonfinite, self.zeros, f"{self.max_abs:.3g}", where)
 
 
 HEADERS = ("#", "op", "phase", "in", "out", "elements", "non-finite", "zeros", "max |out|", "where")
@@ -120,7 +126,7 @@ class OpTracer(TorchDispatchMode):
             numel, nonfinite, zeros, top, where,
             inputs_finite=all(bool(torch.isfinite(t).all()) for t in fins),
             inputs_zero=any(bool((t == 0).any()) for t in fins),
-            output=fouts[0].detach() if self.keep_outputs and fouts else None))
+            output=fouts[0].detach() if self.keep_outputs and fouts else None, kernel=current_kernel()))
         return out
 
 
@@ -131,6 +137,7 @@ def trace(fn, *args, keep_outputs: bool = False, **kwargs) -> list[OpRecord]:
     tracer = OpTracer(keep_outputs)
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.autograd.set_detect_anomaly(True, check_nan=False))
+        stack.enter_context(watch_launches())  # ops inside an interpreted Triton kernel are marked as its
         stack.enter_context(tracer)
         fn(*args, **kwargs)
     return tracer.records

@@ -12,12 +12,14 @@ the reason, where Triton cannot run, instead of failing; under the interpreter i
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 import os
 import sys
 
 __all__ = ["INTERPRET_HINT", "needs_triton", "uses_triton", "triton_installed", "interpret_requested",
-           "interpreting", "unavailable", "skip_reason", "interpreted"]
+           "interpreting", "unavailable", "skip_reason", "interpreted", "interpreter_defects", "interpreter_excuse"]
 
 INTERPRET_HINT = "set TRITON_INTERPRET=1 before starting pytest to run them on the CPU under Triton's interpreter"
 
@@ -77,3 +79,66 @@ def interpreted(fn, device: str) -> bool:
     """Whether ``fn`` runs Triton kernels under the interpreter here (on the CPU): its time is the
     interpreter's, nothing the speed gate should record."""
     return uses_triton(fn) and not device.startswith("cuda")
+
+
+@contextlib.contextmanager
+def _interpret_env():
+    """TRITON_INTERPRET=1 while jitting and launching: triton reads it there too."""
+    old = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = old
+
+
+@functools.lru_cache(maxsize=1)
+def interpreter_defects() -> tuple[str, ...]:
+    """The bfloat16 defects of this process's Triton interpreter, each as its evidence (empty when
+    the canary kernels compute right, or no interpreter runs here). Measured once per process:
+    triton 3.9.0's interpreter stores fp32 -> bf16 by truncation and garbles fp32 subnormals, and
+    its ``tl.dot`` on bf16 operands multiplies the raw bit patterns."""
+    if not (triton_installed() and interpreting()):
+        return ()
+    import numpy as np
+    import torch
+
+    found = []
+    with _interpret_env(), np.errstate(all="ignore"):
+        from . import triton_canary
+
+        x = torch.tensor([1.0048828125, 1.828e-40, 3.0, -1.0048828125], dtype=torch.float32)
+        y = torch.empty(4, dtype=torch.bfloat16)
+        triton_canary.store_bf16[(1,)](x, y, N=4)
+        right = x.to(torch.bfloat16)
+        if not torch.equal(y.view(torch.int16), right.view(torch.int16)):
+            i = int((y.view(torch.int16) != right.view(torch.int16)).nonzero()[0])
+            found.append(f"its fp32 -> bf16 store rounds wrong ({x[i].item():.10g} stored as {y[i].item():.4g}, "
+                         f"correctly rounded {right[i].item():.10g})")
+        a = torch.ones(16, 16, dtype=torch.bfloat16)
+        c = torch.empty(16, 16, dtype=torch.float32)
+        triton_canary.dot_bf16[(1,)](a, a, c, N=16)
+        if float(c[0, 0]) != 16.0:
+            found.append(f"its tl.dot of bf16 operands is wrong (ones(16, 16) @ ones(16, 16) gives {float(c[0, 0]):.4g}, "
+                         "not 16)")
+    return tuple(found)
+
+
+def interpreter_excuse(launches) -> str | None:
+    """Why a failing case is the interpreter's fault rather than the target's: it launched
+    interpreted Triton kernels with bfloat16 tensors, and this interpreter's bfloat16 is wrong.
+    None when that is not so."""
+    kernels = sorted({launch.kernel for launch in launches if launch.bf16})
+    if not kernels:
+        return None
+    defects = interpreter_defects()
+    if not defects:
+        return None
+    import triton
+
+    return (f"Triton's interpreter (triton {triton.__version__}) cannot judge bfloat16 kernels: "
+            f"{'; '.join(defects)}; the failing call ran {', '.join(kernels)} on bfloat16 tensors there. "
+            "Run the case on a GPU (or convert bf16 to fp32 at the kernel boundary under the interpreter).")

@@ -1,0 +1,74 @@
+"""The Triton kernels a call launches under Triton's interpreter: their names and the dtypes of
+their tensor arguments, and which kernel is running now.
+
+The interpreter runs a kernel as Python and numpy, and the torch ops it issues meanwhile
+(``aten::set_``, ``aten::empty_like``) are its internals, not the user's code: a trace names them
+"inside Triton kernel <name> (interpreted)" with the line that launched it. A launch with bfloat16
+tensors meets the interpreter's bfloat16 defects (``kinds.triton.interpreter_defects``).
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+
+__all__ = ["Launch", "watch_launches", "current_kernel"]
+
+_CURRENT: ContextVar[str | None] = ContextVar("pytest_precision_triton_kernel", default=None)
+_WATCHERS: list[list] = []
+_original_run = None
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    dtypes: tuple[str, ...]  # of its tensor arguments, in order
+
+    @property
+    def bf16(self) -> bool:
+        return "bfloat16" in self.dtypes
+
+
+def current_kernel() -> str | None:
+    """The interpreted Triton kernel running now in this thread, or None."""
+    return _CURRENT.get()
+
+
+def _run(self, *args, grid, warmup, **kwargs):
+    name = getattr(self.fn, "__name__", "?")
+    dtypes = tuple(str(a.dtype).replace("torch.", "") for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+    for launches in _WATCHERS:
+        launches.append(Launch(name, dtypes))
+    token = _CURRENT.set(name)
+    try:
+        return _original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+    finally:
+        _CURRENT.reset(token)
+
+
+@contextlib.contextmanager
+def watch_launches() -> Iterator[list[Launch]]:
+    """Within the block, every interpreted Triton launch is appended to the list yielded (and
+    marks its torch ops as its own for the tracer). Nothing is watched where triton's interpreter
+    was never imported: nothing can launch there."""
+    global _original_run
+    launches: list[Launch] = []
+    interpreter = sys.modules.get("triton.runtime.interpreter")
+    if interpreter is None:
+        yield launches
+        return
+    cls = interpreter.InterpretedFunction
+    if not _WATCHERS:
+        _original_run = cls.run
+        cls.run = _run
+    _WATCHERS.append(launches)
+    try:
+        yield launches
+    finally:
+        _WATCHERS.remove(launches)
+        if not _WATCHERS:
+            cls.run = _original_run

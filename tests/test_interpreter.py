@@ -1,0 +1,78 @@
+"""Triton's interpreter on the CPU: its bfloat16 defects are detected by a canary and not blamed
+on a user's kernel, and a fault inside an interpreted kernel names the kernel."""
+import pytest
+
+pytest.importorskip("triton")
+pytest_plugins = ["pytester"]
+
+from pytest_precision.kinds.triton import interpreter_defects, interpreting  # noqa: E402
+
+needs_interpreter = pytest.mark.skipif(not interpreting(), reason="triton was imported without the interpreter")
+
+# the Triton tutorials' fused softmax, as a user would register it: it stores its fp32 result
+# straight into the output's dtype, which is where the interpreter's bf16 store truncates
+TUTORIAL = """
+import torch
+import triton
+import triton.language as tl
+import pytest_precision
+
+
+@triton.jit
+def softmax_kernel(output_ptr, input_ptr, input_row_stride, output_row_stride, n_cols, BLOCK_SIZE: tl.constexpr):
+    row_idx = tl.program_id(0)
+    col_offsets = tl.arange(0, BLOCK_SIZE)
+    mask = col_offsets < n_cols
+    row = tl.load(input_ptr + row_idx * input_row_stride + col_offsets, mask=mask, other=-float('inf')).to(tl.float32)
+    numerator = tl.exp(row{SUBTRACT_MAX})
+    out = numerator / tl.sum(numerator, axis=0)
+    tl.store(output_ptr + row_idx * output_row_stride + col_offsets, out, mask=mask)
+
+
+@pytest_precision.register("tutorial", kind="softmax")
+def softmax(x):
+    x2 = x.reshape(-1, x.shape[-1])
+    y = torch.empty_like(x2)
+    softmax_kernel[(x2.shape[0],)](y, x2, x2.stride(0), y.stride(0), x2.shape[1],
+                                   BLOCK_SIZE=triton.next_power_of_2(x2.shape[1]))
+    return y.reshape(x.shape)
+"""
+
+
+@needs_interpreter
+def test_the_canary_shows_the_interpreters_bf16_defects():
+    defects = interpreter_defects()
+    if not defects:
+        pytest.skip("this triton's interpreter computes bf16 right: cases that use it are judged as any other")
+    assert any("bf16 store rounds wrong (1.004882812 stored as 1," in d for d in defects), defects
+
+
+@needs_interpreter
+def test_a_bf16_kernel_is_not_failed_for_the_interpreters_rounding(pytester, monkeypatch):
+    if not interpreter_defects():
+        pytest.skip("this triton's interpreter computes bf16 right")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the user's triton.jit reads it
+    pytester.makeconftest(TUTORIAL.format(SUBTRACT_MAX=" - tl.max(row, axis=0)"))
+    pytester.makeini("[pytest]\n")
+    args = ("--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider", "-k", "tutorial and scale20 and not scale200",
+            "--precision-configs=fp32,bf16", "-rx")
+    pytester.runpytest(*args, "--precision-update-baselines")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=1, xfailed=1)
+    result.stdout.fnmatch_lines(["XFAIL *softmax[[]tutorial-bf16-scale20[]] - Triton's interpreter (triton *) cannot judge "
+                                 "bfloat16 kernels: its fp32 -> bf16 store rounds wrong (1.004882812 stored as 1,*the "
+                                 "failing call ran softmax_kernel on bfloat16 tensors there*"])
+
+
+@needs_interpreter
+def test_a_fault_inside_an_interpreted_kernel_names_the_kernel(pytester, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytester.makeconftest(TUTORIAL.format(SUBTRACT_MAX=""))  # no max subtraction: exp overflows past 88
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest("--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider",
+                                "-k", "tutorial and scale200", "--precision-configs=fp32")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*softmax[[]tutorial-fp32-scale200[]]: FAIL*",
+                                 "  first * inside Triton kernel softmax_kernel (interpreted; launched at conftest.py:*) "
+                                 "under fp32: produced *"])
+    assert not [line for line in result.outlines if line.startswith("  first ") and "interpreter.py" in line]
