@@ -35,6 +35,22 @@ def test_slower_but_noisy_does_not_fail():
     assert judge_speed(Timing(_samples(1e-3, 0.05)), None, 0.2, "fp").status == "no-baseline"
 
 
+def test_a_shared_machine_reports_slowdowns_instead_of_failing_them():
+    """xdist workers time on one CPU: nothing fails, the reason is given. A busy neighbour (other
+    processes' CPU over the last second): a 1.5 x slowdown is reported, a 3 x one still fails."""
+    base = {"samples": thin_samples(_samples(1e-3, 0.05, seed=1))}
+    slower = Timing(_samples(1.5e-3, 0.05, seed=3))
+    assert judge_speed(slower, base, 0.2, "fp").failed  # idle machine: 1.5 x fails
+    parallel = judge_speed(Timing(_samples(3e-3, 0.05, seed=4)), base, 0.2, "fp", parallel="timed by one of 2 workers")
+    assert parallel.status == "shared" and not parallel.failed and "not failed (timed by one of 2 workers)" in parallel.describe()
+    busy = Timing(slower.samples, neighbour_load=1.0)
+    v = judge_speed(busy, base, 0.2, "fp")
+    assert v.status == "shared" and "other processes used 1.00 cores" in v.describe()
+    assert judge_speed(Timing(_samples(3e-3, 0.05, seed=5), neighbour_load=1.0), base, 0.2, "fp").failed
+    quiet = Timing(slower.samples, neighbour_load=0.02)  # an idle machine's background
+    assert judge_speed(quiet, base, 0.2, "fp").failed
+
+
 def test_interval_is_seeded_and_brackets_the_ratio():
     a, b = _samples(1e-3, 0.1, seed=1), _samples(1.5e-3, 0.1, seed=2)
     r = ratio_interval(a, b)
@@ -166,6 +182,30 @@ def test_memory_regression_on_cuda(pytester):
     r = _run(pytester, wide)
     r.assert_outcomes(failed=1)
     r.stdout.fnmatch_lines(["*softmax[[]mine-fp32-unit[]]: FAIL *memory*peak memory * MiB > * MiB allowed*"])
+
+
+def test_under_xdist_a_slowdown_is_reported_and_speed_is_not_recorded(pytester):
+    pytest.importorskip("xdist")
+    pytester.makeconftest(SLOW_TARGET.format(sleep=0))
+    pytester.makeini("[pytest]\n")
+    _run(pytester, "--precision-update-baselines").assert_outcomes(passed=1)  # recorded serially
+    pytester.makeconftest(SLOW_TARGET.format(sleep=0.002))  # about 100 x the call
+    r = _run(pytester, "-n", "2")
+    r.assert_outcomes(passed=1)
+    r.stdout.fnmatch_lines(["1 case(s) slower but not failed (timed by one of 2 pytest-xdist workers sharing the CPU); "
+                            "rerun them serially on an idle machine to judge speed: mine-fp32-unit * x"])
+
+
+def test_timings_of_xdist_workers_are_never_recorded():
+    class Recording(_Golden):
+        update = True
+
+        def record_speed(self, fingerprint, entry):
+            raise AssertionError("recorded while workers shared the CPU")
+
+    check = check_speed(lambda: (lambda: sum(range(50)))(), "cpu", Recording(None), 0.2, "fp",
+                        bench=lambda: sum(range(50)), parallel="timed by one of 2 pytest-xdist workers sharing the CPU")
+    assert check.verdict.status == "unrecorded" and "record it in a serial run" in check.verdict.describe()
 
 
 def test_pytest_benchmark_sees_our_fingerprint_and_timer(pytester, monkeypatch):

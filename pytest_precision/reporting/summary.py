@@ -47,6 +47,17 @@ def speed_lines(records: list[dict], fingerprint: str) -> list[str]:
              if r.get("speed_status") == "noisy"]
     if noisy:
         lines.append(f"slower but within the noise (not failed): {', '.join(noisy)}")
+    shared = [r for r in records if r.get("speed_status") == "shared"]
+    if shared:
+        why = sorted({r.get("speed_shared") or "a shared machine" for r in shared})
+        named = [f"{r['target']}-{r['config']}-{r['regime']} {r['speed_ratio']:.2f} x" for r in shared[:8]]
+        more = f" and {len(shared) - 8} more" if len(shared) > 8 else ""
+        lines.append(f"{len(shared)} case(s) slower but not failed ({'; '.join(why)}); rerun them serially on an idle "
+                     f"machine to judge speed: {', '.join(named)}{more}")
+    unrecorded = [r for r in records if r.get("speed_status") == "unrecorded"]
+    if unrecorded:
+        lines.append(f"speed not recorded in {len(unrecorded)} case(s) ({unrecorded[0].get('speed_shared')}): record "
+                     "it with --precision-update-baselines in a serial run")
     return lines
 
 

@@ -31,6 +31,7 @@ class RunOptions:
     speed: bool = True  # time every suite case and gate it (off with --precision-no-speed)
     speed_threshold: float = 0.2  # a fraction: 0.1 is 10 % slower
     trace: bool = False  # trace every suite case op by op (--precision-trace)
+    parallel: str | None = None  # why this process's timings share the CPU by design (xdist workers)
     audit: bool = False  # audit the dtypes each op ran in, per target and config (--precision-audit)
 
     @classmethod
@@ -61,7 +62,8 @@ class RunOptions:
         return cls(device, configs, BaselineStore(root), bool(config.getoption("precision_update_baselines")),
                    bool(config.getoption("precision_suite")), default_device, ini_targets,
                    speed=not config.getoption("precision_no_speed"), speed_threshold=threshold,
-                   trace=bool(config.getoption("precision_trace")), audit=bool(config.getoption("precision_audit")))
+                   trace=bool(config.getoption("precision_trace")), audit=bool(config.getoption("precision_audit")),
+                   parallel=_parallel(config))
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -80,6 +82,11 @@ class RunOptions:
             parts.append(f"--precision-device={self.device}")
         parts.append("--precision-update-baselines")
         return " ".join(shlex.quote(p) for p in parts)
+
+
+def _parallel(config: pytest.Config) -> str | None:
+    workers = getattr(config, "workerinput", {}).get("workercount")
+    return None if workers is None else f"timed by one of {workers} pytest-xdist workers sharing the CPU"
 
 
 OPTIONS_KEY = pytest.StashKey[RunOptions]()

@@ -16,9 +16,11 @@ samples and a 50 ms call a handful, for the same cost.
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 from typing import Callable, ContextManager
 
 import torch
@@ -64,6 +66,9 @@ class Timing:
     # CPU: a fixed workload timed in alternation with the call, so the gate can divide out what
     # slowed the whole machine while the case ran (a neighbour, frequency); empty on CUDA
     calibration: tuple[float, ...] = ()
+    # CPU, Linux: cores' worth of CPU time other processes used over the last second or so (a busy
+    # neighbour); None where the system does not say or too little time has passed to tell
+    neighbour_load: float | None = None
 
     @property
     def median(self) -> float:
@@ -103,9 +108,53 @@ def _measure_cpu(fn, plan: SamplingPlan) -> Timing:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _sample_cpu(fn, plan)
+        timing = _sample_cpu(fn, plan)
     finally:
         torch.set_num_threads(threads)
+    return replace(timing, neighbour_load=NEIGHBOURS.load())
+
+
+class NeighbourLoad:
+    """How many cores' worth of CPU other processes used over the last ``window_s`` seconds or
+    more: the system's CPU time (/proc/stat, in 10 ms ticks, so a window far longer than one
+    case's few milliseconds of samples) less this process's own."""
+
+    def __init__(self, window_s: float = 1.0):
+        self.window_s = window_s
+        self.history: deque = deque()
+
+    def load(self) -> float | None:
+        total = _cpu_seconds()
+        if total is None:
+            return None
+        now = (time.perf_counter(), total, time.process_time())
+        self.history.append(now)
+        while len(self.history) > 2 and self.history[1][0] <= now[0] - self.window_s:
+            self.history.popleft()
+        first = self.history[0]
+        wall = now[0] - first[0]
+        if wall < self.window_s / 2:
+            return None  # too short to tell yet
+        return max(0.0, (now[1] - first[1]) - (now[2] - first[2])) / wall
+
+
+NEIGHBOURS = NeighbourLoad()
+
+_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") and "SC_CLK_TCK" in os.sysconf_names else 100
+
+
+def _cpu_seconds() -> float | None:
+    """CPU seconds all processes have used since boot (Linux /proc/stat: user, nice, system, irq,
+    softirq, steal), or None elsewhere."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+    except OSError:
+        return None
+    if not fields or fields[0] != "cpu" or len(fields) < 9:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[1:9])
+    return (user + nice + system + irq + softirq + steal) / _TICKS
 
 
 _CAL_X = torch.randn(1 << 12, generator=torch.Generator().manual_seed(1))

@@ -1,0 +1,142 @@
+"""How often the speed gate fails correct code, and how often it catches a slowdown, under load:
+``python -m pytest_precision.speed.false_alarms``.
+
+It records the speed of a softmax target on this machine (serial, idle), then runs real pytest
+sessions of the suite against those records and counts each case's speed verdict:
+
+- correct code, serial, idle: every failure is a false alarm;
+- correct code, serial, next to a busy neighbour (a process multiplying matrices on one core);
+- correct code under ``pytest -n 2`` (the workers share the CPU with each other);
+- the target planted 1.5 x slower (it computes its softmax three times where it did twice),
+  serial, idle: every case that does not fail is a missed slowdown;
+- planted 3 x slower, serial, next to the busy neighbour;
+- planted 3 x slower under ``-n 2``: reported, never failed.
+
+Each scenario is one pytest session over the softmax suite's regimes in the configs given; it
+prints a table of the counts. Speed figures depend on the machine: quote the rates with the
+machine they were measured on. It takes a few minutes (``--configs fp32`` is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+TARGET = """
+import os
+import torch
+import pytest_precision
+
+# the planted slowdown: the same softmax computed REPEATS times (the correct target: twice)
+REPEATS = int(os.environ.get("FALSE_ALARMS_REPEATS", "2"))
+
+
+@pytest_precision.register("bench_softmax", kind="softmax")
+def bench_softmax(x):
+    for _ in range(REPEATS - 1):
+        torch.softmax(x, -1)
+    return torch.softmax(x, -1)
+"""
+
+NEIGHBOUR = """
+import torch
+torch.set_num_threads(1)
+a = torch.randn(512, 512)
+while True:
+    a = torch.tanh(a @ a)
+"""
+
+# (name, repeats, load, expected): load is "idle", "busy" (a neighbour process) or "xdist" (-n 2)
+SCENARIOS = [
+    ("correct, idle, serial", 2, "idle", "pass"),
+    ("correct, busy neighbour, serial", 2, "busy", "pass"),
+    ("correct, pytest -n 2", 2, "xdist", "pass"),
+    ("1.5 x slower, idle, serial", 3, "idle", "fail"),
+    ("3 x slower, busy neighbour, serial", 6, "busy", "fail"),
+    ("3 x slower, pytest -n 2", 6, "xdist", "report"),
+]
+
+
+@contextmanager
+def _neighbour(busy: bool):
+    if not busy:
+        yield
+        return
+    proc = subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
+    time.sleep(2.0)  # its load shows in the gate's one-second window
+    try:
+        yield
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _session(project: Path, configs: str, repeats: int, *extra: str) -> dict:
+    report = project / f"report-{time.monotonic_ns()}.json"
+    env = {**os.environ, "FALSE_ALARMS_REPEATS": str(repeats)}
+    env.pop("CI", None)
+    cmd = [sys.executable, "-m", "pytest", "--precision-suite", "-p", "no:cacheprovider", "-q", "-k", "softmax and not log_softmax",
+           f"--precision-configs={configs}", f"--precision-report={report}", *extra]
+    done = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True)
+    if not report.exists():
+        raise SystemExit(f"the pytest session wrote no report ({' '.join(cmd)}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
+    return json.loads(report.read_text())
+
+
+def _speed_statuses(report: dict) -> list[tuple[str, float | None]]:
+    return [(c["timing"]["speed_status"], c["timing"]["speed_ratio"]) for c in report["cases"]
+            if c.get("timing") and c["timing"].get("speed_status")]
+
+
+def run(configs: str, scenarios=SCENARIOS) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="false-alarms-") as tmp:
+        project = Path(tmp)
+        (project / "conftest.py").write_text(TARGET)
+        (project / "pytest.ini").write_text("[pytest]\n")
+        _session(project, configs, 2, "--precision-update-baselines")
+        for name, repeats, load, expected in scenarios:
+            extra = ("-n", "2") if load == "xdist" else ()
+            started = time.monotonic()
+            with _neighbour(load == "busy"):
+                statuses = _speed_statuses(_session(project, configs, repeats, *extra))
+            count = {s: sum(1 for t, _ in statuses if t == s) for s in ("pass", "noisy", "shared", "slower")}
+            ratios = sorted(r for _, r in statuses if r is not None)
+            rows.append({"scenario": name, "expected": expected, "timed": len(statuses), **count,
+                         "median_ratio": ratios[len(ratios) // 2] if ratios else None,
+                         "seconds": time.monotonic() - started})
+    return rows
+
+
+def _rate(row: dict) -> str:
+    n = row["timed"] or 1
+    if row["expected"] == "pass":
+        return f"false alarms {row['slower']}/{row['timed']} ({100 * row['slower'] / n:.1f} %)"
+    if row["expected"] == "fail":
+        return f"caught {row['slower']}/{row['timed']} ({100 * row['slower'] / n:.1f} %)"
+    return f"reported {row['shared'] + row['noisy']}/{row['timed']}, failed {row['slower']}"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pytest_precision.speed.false_alarms", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default="fp32,bf16,fp16", help="configs of the softmax suite to time (default: %(default)s)")
+    parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    args = parser.parse_args(argv)
+    from tabulate import tabulate
+    rows = run(args.configs)
+    print(tabulate([[r["scenario"], r["timed"], r["pass"], r["noisy"], r["shared"], r["slower"],
+                     "-" if r["median_ratio"] is None else f"{r['median_ratio']:.2f}", _rate(r)] for r in rows],
+                   headers=["scenario", "timed", "pass", "noisy", "shared", "failed", "median x", "verdict"], tablefmt="github"))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
