@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pytest_precision.kinds.base import Case, Kind, OutputRule, Regime, Variant
+from pytest_precision.kinds.tables import ABS_ERROR_TABLE
 from pytest_precision.kinds.target import Target, TargetError
 from pytest_precision.kinds.triton import uses_triton
 from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR
@@ -70,12 +71,14 @@ class SdpaBackend(Variant):
         return None
 
 
-def _regime(name: str, description: str, shape: dict) -> Regime:
-    return Regime(name, description, lambda seed: build_attention_inputs(seed=seed, **shape), BASE_SEED, shape)
+def _regime(name: str, description: str, shape: dict, irregular: bool = False) -> Regime:
+    return Regime(name, description, lambda seed: build_attention_inputs(seed=seed, **shape), BASE_SEED, shape,
+                  irregular)
 
 
 # small: goldens (output and three gradients per case) are committed
 _BASE = dict(batch=1, heads=2, kv_heads=2, q_len=16, k_len=16, head_dim=16)
+_SQUARE = dict(batch=1, heads=1, kv_heads=1, head_dim=16)
 REGIMES: dict[str, Regime] = {r.name: r for r in (
     _regime("unit", "N(0, 1) q, k, v", _BASE),
     _regime("sharp10", "q scaled by 10: sharp attention", {**_BASE, "q_scale": 10.0}),
@@ -84,7 +87,14 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
     _regime("causal", "causal mask", {**_BASE, "causal": True}),
     _regime("padded", "key padding, batch 2, grouped-query heads (4 q heads, 2 kv heads)",
             dict(batch=2, heads=4, kv_heads=2, q_len=8, k_len=24, head_dim=16, padding=True)),
-    _regime("hd59", "head dim 59, irregular lengths 17 x 29", dict(batch=1, heads=1, kv_heads=1, q_len=17, k_len=29, head_dim=59)),
+    _regime("hd59", "head dim 59, irregular lengths 17 x 29", dict(batch=1, heads=1, kv_heads=1, q_len=17, k_len=29, head_dim=59),
+            irregular=True),
+    # lengths past the block sizes kernels use (16 to 128), so a blocked kernel runs its multi-block
+    # path: the online softmax's rescale of earlier blocks, a partial last block (136 = 128 + 8), the
+    # causal diagonal blocks
+    _regime("square128", "128 queries over 128 keys", _SQUARE | dict(q_len=128, k_len=128)),
+    _regime("square136", "136 x 136: a partial last block", _SQUARE | dict(q_len=136, k_len=136)),
+    _regime("causal136", "136 x 136, causal", _SQUARE | dict(q_len=136, k_len=136, causal=True)),
 )}
 
 
@@ -141,6 +151,7 @@ class AttentionKind(Kind):
     contract = "fn(q, k, v, causal[, key_padding_mask=]) -> (B, H, S_q, D) in q's dtype"
     regimes = REGIMES
     peer_name = "eager math attention"
+    table = ABS_ERROR_TABLE  # judged on absolute error: attention outputs cross zero
     forward_output = "out"
     grad_inputs = ("q", "k", "v")
 
@@ -193,6 +204,8 @@ class AttentionKind(Kind):
         # 40 is 1.6e-6 or 4.9e-6 off depending on OpenBLAS's kernel (its tl.dot), and 1.5 x one of them
         # is below the other
         rule.abs_floor = error_floor(top, rule.dtype, logit_top)
+        rms = float(finite.pow(2).mean().sqrt()) if finite.numel() else 0.0
+        rule.rms_floor = ULP_FLOOR * rms * max(1.0, logit_top) * 2.0 ** -24  # exp's conditioning at the RMS magnitude
         return rule
 
 

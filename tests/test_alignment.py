@@ -65,17 +65,25 @@ def test_each_distinct_matmul_reported_once():
     assert len(tensor_core_misalignments(lambda: [call() for _ in range(5)])) == 1
 
 
-def test_suite_warns_for_the_irregular_regime_only(pytester):
-    """The built-in SDPA, flash backend, under bf16: the hd59 regime (head dim 59) is flagged, the
-    aligned regimes are not, and nothing fails for it. (The CPU math backend computes 16-bit
-    inputs in fp32, so it has no 16-bit matmul to flag.)"""
+def test_suite_warns_about_the_targets_own_shapes_once(pytester):
+    """The suite's deliberately irregular regimes (head dim 59) are not the user's shapes: quiet. A
+    target whose own code runs a misaligned 16-bit matmul (a projection to width 100) is flagged,
+    once per target, op and shape however many cases run it, and nothing fails for it."""
     pytester.makeini("[pytest]\n")
+    pytester.makeconftest("""
+import torch
+import pytest_precision
+
+@pytest_precision.register("projected", kind="attention")
+def projected(q, k, v, causal=False, key_padding_mask=None):
+    w = torch.full((100, 16), 0.01, dtype=q.dtype)
+    (q[..., :16] @ w.t()).sum()  # a width-100 projection, as a model with hidden size 100 has
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+""")
     r = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=bf16,fp32",
-                           "--precision-update-baselines", "-k", "attention and flash", "-W",
+                           "--precision-update-baselines", "-k", "attention and flash and not padded", "-W",
                            "always::pytest_precision.alignment.TensorCoreAlignmentWarning")
-    r.assert_outcomes(passed=14)
-    text = r.stdout.str()
-    flagged = [line for line in text.splitlines() if "not a multiple of" in line]
-    assert flagged and all("bf16+flash-hd59" in line for line in flagged), flagged
-    assert "head dim=59" in text and "TensorCoreAlignmentWarning" in text
-    assert "fp32+flash-hd59" not in text.split("warnings summary")[-1]
+    r.assert_outcomes(passed=18)
+    flagged = [line for line in r.outlines if "not a multiple of" in line]
+    assert len(flagged) == 1 and "target 'projected'" in flagged[0] and "N=100" in flagged[0], flagged
+    assert "head dim=59" not in r.stdout.str()

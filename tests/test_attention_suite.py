@@ -80,10 +80,11 @@ def _accept_then_run(pytester, *args):
 def test_sdpa_passes_every_config_and_backend(pytester):
     pytester.makeini("[pytest]\n")
     result = _accept_then_run(pytester)
-    result.assert_outcomes(passed=84, skipped=14)  # 6 configs x {math, flash} x 7 regimes; tf32 skipped
+    result.assert_outcomes(passed=120, skipped=20)  # 6 configs x {math, flash} x 10 regimes; tf32 skipped
+    result.stdout.fnmatch_lines(["*precision summary, absolute error*", "*| target *| config *| cases *| max abs *| RMS abs *"])
     for config in ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8-e4m3"):
         for backend in ("math", "flash"):
-            result.stdout.fnmatch_lines([f"*| torch.sdpa *| {config}+{backend} *| *7 | *pass*"])
+            result.stdout.fnmatch_lines([f"*| torch.sdpa *| {config}+{backend} *| *10 | *pass*"])
 
 
 def test_correct_eager_and_online_softmax_pass(pytester):
@@ -92,7 +93,7 @@ def test_correct_eager_and_online_softmax_pass(pytester):
     pytester.makeconftest(body)
     pytester.makeini("[pytest]\n")
     result = _accept_then_run(pytester, "--precision-configs=fp32,fp16,bf16")
-    result.assert_outcomes(passed=2 * 3 * 2 * 7)
+    result.assert_outcomes(passed=2 * 3 * 2 * 10)
 
 
 def test_missing_scale_is_caught(pytester):
@@ -138,3 +139,43 @@ def nopad(q, k, v, causal=False):
     result = _run(pytester, "--precision-configs=fp32", "-k", "padded and math", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*nopad: the padded regime needs a key_padding_mask keyword*"])
+
+
+def test_a_missing_rescale_in_16_wide_blocks_is_caught_past_one_block(pytester):
+    """Blocks as wide as the old regimes' 16 keys: one block, so the rescale is never needed there
+    and the defect is bit-identical to the correct kernel; 128 keys take eight blocks."""
+    pytester.makeconftest(ONLINE.replace("block=8", "block=16").format(ACC="acc"))
+    pytester.makeini("[pytest]\n")
+    result = _accept_then_run(pytester, "--precision-configs=fp32", "-k", "math and (unit or square128)")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*attention[[]online-fp32+math-square128[]]: FAIL accuracy*(oracle: out: max abs * > budget *"])
+
+
+HF_EAGER = HEADER + """
+import os
+
+@pytest_precision.register("hf_eager", kind="attention")
+def hf_eager(q, k, v, causal=False, key_padding_mask=None):
+    k, v = expand(k, q.shape[1]), expand(v, q.shape[1])
+    s = masks(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), causal, key_padding_mask)
+    if {FP16_SOFTMAX}:  # exp, sum and divide in the inputs' 16 bits
+        e = torch.exp(s - s.amax(-1, keepdim=True))
+        p = e / e.sum(-1, keepdim=True)
+    else:  # the softmax in fp32, as Hugging Face's eager attention does
+        p = torch.softmax(s, -1, dtype=torch.float32).to(q.dtype)
+    return p @ v
+"""
+
+
+def test_a_softmax_kept_in_16_bits_is_caught_by_the_rms_error_not_the_max(pytester):
+    """The defect's largest errors stay inside the 16-bit max-error budgets (set by their floor);
+    its typical error is what grows, and the golden's RMS budget holds it."""
+    pytester.makeini("[pytest]\n")
+    pytester.makeconftest(HF_EAGER.format(FP16_SOFTMAX=False))
+    args = ("--precision-configs=fp16", "-k", "math and (unit or square128)")
+    _accept_then_run(pytester, *args).assert_outcomes(passed=2)
+    pytester.makeconftest(HF_EAGER.format(FP16_SOFTMAX=True))
+    result = _run(pytester, *args)
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*attention[[]hf_eager-fp16+math-square128[]]: FAIL regression (golden: dq: RMS abs * > budget *"])
+    assert "max abs" not in "".join(line for line in result.outlines if "FAIL regression" in line)

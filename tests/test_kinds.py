@@ -155,3 +155,20 @@ def test_a_new_kind_is_one_module_and_one_line(pytester, how):
     failed.assert_outcomes(passed=2, failed=2)
     failed.stdout.fnmatch_lines(["*logsumexp[[]mine-fp32-large[]]: FAIL overflow*",
                                  "*first overflow in aten::exp at conftest.py:* under fp32: produced inf from finite inputs*"])
+
+
+def test_the_builtin_torch_op_is_held_against_an_independent_peer(monkeypatch):
+    """torch.softmax compared with torch.softmax could not fail: the built-in target is held
+    against the composite exp(x - max) / sum; a user's target against torch's op."""
+    kind = registry.get_kind("softmax")
+    builtin = next(t for t in kind.default_targets() if t.name == "torch.softmax")
+    assert "composite" in kind.peer_for(builtin)[1]
+    assert kind.peer_for(Target("mine", lambda x: x, "softmax"))[1] == "torch's op"
+    regime = kind.regimes["scale20"]
+    case = Case(kind, builtin, CONFIGS["fp32"], NO_VARIANT, "scale20", "cpu")
+    m = kind.measure(case, regime.inputs())
+    assert not pytest_precision.numerics.budgets.violations(m.oracle["reference"], m.peer_budget["reference"])
+    # were torch's op broken (computing in bf16 inside), its check would say so
+    monkeypatch.setattr(kind, "_op", lambda x, dim: torch.softmax(x.bfloat16(), dim).to(x.dtype))
+    m = kind.measure(case, regime.inputs())
+    assert pytest_precision.numerics.budgets.violations(m.oracle["reference"], m.peer_budget["reference"])

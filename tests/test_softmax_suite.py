@@ -362,7 +362,7 @@ def mine(x):
                                  "*1 case(s) had no budget recorded for*judged by the widest recorded for other cpu machines*"])
     # a second machine that accepted a looser budget: the widest limit applies and the case passes
     loose = json.loads(json.dumps(tight))
-    loose["outputs"]["reference"]["budget"]["max_ulp"] = 1000.0
+    loose["outputs"]["reference"]["budget"].update(max_ulp=1000.0, mean_ulp=100.0)
     _rekey_budgets(meta_path, {}, {"cpu-loose": loose, "cuda-sm90": tight})
     passed = _run(pytester, "--precision-configs=fp32", "-k", "scale20 and not scale200")
     passed.assert_outcomes(passed=1)

@@ -87,7 +87,10 @@ class BaselineEntry:
     ...key_record()}``."""
 
     names: tuple[str, ...] = ()
-    borrowed_clause = ""  # added to the borrowed-budget note: what a borrowed budget leaves unjudged
+
+    def borrowed_clause(self) -> str:
+        """Added to the borrowed-budget note: how the borrowed budgets were adapted, what they leave unjudged."""
+        return ""
 
     def arrays(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -116,8 +119,11 @@ class BaselineEntry:
         """Problems found against what this machine's own key recorded besides the budgets."""
         return []
 
-    def widest(self, name: str, budgets: list) -> object:
-        """The loosest of several machines' budgets for output ``name`` (raises on a corrupt one)."""
+    def budget_from(self, name: str, records: list[dict], borrowed: bool) -> object:
+        """The budget of output ``name`` from the records ({"budget", "accepted", ...}) of the
+        machines that judge this one: this machine's own, or (``borrowed``) every machine of its
+        device type, whose loosest budget applies. Raises KeyError, TypeError or ValueError on a
+        corrupt record."""
         raise NotImplementedError
 
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
@@ -149,9 +155,13 @@ class TensorOutput:
     log_domain: bool = False
     abs_budget: bool = False  # regression budget on max abs error instead of max ULP (attention)
     underflow_floor: float = 0.0  # see numerics.metrics.compare
-    # the max-abs error a correct implementation can have under another summation order (the
-    # problem's conditioning, given by the kind): the regression budget never sits below it
+    # the max-abs and RMS error a correct implementation can have under another summation order
+    # (the problem's conditioning, given by the kind): the regression budget never sits below them
     error_floor: float | None = None
+    rms_floor: float | None = None
+    # the same-precision peer against the oracle in this run: what the budget's typical error is
+    # never held below a fraction of, and what scales a budget borrowed from another machine
+    peer: Comparison | None = None
 
     def compare_with(self, ref: torch.Tensor) -> Comparison:
         return compare(self.out, ref, self.dtype, scale=self.scale, log_domain=self.log_domain,
@@ -160,10 +170,13 @@ class TensorOutput:
     def budget_for(self, accepted: Comparison, ref: torch.Tensor) -> Budget:
         if not self.abs_budget:
             return regression_budget(accepted)
-        if self.error_floor is not None:
-            return regression_budget(accepted, abs_floor_value=self.error_floor)
         top = float(ref[torch.isfinite(ref)].abs().max()) if bool(torch.isfinite(ref).any()) else 0.0
-        return regression_budget(accepted, abs_floor_value=abs_floor(top, format_of(self.dtype).mantissa_bits))
+        return regression_budget(accepted, abs_floor_value=abs_floor(top, format_of(self.dtype).mantissa_bits),
+                                 reorder_max=self.error_floor or 0.0, reorder_rms=self.rms_floor or 0.0)
+
+
+# what a golden keeps of the peer's error at acceptance (to carry a budget to another machine)
+_PEER_FIELDS = ("max_ulp", "mean_ulp", "max_abs", "rms_abs")
 
 
 class TensorOutputs(BaselineEntry):
@@ -177,6 +190,7 @@ class TensorOutputs(BaselineEntry):
         self.input_checksum = checksum(inputs) if inputs is not None else None
         self.seed, self.input_spec = seed, input_spec
         self._refs = {n: o.reference.detach().to(torch.float32).cpu() for n, o in outputs.items()}
+        self.scales: dict[str, float] = {}  # output -> the factor a borrowed budget grew by
 
     def arrays(self) -> dict[str, torch.Tensor]:
         return self._refs
@@ -188,6 +202,8 @@ class TensorOutputs(BaselineEntry):
             budget = o.budget_for(cmp, self._refs[name])
             result.comparisons[name], result.budgets[name] = cmp, budget
             entries[name] = {"budget": budget.as_dict(), "accepted": cmp.summary()}
+            if o.peer is not None:
+                entries[name]["peer"] = {k: getattr(o.peer, k) for k in _PEER_FIELDS}
         return entries
 
     def meta_fields(self) -> dict:
@@ -215,18 +231,46 @@ class TensorOutputs(BaselineEntry):
                         f"{tuple(o.out.shape)}; re-accept with: {command}")
         return None
 
-    def widest(self, name: str, budgets: list) -> Budget:
-        return Budget.widest([Budget.from_dict(b) for b in budgets])
+    def budget_from(self, name: str, records: list[dict], borrowed: bool) -> Budget:
+        """Borrowed budgets are scaled by how much more this machine's peer errs than the peer
+        did where each was accepted (its summation order is this machine's too), never down."""
+        o = self.outputs[name]
+        largest_key, typical_key = ("max_abs", "rms_abs") if o.abs_budget else ("max_ulp", "mean_ulp")
+        budgets = []
+        for record in records:
+            budget = Budget.from_dict(record["budget"])
+            stored = record.get("peer")
+            if borrowed and o.peer is not None and isinstance(stored, dict):
+                largest = _ratio(getattr(o.peer, largest_key), stored.get(largest_key))
+                typical = _ratio(getattr(o.peer, typical_key), stored.get(typical_key))
+                budget = budget.scaled(largest, typical)
+                self.scales[name] = max(self.scales.get(name, 1.0), largest, typical)
+            budgets.append(budget)
+        return Budget.widest(budgets)
+
+    def borrowed_clause(self) -> str:
+        grown = max(self.scales.values(), default=1.0)
+        return f", scaled by this machine's peer error (up to {grown:.3g} x)" if grown > 1.0 else ""
 
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
         for name, o in self.outputs.items():
             cmp = o.compare_with(base.arrays[name])
-            result.comparisons[name], result.budgets[name] = cmp, budgets[name]
+            budget = budgets[name] if o.peer is None else budgets[name].with_typical_floor(o.peer)
+            result.comparisons[name], result.budgets[name] = cmp, budget
             prefix = "" if name == SINGLE else f"{name}: "
-            result.problems += [(cat, prefix + s) for cat, s in violations(cmp, budgets[name])]
+            result.problems += [(cat, prefix + s) for cat, s in violations(cmp, budget)]
 
     def describe(self, outputs: dict[str, dict]) -> str:
         return "; ".join(_label(n) + Budget.from_dict(e["budget"]).describe() for n, e in outputs.items())
+
+
+def _ratio(now: float, then) -> float:
+    """How many times ``then`` ``now`` is, at least 1 (1 where either is missing, zero or not finite)."""
+    try:
+        r = float(now) / float(then)
+    except (TypeError, ValueError, ZeroDivisionError):
+        return 1.0
+    return r if r > 1.0 and r != float("inf") else 1.0
 
 
 def _label(name: str) -> str:
@@ -290,16 +334,18 @@ class BaselineCheck:
             return BaselineResult(error=(
                 f"{base.json_path}: no accepted budget for '{key}' nor any {device_class(key)} machine (has: "
                 f"{', '.join(recorded) or 'none'}); accept with: {self.update_command}"))
-        if sources != [key]:
-            result.note = (f"no budget recorded for {key}: judged by the widest recorded for "
-                           f"{', '.join(sources)}{entry.borrowed_clause}; record this machine's with: {self.update_command}")
         budgets = {}
         for name in entry.names:
             try:
-                budgets[name] = entry.widest(name, [recorded[k]["outputs"][name]["budget"] for k in sources])
+                budgets[name] = entry.budget_from(name, [recorded[k]["outputs"][name] for k in sources],
+                                                  borrowed=sources != [key])
             except (KeyError, TypeError, ValueError) as e:
                 return BaselineResult(error=f"{base.json_path}: corrupt budget for '{name}' under "
                                             f"{', '.join(sources)} ({e!r})")
+        if sources != [key]:
+            result.note = (f"no budget recorded for {key}: judged by the widest recorded for "
+                           f"{', '.join(sources)}{entry.borrowed_clause()}; record this machine's with: "
+                           f"{self.update_command}")
         entry.judge(base, budgets, result)
         return result
 

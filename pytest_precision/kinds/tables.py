@@ -11,7 +11,7 @@ from tabulate import tabulate
 
 from ..speed.timing import format_seconds
 
-__all__ = ["SummaryTable", "TensorTable", "TENSOR_TABLE", "HEADERS", "fmt"]
+__all__ = ["SummaryTable", "TensorTable", "TENSOR_TABLE", "ABS_ERROR_TABLE", "HEADERS", "fmt"]
 
 
 def fmt(v) -> str:
@@ -36,13 +36,23 @@ class SummaryTable:
 
 
 HEADERS = ("target", "config", "cases", "max ULP", "max rel", "SQNR dB", "overflow", "underflow", "NaN", "verdict")
+ABS_HEADERS = ("target", "config", "cases", "max abs", "RMS abs", "SQNR dB", "overflow", "underflow", "NaN", "verdict")
 
 
 class TensorTable(SummaryTable):
-    """A row per target and config: the worst forward error of its cases, the counts over every
-    output, and, in timed runs, the time and the speed-up against fp32 (on CUDA also peak memory)."""
+    """A row per target and config: the worst forward error of its cases in the metric the verdict
+    uses (max ULP; or, ``on_abs``, max and RMS absolute error, for outputs that cross zero), the
+    counts over every output, and, in timed runs, the time and the speed-up against fp32 (on CUDA
+    also peak memory)."""
 
     name = "tensor"
+
+    def __init__(self, on_abs: bool = False):
+        self.on_abs = on_abs
+        if on_abs:
+            self.name = "tensor-abs"
+            self.title = "precision summary, absolute error"
+            self.markdown_heading = "Absolute error (outputs that cross zero: attention)"
 
     def rows(self, records: list[dict], config_order: list[str] | None = None) -> list[tuple]:
         groups: "OrderedDict[tuple[str, str], list[dict]]" = OrderedDict()
@@ -58,10 +68,10 @@ class TensorTable(SummaryTable):
             failed = [r for r in rs if not r["passed"]]
             cats = sorted({c for r in failed for c in r["categories"]})
             verdict = "pass" if not failed else f"FAIL {len(failed)}/{len(rs)}: {','.join(cats)}"
+            first = ((fmt(max(float(r["max_abs"]) for r in rs)), fmt(max(float(r["rms_abs"]) for r in rs)))
+                     if self.on_abs else (fmt(max(float(r["max_ulp"]) for r in rs)), fmt(max(float(r["max_rel"]) for r in rs))))
             rows.append((
-                target, config, len(rs),
-                fmt(max(float(r["max_ulp"]) for r in rs)),
-                fmt(max(float(r["max_rel"]) for r in rs)),
+                target, config, len(rs), *first,
                 fmt(min(float(r["sqnr_db"]) for r in rs)),
                 sum(r["overflow"] for r in rs), sum(r["underflow"] for r in rs), sum(r["nan"] for r in rs),
                 verdict,
@@ -70,7 +80,7 @@ class TensorTable(SummaryTable):
 
     def render(self, records: list[dict], config_order: list[str] | None = None) -> str:
         rows = self.rows(records, config_order)
-        headers = HEADERS[:-1]
+        headers = ABS_HEADERS[:-1] if self.on_abs else HEADERS[:-1]
         extra = [() for _ in rows]
         # timed run (the default; not with --precision-no-speed): the time of the row's cases and the
         # speed-up against fp32 on the same cases; on CUDA also peak memory and what it saves against fp32
@@ -85,6 +95,7 @@ class TensorTable(SummaryTable):
 
 
 TENSOR_TABLE = TensorTable()
+ABS_ERROR_TABLE = TensorTable(on_abs=True)
 
 
 def _case_values(records: list[dict], target: str, config: str, field: str) -> dict[str, float]:

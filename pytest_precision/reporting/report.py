@@ -25,15 +25,15 @@ _NUMBER_OR_NULL = {"anyOf": [_NUMBER, {"type": "null"}]}
 _COUNT = {"type": "integer", "minimum": 0}
 _STATS = {  # metrics.Comparison.summary()
     "type": "object",
-    "required": ["max_ulp", "p99_ulp", "mean_ulp", "max_abs", "max_rel", "sqnr_db", "cosine",
+    "required": ["max_ulp", "p99_ulp", "mean_ulp", "max_abs", "rms_abs", "max_rel", "sqnr_db", "cosine",
                  "overflow", "underflow", "nan", "missing_nan", "flushed_subnormal"],
-    "properties": {**{k: _NUMBER for k in ("max_ulp", "p99_ulp", "mean_ulp", "max_abs", "max_rel", "sqnr_db", "cosine")},
+    "properties": {**{k: _NUMBER for k in ("max_ulp", "p99_ulp", "mean_ulp", "max_abs", "rms_abs", "max_rel", "sqnr_db", "cosine")},
                    **{k: _COUNT for k in ("overflow", "underflow", "nan", "missing_nan", "flushed_subnormal")}},
 }
 _BUDGET = {  # budgets.Budget.as_dict(): a null limit is not limited
     "type": "object",
-    "required": ["max_ulp", "max_abs", "overflow", "underflow", "nan", "missing_nan"],
-    "properties": {"max_ulp": _NUMBER_OR_NULL, "max_abs": _NUMBER_OR_NULL,
+    "required": ["max_ulp", "max_abs", "mean_ulp", "rms_abs", "overflow", "underflow", "nan", "missing_nan"],
+    "properties": {**{k: _NUMBER_OR_NULL for k in ("max_ulp", "max_abs", "mean_ulp", "rms_abs")},
                    **{k: _COUNT for k in ("overflow", "underflow", "nan", "missing_nan")}},
 }
 _HISTOGRAM = {

@@ -19,6 +19,8 @@ from .options import OPTIONS_KEY, RECORDS_KEY, RunOptions
 
 __all__ = ["SuiteCollector", "SuiteItem", "suite_targets", "suites"]
 
+LINT_SEEN_KEY = pytest.StashKey[set]()  # (target, op, dims) the alignment lint has warned about
+
 
 def suites() -> dict[str, list[Kind]]:
     """The kinds grouped by suite (the report group), in the registry's order."""
@@ -95,14 +97,19 @@ class SuiteItem(pytest.Item):
         bench = case.kind.bench_call(case)
         if bench is None:  # nothing of fixed size to time
             return
-        if getattr(case.config, "tensor_core_dtypes", False):
-            warn_misalignments(tensor_core_misalignments(bench), self.name)
+        regime = case.kind.regimes.get(case.regime)
+        if getattr(case.config, "tensor_core_dtypes", False) and not (regime is not None and regime.irregular):
+            # once per target, op and shape in a run: the shapes are the suite's, the ops the target's
+            seen = self.config.stash.setdefault(LINT_SEEN_KEY, set())
+            found = [m for m in tensor_core_misalignments(bench) if (case.target.name, m.op, m.dims) not in seen]
+            seen.update((case.target.name, m.op, m.dims) for m in found)
+            warn_misalignments(found, f"target {case.target.name!r} ({self.name})")
         speed = check_speed(lambda: case.kind.bench_call(case), options.device, baseline, options.speed_threshold,
-                            options.fingerprint, bench)
+                            options.fingerprint, bench, parallel=options.parallel)
         del bench
         for category, sentence in speed.problems():
             outcome.add(category, category, sentence)
-        if speed.verdict.status == "noisy":  # a slower verdict is in the headline already
+        if speed.verdict.status in ("noisy", "shared"):  # a slower verdict is in the headline already
             outcome.details.append(speed.verdict.describe())
         record.update(speed.record(), passed=outcome.passed, categories=outcome.categories)
 

@@ -58,7 +58,9 @@ class TrajectoryEntry(BaselineEntry):
     """A training run against the fp32 run: the accepted metrics and the fp32 trajectory."""
 
     names = (OUTPUT,)
-    borrowed_clause = ", its fp32 trajectory not compared"
+
+    def borrowed_clause(self) -> str:
+        return ", its fp32 trajectory not compared"
 
     def __init__(self, config: TrainConfig, run: Trajectory, ref: Trajectory, metrics: TrainMetrics, batch0,
                  seed: int):
@@ -98,7 +100,8 @@ class TrajectoryEntry(BaselineEntry):
         problem = _fp32_moved(self.ref.losses, record.get("fp32_loss") or [])
         return [("regression", problem)] if problem else []
 
-    def widest(self, name: str, budgets: list) -> dict:
+    def budget_from(self, name: str, records: list[dict], borrowed: bool) -> dict:
+        budgets = [r["budget"] for r in records]
         out = {k: max(b[k] for b in budgets) for k in ("max_loss_deviation", "max_underflow_rate",
                                                        "max_update_lost_rate", "skipped_steps")}
         firsts = [b.get("first_nonfinite_step") for b in budgets if b.get("first_nonfinite_step") is not None]
@@ -141,7 +144,8 @@ class DDPEntry(BaselineEntry):
     def meta_fields(self) -> dict:
         return {"dtypes": {OUTPUT: _dtype_name(self.config)}}
 
-    def widest(self, name: str, budgets: list) -> dict:
+    def budget_from(self, name: str, records: list[dict], borrowed: bool) -> dict:
+        budgets = [r["budget"] for r in records]
         return {"min_grad_sqnr_db": min(b["min_grad_sqnr_db"] for b in budgets),
                 "max_underflow_rate": max(b["max_underflow_rate"] for b in budgets),
                 "overflow": max(b["overflow"] for b in budgets)}

@@ -1,0 +1,120 @@
+"""Verdicts that hold on every machine: goldens recorded on one simulated machine, checked on
+others, fail nothing on correct code.
+
+Each variant changes the summation order of the same code on this machine: ATen's vector ISA
+(``ATEN_CPU_CAPABILITY``), OpenBLAS's kernel (``OPENBLAS_CORETYPE``, which the Triton
+interpreter's ``tl.dot`` runs through numpy), numpy's SIMD level (``NPY_DISABLE_CPU_FEATURES``)
+and the thread count. CI runs two variants; ``PRECISION_MACHINE_MATRIX=all`` runs every variant
+this CPU supports, and the README's main job under each (several minutes)."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    line = next((line for line in text.splitlines() if line.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+FLAGS = _flags()
+AVX2, AVX512 = "avx2" in FLAGS, "avx512f" in FLAGS
+VARIANTS = {
+    "isa-default": {"ATEN_CPU_CAPABILITY": "default"},
+    "isa-avx2": {"ATEN_CPU_CAPABILITY": "avx2"} if AVX2 else None,
+    "blas-haswell-1-thread": {"OPENBLAS_CORETYPE": "Haswell", "OMP_NUM_THREADS": "1"} if AVX2 else None,
+    "blas-sandybridge": {"OPENBLAS_CORETYPE": "Sandybridge"},
+    "blas-skylakex": {"OPENBLAS_CORETYPE": "SkylakeX"} if AVX512 else None,
+    "blas-zen": {"OPENBLAS_CORETYPE": "Zen"} if AVX2 else None,
+    "numpy-no-avx512": {"NPY_DISABLE_CPU_FEATURES": "X86_V4,AVX512_ICL"} if AVX512 else None,
+}
+VARIANTS = {k: v for k, v in VARIANTS.items() if v is not None}
+EVERY = os.environ.get("PRECISION_MACHINE_MATRIX") == "all"
+CI_VARIANTS = ["isa-default", "blas-haswell-1-thread" if AVX2 else "blas-sandybridge"]
+
+# a project's own targets, written from torch ops (their reductions are ATen's, whose order moves)
+CONFTEST = """
+import math
+import os
+import torch
+import pytest_precision
+
+NOISE = float(os.environ.get("MY_SOFTMAX_NOISE", "0"))  # a planted loss of precision, relative
+
+
+@pytest_precision.register("my_softmax", kind="softmax")
+def my_softmax(x):
+    xf = x.float()
+    e = (xf - xf.amax(-1, keepdim=True)).exp()
+    p = e / e.sum(-1, keepdim=True)
+    if NOISE:
+        p = p * (1 + NOISE * torch.randn(p.shape, generator=torch.Generator().manual_seed(0)))
+    return p.to(x.dtype)
+
+
+@pytest_precision.register("my_attention", kind="attention")
+def my_attention(q, k, v, causal=False, key_padding_mask=None):
+    h = q.shape[1]
+    k, v = (t if t.shape[1] == h else t.repeat_interleave(h // t.shape[1], dim=1) for t in (k, v))
+    s = q.float() @ k.float().transpose(-1, -2) / math.sqrt(q.shape[-1])
+    allowed = torch.ones(s.shape[-2:], dtype=torch.bool)
+    allowed = (allowed.tril() if causal else allowed)[None, None]
+    if key_padding_mask is not None:
+        allowed = allowed & ~key_padding_mask[:, None, None, :]
+    p = torch.softmax(s.masked_fill(~allowed, -math.inf), -1)
+    return (p @ v.float()).to(q.dtype)
+"""
+ARGS = ["--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider", "-q",
+        "--precision-configs=fp32,bf16", "-k", "(my_softmax or my_attention+math) and not hypothesis"]
+
+
+def _pytest(cwd: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "OPENBLAS_CORETYPE",
+                                                            "NPY_DISABLE_CPU_FEATURES", "OMP_NUM_THREADS")}
+    full.update(env)
+    return subprocess.run([sys.executable, "-m", "pytest", *args], cwd=cwd, env=full, capture_output=True, text=True,
+                          timeout=900)
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> Path:
+    """A project whose goldens were accepted on this machine as it is."""
+    project = tmp_path_factory.mktemp("project")
+    (project / "conftest.py").write_text(CONFTEST)
+    (project / "pytest.ini").write_text("[pytest]\n")
+    r = _pytest(project, {}, *ARGS, "--precision-update-baselines")
+    assert r.returncode == 0, r.stdout[-3000:]
+    return project
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if EVERY or v in CI_VARIANTS])
+def test_goldens_from_one_machine_hold_on_another(recorded, variant):
+    r = _pytest(recorded, VARIANTS[variant], *ARGS)
+    assert r.returncode == 0, f"{variant}: {VARIANTS[variant]}\n" + r.stdout[-4000:]
+    assert " passed" in r.stdout.splitlines()[-1]
+
+
+def test_a_real_regression_still_fails_on_another_machine(recorded):
+    """Budgets that travel must still bite: an error of a few fp32 ULPs on every element, well
+    inside the oracle's peer budget, fails the golden accepted on the first machine."""
+    r = _pytest(recorded, {**VARIANTS["isa-default"], "MY_SOFTMAX_NOISE": "3e-7"}, *ARGS[:-1],
+                "my_softmax and fp32 and unit")
+    assert r.returncode == 1, r.stdout[-3000:]
+    assert "FAIL regression (golden: " in r.stdout and "golden: mean ULP" in r.stdout, r.stdout[-3000:]
+
+
+@pytest.mark.skipif(not EVERY, reason="the main job under every simulated machine takes minutes: "
+                                      "PRECISION_MACHINE_MATRIX=all runs it")
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_the_main_job_passes_on_every_simulated_machine(variant):
+    r = _pytest(ROOT, {**VARIANTS[variant], "TRITON_INTERPRET": "1"}, "--precision-suite", "-m", "precision",
+                "-p", "no:cacheprovider", "-q", "--precision-no-speed")
+    assert r.returncode == 0, f"{variant}: {VARIANTS[variant]}\n" + r.stdout[-4000:]
