@@ -144,6 +144,19 @@ def test_a_read_only_baseline_directory_under_update_is_one_error(pytester):
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
 
 
+def test_a_golden_that_cannot_be_written_is_a_verdict(pytester):
+    """A writable root with a read-only case directory: that case fails naming the directory."""
+    pytester.makeconftest(HANGS.format(hang="pass"))
+    case_dir = pytester.path / "precision_baselines" / "softmax" / "mine" / "len1"
+    case_dir.mkdir(parents=True)
+    with _read_only(case_dir):
+        result = pytester.runpytest(*ARGS)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines([f"*softmax[[]mine-fp32-len1[]]: FAIL baseline (softmax/mine/len1 [[]fp32[]] on cpu-*: "
+                                 f"cannot write the golden baseline: {case_dir}*"])
+    assert "Traceback" not in result.stdout.str()
+
+
 def test_a_configs_option_naming_no_config_is_a_usage_error(pytester):
     pytester.makeini("[pytest]\n")
     for value in (",", "", " , "):

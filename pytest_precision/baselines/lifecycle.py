@@ -261,7 +261,6 @@ class PendingWrite:
     arrays: dict[str, torch.Tensor]
     meta: dict
     unreadable: list  # files of the old pair that could not be read: moved aside, not overwritten
-    head: str  # "<key> [<config>] on <numerics key>"
     line: str  # what the write changes, for the summary
 
 
@@ -373,7 +372,7 @@ class BaselineCheck:
         if kept or speed:
             line += "; kept " + " and ".join(filter(None, (kept and f"the budgets of {', '.join(kept)}",
                                                            speed and f"{speed} speed record(s)")))
-        self.pending.append(PendingWrite(result, entry.arrays(), meta, pair.unreadable(), head, line))
+        self.pending.append(PendingWrite(result, entry.arrays(), meta, pair.unreadable(), line))
         return result
 
     def commit(self) -> None:
@@ -386,7 +385,7 @@ class BaselineCheck:
                 self.store.write(self.key, self.config_id, p.arrays, p.meta)
             except OSError as e:
                 where = e.filename or self.store.paths(self.key, self.config_id)[0].parent
-                p.result.error = f"{p.head}: cannot write the golden baseline: {where}: {e.strerror or e}"
+                p.result.error = f"{self.head}: cannot write the golden baseline: {where}: {e.strerror or e}"
                 continue
             p.result.updated = p.line + "".join(f"; moved the unreadable {a} aside to {b}" for a, b in moved)
             self.committed = True
@@ -395,7 +394,7 @@ class BaselineCheck:
     def refuse(self, reason: str) -> None:
         """Drop what ``check`` prepared: the case failed (``reason``); nothing is written."""
         for p in self.pending:
-            p.result.refused, p.result.refused_line = reason, f"{p.head} not accepted: {reason}"
+            p.result.refused, p.result.refused_line = reason, f"{self.head} not accepted: {reason}"
         self.pending.clear()
 
     def speed_record(self, fingerprint: str) -> dict | None:
