@@ -2,18 +2,28 @@
 
 The baseline directory defaults to ``precision_baseline_dir`` of ``[tool.pytest.ini_options]`` in
 ./pyproject.toml (relative to it), else ``precision_baselines``, as the plugin resolves it.
+
+Exit status: 0 done; 1 ``diff`` found differences; 2 input that cannot be read (a damaged or torn
+baseline, named on stderr after everything readable is printed), a missing directory or list,
+or a usage error; 3 an internal error (a bug: the traceback is printed).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import traceback
 from pathlib import Path
 
+from .baselines.store import BaselineError
 from .baselines.tools import diff_lines, list_lines, remove, show_lines
 from .baselines.usage import CACHE_KEY
 
 DEFAULT_DIR = "precision_baselines"
+
+
+class InputError(Exception):
+    """Input the command cannot read (exit status 2)."""
 
 
 def _ini_options(cwd: Path) -> dict:
@@ -24,9 +34,13 @@ def _ini_options(cwd: Path) -> dict:
         import tomllib
     except ModuleNotFoundError:  # Python 3.10: no tomllib; fall back to the default directory
         return {}
-    with path.open("rb") as f:
-        data = tomllib.load(f)
-    return data.get("tool", {}).get("pytest", {}).get("ini_options", {})
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except (OSError, ValueError) as e:  # TOMLDecodeError, UnicodeDecodeError
+        raise InputError(f"{path}: cannot read it ({type(e).__name__}: {e})") from e
+    options = data.get("tool", {}).get("pytest", {}).get("ini_options", {})
+    return options if isinstance(options, dict) else {}
 
 
 def default_dir(cwd: Path) -> Path:
@@ -63,6 +77,24 @@ def _prune(args, cwd: Path, out) -> int:
 
 
 def main(argv: list[str] | None = None, cwd: Path | None = None, out=None) -> int:
+    try:
+        return _main(argv, cwd, out)
+    except InputError as e:
+        print(e, file=sys.stderr)
+        return 2
+    except Exception:  # never the exit status of "differences found"
+        traceback.print_exc()
+        print("python -m pytest_precision: internal error (the traceback above); please report it", file=sys.stderr)
+        return 3
+
+
+def _report(errors: list[str]) -> bool:
+    for e in errors:
+        print(e, file=sys.stderr)
+    return bool(errors)
+
+
+def _main(argv: list[str] | None, cwd: Path | None, out) -> int:
     cwd = Path.cwd() if cwd is None else cwd
     out = sys.stdout if out is None else out
     parser = argparse.ArgumentParser(prog="python -m pytest_precision")
@@ -90,27 +122,30 @@ def main(argv: list[str] | None = None, cwd: Path | None = None, out=None) -> in
         args.dir = default_dir(cwd)
     elif args.action != "diff" and not args.dir.is_absolute():
         args.dir = cwd / args.dir
+    errors: list[str] = []
     if args.action == "list":
-        for line in list_lines(args.dir):
+        for line in list_lines(args.dir, errors):
             print(line, file=out)
-        return 0
+        return 2 if _report(errors) else 0
     if args.action == "show":
         try:
-            lines = show_lines(args.dir, args.name)
-        except FileNotFoundError as e:
+            lines = show_lines(args.dir, args.name, errors)
+        except (FileNotFoundError, BaselineError) as e:
             print(e, file=sys.stderr)
             return 2
         print("\n".join(lines), file=out)
-        return 0
+        return 2 if _report(errors) else 0
     if args.action == "diff":
         a, b = (p if p.is_absolute() else cwd / p for p in (args.a, args.b))
         for p in (a, b):
             if not p.is_dir():
                 print(f"{p}: not a directory", file=sys.stderr)
                 return 2
-        lines = diff_lines(a, b)
+        lines = diff_lines(a, b, errors)
         for line in lines:
             print(line, file=out)
+        if _report(errors):
+            return 2  # as diff(1): trouble outranks differences
         return 1 if lines else 0  # as diff(1): 1 when they differ
     return _prune(args, cwd, out)
 

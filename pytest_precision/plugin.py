@@ -6,10 +6,12 @@ import pytest
 from .kinds.registry import clear as clear_targets, forget_project_kinds, parse_ini_kinds
 from .numerics.devices import numerics_key
 from .reporting.summary import write_terminal_summary
-from .runner.collection import SuiteCollector
-from .runner.fixtures import golden, parametrize_precision_config, precision_config  # noqa: F401 (fixtures)
+from .runner.collection import SuiteCollector, keyword_expressions
+from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,  # noqa: F401 (fixtures)
+                              precision_config)
 from .runner.options import OPTIONS_KEY, RECORDS_KEY, RunOptions
 from .runner.outputs import RunOutputs, add_output_options
+from .runner.timelimit import DEFAULT_TIMEOUT
 
 WORKER_RECORDS = "precision_records"  # xdist workeroutput key
 
@@ -43,6 +45,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("precision_targets", "targets as 'package.module:function kind' lines", type="linelist", default=[])
     parser.addini("precision_kinds", "kinds as 'package.module:KIND' lines (pytest_precision.Kind objects)",
                   type="linelist", default=[])
+    parser.addini("precision_timeout", "seconds a suite case may run before it fails with the stack where it was "
+                  f"(0: no limit; pytest-timeout's timeout marker on a case replaces it); default {DEFAULT_TIMEOUT:g}",
+                  default=str(DEFAULT_TIMEOUT))
     add_output_options(group)
 
 
@@ -98,6 +103,16 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         report = collector.ihook.pytest_make_collect_report(collector=collector)
         collector.ihook.pytest_collectreport(report=report)  # counted in "collected N items"
         items.extend(report.result)
+        keyword_expressions(items)  # the -k expression each suite case prints, once every item is known
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    """The call's report, for the golden fixture to see at teardown whether its test passed."""
+    report = yield
+    if report.when == "call":
+        item.stash[CALL_REPORT] = report
+    return report
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -137,8 +137,9 @@ class TrainingTable(SummaryTable):
         order = {c: i for i, c in enumerate(TRAIN_CONFIGS)}
         rows = []
         for r in sorted(records, key=lambda r: (r["target"], order.get(r["config"], len(order)), r["config"])):
-            if "skipped" in r:
-                rows.append((r["target"], r["config"], *("-" * 9), f"skip: {r['skipped']}"))
+            if "skipped" in r or "crashed" in r:  # no metrics; the summary says why below the table
+                rows.append((r["target"], r["config"], *("-" * 9), f"skip: {r['skipped']}" if "skipped" in r
+                             else "FAIL crash"))
                 continue
             t = r["training"]
             verdict = "pass" if r["passed"] else "FAIL " + ",".join(r["categories"])

@@ -86,3 +86,34 @@ def test_log_probabilities_near_zero_count_steps_at_one():
     assert compare(out, ref, torch.float32).max_ulp > 60
     far = (ref + torch.tensor([0.0, 2.0**-21], dtype=torch.float64)).float()  # |log p| >= 1: own magnitude
     assert compare(far, ref, torch.float32, log_domain=True).max_ulp == compare(far, ref, torch.float32).max_ulp
+
+
+def test_statistics_of_non_finite_outputs_are_nan_never_perfect():
+    """An all-NaN output is not 0 off with infinite SQNR and cosine 1: what cannot be measured is NaN."""
+    ref = torch.softmax(torch.linspace(-2, 2, 64, dtype=torch.float64), -1)
+    c = compare(torch.full((64,), math.nan), ref, torch.float32)
+    assert c.nan == 64 and c.max_ulp == math.inf
+    for name in ("max_abs", "max_rel", "sqnr_db", "cosine", "mean_ulp", "p99_ulp"):
+        assert math.isnan(getattr(c, name)), name
+    assert "SQNR nan dB, cosine nan" in c.statistics_lines()[1]
+    # partly non-finite: element statistics over the finite elements, whole-tensor ones NaN
+    out = ref.float().clone()
+    out[3] = math.inf
+    c = compare(out, ref, torch.float32)
+    assert c.overflow == 1 and c.max_abs < 1e-7 and c.mean_ulp < 1
+    assert math.isnan(c.sqnr_db) and math.isnan(c.cosine)
+    # NaN where the reference is NaN too (an expected NaN) measures nothing wrong
+    ref2 = torch.cat([ref, torch.full((4,), math.nan, dtype=torch.float64)])
+    c = compare(torch.cat([ref.float(), torch.full((4,), math.nan)]), ref2, torch.float32)
+    assert c.sqnr_db > 100 and c.cosine == pytest.approx(1.0)
+
+
+def test_summary_table_shows_nan_statistics_as_nan():
+    from pytest_precision.reporting.summary import summary_rows
+
+    def rec(regime, sqnr, rel):
+        return {"target": "t", "config": "fp32", "regime": regime, "max_ulp": math.inf, "max_rel": rel,
+                "sqnr_db": sqnr, "overflow": 0, "underflow": 0, "nan": 1, "passed": False, "categories": ["nan"]}
+    for order in ([rec("a", math.nan, math.nan), rec("b", 90.0, 1e-6)], [rec("b", 90.0, 1e-6), rec("a", math.nan, math.nan)]):
+        row = summary_rows(order, ["fp32"])[0]
+        assert row[4:6] == ("nan", "nan"), row

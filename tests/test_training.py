@@ -168,7 +168,9 @@ def test_ddp_golden_catches_a_regression(tmp_path):
         return BaselineCheck(BaselineStore(tmp_path), "train_step/t/trajectory", "ddp-fp16", "cpu", update, "pytest ... --update")
 
     def _check_golden(check, config, result):
-        return check.check(DDPEntry(config, result))
+        res = check.check(DDPEntry(config, result))
+        check.commit()  # under the update flag the golden is written once the case's verdict allows
+        return res
 
     good = HookComparison("fp16", 70.0, 0.01, {"w": 0.0}, 0, 1.0, 1.0)
     assert _check_golden(golden(True), TRAIN_CONFIGS["ddp-fp16"], good).updated.endswith(

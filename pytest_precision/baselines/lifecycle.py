@@ -10,8 +10,14 @@ the training kind's metric entries in ``pytest_precision.training.baseline``.
 
 Accepted budgets are keyed by the numerics key of the machine (``numerics.devices``: device type
 and CPU ISA or GPU compute capability), then by output name. A machine with no budget of its own
-is judged by the widest budget recorded for its device type, and the result says so. Nothing is
-written without the update flag.
+is judged by the widest budget recorded for its device type, and the result says so.
+
+Nothing is written without the update flag, and nothing is written by ``check`` itself: under the
+flag it *prepares* the write, and whoever knows the case's verdict (the suite's runner, the
+``golden`` fixture at the end of its test) calls :meth:`BaselineCheck.commit` when the result
+passed every other check, or :meth:`BaselineCheck.refuse` with the reason. A rewrite keeps what
+the old pair still holds (other machines' budgets, speed records) from whichever file is
+readable, moves an unreadable file aside, and refuses a file of a newer schema.
 """
 from __future__ import annotations
 
@@ -23,10 +29,10 @@ from ..numerics.budgets import Budget, abs_floor, regression_budget, violations
 from ..numerics.devices import device_class, machine_name, numerics_key
 from ..numerics.formats import format_of
 from ..numerics.metrics import Comparison, compare
-from .store import UPDATE_OPTION, Baseline, BaselineError, BaselineStore, checksum
+from .store import Baseline, BaselineError, BaselineStore, checksum
 
-__all__ = ["BaselineCheck", "BaselineResult", "BaselineEntry", "TensorOutput", "TensorOutputs", "budget_sources",
-           "SINGLE"]
+__all__ = ["BaselineCheck", "BaselineResult", "BaselineEntry", "TensorOutput", "TensorOutputs", "PendingWrite",
+           "budget_sources", "SINGLE"]
 
 SINGLE = "reference"  # the array name when a case has one output
 
@@ -39,8 +45,10 @@ def budget_sources(recorded: dict, key: str) -> list[str]:
 @dataclass
 class BaselineResult:
     """What a check found. ``problems`` are (category, sentence) past the budget; ``error`` says
-    why the baseline cannot judge (missing, corrupt, inconsistent); ``absent`` why a case has none
-    at all (drawn inputs); ``note`` that the budget was borrowed from other machines."""
+    why the baseline cannot judge (missing, corrupt, inconsistent) or could not be written;
+    ``absent`` why a case has none at all (drawn inputs); ``note`` that the budget was borrowed
+    from other machines. Under the update flag, ``updated`` is the line of a committed write and
+    ``refused`` the reason a prepared one was not accepted (with its line, ``refused_line``)."""
 
     comparisons: dict[str, Comparison] = field(default_factory=dict)
     budgets: dict = field(default_factory=dict)  # output name -> Budget (tensors) or budget dict (metrics)
@@ -49,6 +57,8 @@ class BaselineResult:
     updated: str | None = None  # "old -> new" line when the baseline was (re)written
     note: str | None = None
     absent: str | None = None
+    refused: str | None = None
+    refused_line: str | None = None
 
     @property
     def comparison(self) -> Comparison | None:
@@ -62,6 +72,8 @@ class BaselineResult:
         """The golden's part of a failure message."""
         if self.absent:
             return [f"  no golden baseline: {self.absent}"]
+        if self.refused:
+            return [f"  golden baseline not accepted: the case failed ({self.refused}); nothing written"]
         if self.error:
             return ["  golden baseline:"] + ["    " + s for s in self.error.splitlines()]
         lines = []
@@ -108,7 +120,8 @@ class BaselineEntry:
         return {}
 
     def carried_meta(self, old: Baseline | None) -> dict:
-        """What a rewrite keeps of the old metadata (its ``budgets`` are updated, not replaced)."""
+        """What a rewrite keeps of the old metadata (its ``budgets`` are updated, not replaced).
+        ``old.arrays`` is None when only the JSON could be read."""
         return {"budgets": old.meta.get("budgets", {})} if old is not None else {}
 
     def inconsistency(self, base: Baseline, key: str, command: str) -> str | None:
@@ -211,8 +224,15 @@ class TensorOutputs(BaselineEntry):
         return {"dtypes": dtypes, "seed": self.seed, "input_spec": self.input_spec, "input_checksum": self.input_checksum}
 
     def carried_meta(self, old: Baseline | None) -> dict:
-        same = old is not None and set(old.arrays) == set(self._refs) and all(
-            old.arrays[n].shape == self._refs[n].shape for n in self._refs)
+        """The old metadata (other machines' budgets, speed records) when it is about the same
+        outputs: the same names and, where the .npz could be read, the same shapes."""
+        if old is None:
+            return {}
+        if old.arrays is None:  # only the JSON could be read: its outputs' names
+            same = set(old.meta.get("dtypes") or self._refs) == set(self._refs)
+        else:
+            same = set(old.arrays) == set(self._refs) and all(old.arrays[n].shape == self._refs[n].shape
+                                                               for n in self._refs)
         return dict(old.meta) if same else {}
 
     def inconsistency(self, base: Baseline, key: str, command: str) -> str | None:
@@ -278,6 +298,17 @@ def _label(name: str) -> str:
 
 
 @dataclass
+class PendingWrite:
+    """A golden prepared under the update flag, written only when the case's verdict allows."""
+
+    result: BaselineResult
+    arrays: dict[str, torch.Tensor]
+    meta: dict
+    unreadable: list  # files of the old pair that could not be read: moved aside, not overwritten
+    line: str  # what the write changes, for the summary
+
+
+@dataclass
 class BaselineCheck:
     """The baseline store bound to one test key, config and device: the golden of one case."""
 
@@ -287,21 +318,29 @@ class BaselineCheck:
     device: str
     update: bool
     update_command: str
+    pending: list[PendingWrite] = field(default_factory=list, init=False, repr=False)
+    committed: bool = field(default=False, init=False)  # a prepared golden was written
 
     @property
     def budget_key(self) -> str:
         return numerics_key(self.device)
 
+    @property
+    def head(self) -> str:
+        """How the lines about writing this golden begin: ``<key> [<config>] on <numerics key>``."""
+        return f"{self.key} [{self.config_id}] on {self.budget_key}"
+
     def check(self, entry: BaselineEntry) -> BaselineResult:
-        """Judge ``entry`` against its stored baseline, or (update flag) store it as the new one."""
+        """Judge ``entry`` against its stored baseline, or (update flag) prepare it as the new one:
+        written by :meth:`commit` once the case passed its other checks."""
+        if self.update:
+            return self._prepare(entry)
         try:
             base = self.store.load(self.key, self.config_id)
         except BaselineError as e:
-            if not self.update:
-                return BaselineResult(error=f"{e}\n(the file is left as it is; {UPDATE_OPTION} rewrites it)")
-            base = None
-        if self.update:
-            return self._accept(entry, base)
+            if e.newer_schema is not None:
+                return BaselineResult(error=str(e))
+            return BaselineResult(error=f"{e}\n(the file is left as it is; rewrite it with: {self.update_command})")
         if base is None:
             npz, _ = self.store.paths(self.key, self.config_id)
             return BaselineResult(error=f"no golden baseline at {npz}\nwrite it with: {self.update_command}")
@@ -349,26 +388,60 @@ class BaselineCheck:
         entry.judge(base, budgets, result)
         return result
 
-    def _accept(self, entry: BaselineEntry, old: Baseline | None) -> BaselineResult:
+    def _prepare(self, entry: BaselineEntry) -> BaselineResult:
+        """The new golden of ``entry``, keeping what the old pair still holds: another machine's
+        budgets and the speed records, from the JSON when it is readable (whatever the .npz)."""
+        pair = self.store.read_pair(self.key, self.config_id)
+        if pair.newer_schema is not None:
+            return BaselineResult(error=f"{pair.json_error}; the file is left as it is")
+        old = Baseline(pair.arrays, pair.meta, pair.npz_path, pair.json_path) if pair.meta is not None else None
         result = BaselineResult()
         outputs = entry.accepted_outputs(result)
         meta = entry.carried_meta(old)
-        meta.pop("schema_version", None)
+        for stale in ("schema_version", "npz_sha256"):
+            meta.pop(stale, None)
         budgets = dict(meta.get("budgets", {}))
         key = self.budget_key
         old_outputs = budgets.get(key, {}).get("outputs", {}) if isinstance(budgets.get(key), dict) else {}
+        kept = sorted(k for k in budgets if k != key)
         budgets[key] = {"outputs": outputs, "torch": torch.__version__, "machine": machine_name(self.device),
                         **entry.key_record()}
         meta.update({"key": self.key, "config": self.config_id, **entry.meta_fields(), "written_on": key,
                      "torch": torch.__version__, "budgets": budgets})
-        self.store.write(self.key, self.config_id, entry.arrays(), meta)
-        head = f"{self.key} [{self.config_id}] on {key}"
+        head = self.head
         if not old_outputs:
-            result.updated = f"{head} new: {entry.describe(outputs)}"
+            line = f"{head} new: {entry.describe(outputs)}"
         else:
             moved = entry.changes(old_outputs, outputs)
-            result.updated = f"{head} changed: {', '.join(moved)}" if moved else f"{head} unchanged"
+            line = f"{head} changed: {', '.join(moved)}" if moved else f"{head} unchanged"
+        speed = len(meta.get("speed") or {})
+        if kept or speed:
+            line += "; kept " + " and ".join(filter(None, (kept and f"the budgets of {', '.join(kept)}",
+                                                           speed and f"{speed} speed record(s)")))
+        self.pending.append(PendingWrite(result, entry.arrays(), meta, pair.unreadable(), line))
         return result
+
+    def commit(self) -> None:
+        """Write what ``check`` prepared (the case passed its other checks). A file of the old pair
+        that could not be read is moved aside and named in the result's line; a write that fails
+        (a read-only directory) becomes the result's error."""
+        for p in self.pending:
+            try:
+                moved = self.store.move_aside(p.unreadable)
+                self.store.write(self.key, self.config_id, p.arrays, p.meta)
+            except OSError as e:
+                where = e.filename or self.store.paths(self.key, self.config_id)[0].parent
+                p.result.error = f"{self.head}: cannot write the golden baseline: {where}: {e.strerror or e}"
+                continue
+            p.result.updated = p.line + "".join(f"; moved the unreadable {a} aside to {b}" for a, b in moved)
+            self.committed = True
+        self.pending.clear()
+
+    def refuse(self, reason: str) -> None:
+        """Drop what ``check`` prepared: the case failed (``reason``); nothing is written."""
+        for p in self.pending:
+            p.result.refused, p.result.refused_line = reason, f"{self.head} not accepted: {reason}"
+        self.pending.clear()
 
     def speed_record(self, fingerprint: str) -> dict | None:
         """The speed and memory recorded with this golden for a device fingerprint, if any."""

@@ -3,15 +3,18 @@ list them, show one, diff two directories budget by budget, remove a list of the
 
 Pure functions of the files: a baseline is named by its path under the root without the suffix,
 ``<key>/<config>`` (``softmax/torch.softmax/len32768/fp32``), and is the pair ``.npz`` + ``.json``.
-JSON is read as data and tensors with ``allow_pickle=False``: nothing here runs code from a file.
+Both are read as the plugin reads them (``store``: JSON as data with its structure and types
+checked, tensors with ``allow_pickle=False``, the pair's checksum compared): nothing here runs code
+from a file, and a file that cannot be read is named in ``errors``, never a traceback.
 """
 from __future__ import annotations
 
 import json
-import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from .store import BaselineError, StoredPair, read_pair
 
 __all__ = ["BUDGET_FIELDS", "baseline_names", "read_meta", "list_lines", "show_lines", "diff_lines", "remove"]
 
@@ -30,14 +33,25 @@ def baseline_names(root: Path) -> list[str]:
     return sorted(names)
 
 
-def read_meta(root: Path, name: str) -> dict | None:
-    """The baseline's JSON, or None when it has none or it is not a JSON object."""
-    path = Path(root) / f"{name}.json"
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return meta if isinstance(meta, dict) else None
+def _pair(root: Path, name: str) -> StoredPair:
+    return read_pair(Path(root) / f"{name}.npz", Path(root) / f"{name}.json")
+
+
+def _problems(pair: StoredPair) -> list[BaselineError]:
+    """Why the baseline cannot be trusted: a missing half, an unreadable file, a torn pair."""
+    out = [BaselineError(f"{p}: missing (its companion {other} exists)")
+           for p, other in ((pair.npz_path, pair.json_path), (pair.json_path, pair.npz_path)) if not p.exists()]
+    out += [e for e in (pair.json_error, pair.npz_error, pair.mismatch()) if e is not None]
+    return out
+
+
+def read_meta(root: Path, name: str, errors: list[str] | None = None) -> dict | None:
+    """The baseline's JSON, or None when it has none or it cannot be read (the reason added to
+    ``errors``)."""
+    pair = _pair(root, name)
+    if pair.json_error is not None and errors is not None:
+        errors.append(str(pair.json_error))
+    return pair.meta
 
 
 def _budgets(meta: dict | None) -> dict[tuple[str, str], dict]:
@@ -49,18 +63,19 @@ def _budgets(meta: dict | None) -> dict[tuple[str, str], dict]:
     return out
 
 
-def list_lines(root: Path) -> list[str]:
-    """One line per baseline: name, outputs, the numerics keys with budgets, and problems."""
+def list_lines(root: Path, errors: list[str] | None = None) -> list[str]:
+    """One line per baseline: name, outputs, the numerics keys with budgets, and problems (each
+    also added to ``errors``)."""
+    errors = [] if errors is None else errors
     lines = []
     for name in baseline_names(root):
-        missing = [s for s in SUFFIXES if not (Path(root) / f"{name}{s}").is_file()]
-        meta = read_meta(root, name)
-        if missing:
-            lines.append(f"{name}  (no {' '.join(missing)})")
+        pair = _pair(root, name)
+        problems = _problems(pair)
+        errors += [str(e) for e in problems]
+        if problems:
+            lines.append(f"{name}  (unreadable: {problems[0]})")
             continue
-        if meta is None:
-            lines.append(f"{name}  (unreadable JSON)")
-            continue
+        meta = pair.meta
         keys = sorted((meta.get("budgets") or {}))
         outputs = sorted((meta.get("dtypes") or {}))
         speed = len(meta.get("speed") or {})
@@ -69,20 +84,27 @@ def list_lines(root: Path) -> list[str]:
     return lines
 
 
-def show_lines(root: Path, name: str) -> list[str]:
-    """A readable account of one baseline: where it came from and every budget."""
+def show_lines(root: Path, name: str, errors: list[str] | None = None) -> list[str]:
+    """A readable account of one baseline: where it came from and every budget. FileNotFoundError
+    when there is none; what cannot be read is added to ``errors`` (BaselineError without a
+    readable JSON)."""
+    errors = [] if errors is None else errors
     name = name.removesuffix(".json").removesuffix(".npz")
-    meta = read_meta(root, name)
+    pair = _pair(root, name)
+    if not pair.exists:
+        raise FileNotFoundError(f"no baseline {name} under {root}")
+    problems = _problems(pair)
+    errors += [str(e) for e in problems]
+    meta = pair.meta
     if meta is None:
-        raise FileNotFoundError(f"no readable baseline {name} under {root}")
+        raise BaselineError(str(problems[0]))
     lines = [f"{name}",
              f"  written on {meta.get('written_on')} with torch {meta.get('torch')}, schema {meta.get('schema_version')}",
              f"  seed {meta.get('seed')}, input checksum {str(meta.get('input_checksum'))[:16]}",
              f"  input spec {json.dumps(meta.get('input_spec'), sort_keys=True)}",
              f"  outputs {json.dumps(meta.get('dtypes'), sort_keys=True)}"]
-    arrays = _arrays(Path(root) / f"{name}.npz")
-    if arrays is not None:
-        lines.append("  tensors " + ", ".join(f"{n} {tuple(a.shape)}" for n, a in sorted(arrays.items())))
+    if pair.arrays is not None:
+        lines.append("  tensors " + ", ".join(f"{n} {tuple(a.shape)}" for n, a in sorted(pair.arrays.items())))
     for key, entry in sorted((meta.get("budgets") or {}).items()):
         lines.append(f"  [{key}] {entry.get('machine')}, torch {entry.get('torch')}")
         for output, rec in sorted((entry.get("outputs") or {}).items()):
@@ -101,18 +123,12 @@ def show_lines(root: Path, name: str) -> list[str]:
     return lines
 
 
-def _arrays(path: Path) -> dict | None:
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            return {n: np.array(z[n]) for n in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, KeyError):
-        return None
-
-
-def diff_lines(a: Path, b: Path) -> list[str]:
+def diff_lines(a: Path, b: Path, errors: list[str] | None = None) -> list[str]:
     """Every difference between two baseline directories that a reviewer needs: baselines on one
     side only, budgets present on one side only, every budget field that moved (``old -> new``),
-    and reference tensors that changed. One line each, sorted by baseline."""
+    and reference tensors that changed. One line each, sorted by baseline. A baseline that cannot
+    be read on either side is compared no further and named in ``errors``."""
+    errors = [] if errors is None else errors
     a, b = Path(a), Path(b)
     names_a, names_b = set(baseline_names(a)), set(baseline_names(b))
     lines = []
@@ -123,7 +139,12 @@ def diff_lines(a: Path, b: Path) -> list[str]:
         if name not in names_a:
             lines.append(f"{name} only in {b}")
             continue
-        ba, bb = _budgets(read_meta(a, name)), _budgets(read_meta(b, name))
+        pa, pb = _pair(a, name), _pair(b, name)
+        problems = _problems(pa) + _problems(pb)
+        if problems:
+            errors += [str(e) for e in problems]
+            continue
+        ba, bb = _budgets(pa.meta), _budgets(pb.meta)
         for key, output in sorted(set(ba) | set(bb)):
             head = f"{name} [{key}] {output}"
             if (key, output) not in bb:
@@ -135,28 +156,24 @@ def diff_lines(a: Path, b: Path) -> list[str]:
                 # the tensor budgets' fields in their usual order, then any others (training budgets)
                 fields = [f for f in BUDGET_FIELDS if f in old or f in new] + sorted((set(old) | set(new)) - set(BUDGET_FIELDS))
                 lines += [f"{head} {f} {old.get(f)!r} -> {new.get(f)!r}" for f in fields if old.get(f) != new.get(f)]
-        lines += _tensor_changes(name, a, b)
+        lines += _tensor_changes(name, a, b, pa.arrays, pb.arrays)
     return lines
 
 
-def _tensor_changes(name: str, a: Path, b: Path) -> list[str]:
-    pa, pb = a / f"{name}.npz", b / f"{name}.npz"
-    if not (pa.is_file() and pb.is_file()) or pa.read_bytes() == pb.read_bytes():
-        return []
-    ta, tb = _arrays(pa), _arrays(pb)
-    if ta is None or tb is None:
-        return [f"{name} tensors unreadable in {a if ta is None else b}"]
+def _tensor_changes(name: str, a: Path, b: Path, ta: dict, tb: dict) -> list[str]:
     out = []
     for n in sorted(set(ta) | set(tb)):
         if n not in ta or n not in tb:
             out.append(f"{name} tensor {n} only in {a if n in ta else b}")
-        elif ta[n].shape != tb[n].shape:
-            out.append(f"{name} tensor {n} shape {ta[n].shape} -> {tb[n].shape}")
-        elif not np.array_equal(ta[n], tb[n], equal_nan=True):
-            diff = np.abs(ta[n].astype(np.float64) - tb[n].astype(np.float64))
+            continue
+        x, y = ta[n].numpy(), tb[n].numpy()
+        if x.shape != y.shape:
+            out.append(f"{name} tensor {n} shape {x.shape} -> {y.shape}")
+        elif not np.array_equal(x, y, equal_nan=True):
+            diff = np.abs(x.astype(np.float64) - y.astype(np.float64))
             finite = diff[np.isfinite(diff)]
-            n_diff = int(np.count_nonzero(~((ta[n] == tb[n]) | (np.isnan(ta[n]) & np.isnan(tb[n])))))
-            out.append(f"{name} tensor {n} changed in {n_diff} of {ta[n].size} elements"
+            n_diff = int(np.count_nonzero(~((x == y) | (np.isnan(x) & np.isnan(y)))))
+            out.append(f"{name} tensor {n} changed in {n_diff} of {x.size} elements"
                        + (f", max abs {float(finite.max()):.4g}" if finite.size else ""))
     return out
 

@@ -3,10 +3,12 @@ run, the baseline files that no suite case and no ``golden`` check looked up or 
 
 Only what the run could have used is judged, so a partial run never calls a baseline unused:
 
-- nothing at all when the run stopped early (``-x``, ``--maxfail``, interrupted) or collection
-  failed;
-- not the baselines of cases collected but deselected (``-k``, ``-m``): a suite case's own file,
-  and for a user test every baseline under its module and test name (as syrupy, which does not
+- nothing at all when the run stopped early (``-x``, ``--maxfail``, interrupted), collection
+  failed, or an xdist worker went down (its usage went with it);
+- never the baseline of a suite case that was collected, whatever became of it (deselected by
+  ``-k`` or ``-m``, skipped inside the suite, crashed before or after its lookup): its own file;
+- not the baselines of a user test that was deselected or did not pass (it may have failed
+  before its lookup): every baseline under its module and test name (as syrupy, which does not
   call a deselected test's snapshots unused);
 - only baselines of configs this run used at least once (``--precision-configs``, configs the
   device skips such as ``tf32`` on a CPU, SDPA backends it lacks such as ``+cudnn``);
@@ -45,10 +47,11 @@ class BaselineUsage:
     """What decides the scope, gathered during the run (and merged from xdist workers)."""
 
     used: set[str] = field(default_factory=set)  # "<key>/<config>", from BaselineStore.used
-    excused: set[str] = field(default_factory=set)  # deselected suite cases' "<key>/<config>"
-    excused_prefixes: set[str] = field(default_factory=set)  # deselected user tests' "<module>/<test>"
+    excused: set[str] = field(default_factory=set)  # collected suite cases' "<key>/<config>"
+    excused_prefixes: set[str] = field(default_factory=set)  # deselected or not passed user tests' "<module>/<test>"
     module_prefixes: set[str] = field(default_factory=set)
     whole_project: bool = True  # no file or node id arguments
+    workers_down: list[str] = field(default_factory=list)  # xdist workers that went down (their usage is lost)
 
     def as_workeroutput(self) -> dict:
         return {"used": sorted(self.used), "excused": sorted(self.excused),
@@ -59,8 +62,9 @@ class BaselineUsage:
         for name in ("used", "excused", "excused_prefixes", "module_prefixes"):
             getattr(self, name).update(data.get(name, ()))
 
-    def deselect(self, item) -> None:
-        """Excuse the baselines a deselected precision item would have used."""
+    def excuse(self, item) -> None:
+        """Excuse the baselines a precision item would have used: it was deselected, or (a suite
+        case) collected, or (a user test) did not pass."""
         case = getattr(item, "case", None)  # a suite item
         if case is not None:
             self.excused.add(f"{sanitize_key(case.baseline_key)}/{case.config_id}")
@@ -95,6 +99,8 @@ def incomplete_reason(usage: BaselineUsage, exitstatus, failed: int, maxfail: in
         return f"the run ended with {pytest.ExitCode(exitstatus).name}"
     if maxfail and failed >= maxfail:
         return "the run stopped at the first failures (-x, --maxfail)"
+    if usage.workers_down:
+        return f"a worker went down ({', '.join(usage.workers_down)})"
     return None
 
 

@@ -11,7 +11,8 @@ A kind has
   config's *rounded* inputs), a ``peer`` (a trusted implementation run in the same config), an
   :class:`OutputRule` per output (the dtype its ULPs count in, the budget's factor and floor) and
   ``grad_inputs`` (inputs whose gradients are outputs, under a seeded upstream gradient);
-- running: ``invoke`` (the call in the kind's convention) and ``validate`` (its output contract),
+- running: ``invoke`` (the call in the kind's convention) and ``validate`` (its output contract:
+  type, ``expected_shape``, and ``output_dtypes``, the dtypes a config can produce),
   ``variants`` (such as SDPA backends: objects with their own context and skip rule), ``configs``,
   ``check_target`` and ``default_targets``;
 - reporting: the evidence it returns (message body, summary fields, report fields).
@@ -306,13 +307,30 @@ class Kind:
     def expected_shape(self, values: dict[str, torch.Tensor], inputs: Any) -> tuple[int, ...]:
         raise NotImplementedError
 
+    def output_dtypes(self, config: Any, values: dict[str, torch.Tensor]) -> tuple[torch.dtype, ...]:
+        """The dtypes the forward output may have under ``config``: the dtype of the first floating
+        input (the kind's output is typed as its input: softmax's x, attention's q); under
+        autocast also the autocast dtype (an op autocast lowers returns it); under an fp8 recipe
+        also the fp8 format (a kernel may return it quantised; the callable itself sees fp32).
+        Anything else, float64 included, is a break of the kind's contract in every config."""
+        dtypes = [next(iter(values.values())).dtype]
+        for extra in (getattr(config, "autocast_dtype", None), getattr(config, "fp8", None)):
+            if extra is not None and extra not in dtypes:
+                dtypes.append(extra)
+        return tuple(dtypes)
+
     def validate(self, case: Case, out: Any, values: dict[str, torch.Tensor], inputs: Any, where: str) -> None:
-        """Raise TargetError when ``out`` breaks the kind's output contract."""
+        """Raise TargetError when ``out`` breaks the kind's output contract: its type, its shape
+        (``expected_shape``) or its dtype (``output_dtypes``)."""
         if not isinstance(out, torch.Tensor):
             raise TargetError(f"{where} returned {type(out).__name__}, expected a tensor")
         expect = tuple(self.expected_shape(values, inputs))
         if tuple(out.shape) != expect:
             raise TargetError(f"{where}: shape mismatch, output {tuple(out.shape)}, expected {expect}")
+        allowed = self.output_dtypes(case.config, values)
+        if out.dtype not in allowed:
+            what = " or ".join(str(d) for d in allowed)
+            raise TargetError(f"{where}: output dtype {out.dtype}, the kind gives {what} under {case.config.id}")
 
     def reference(self, *args, **kwargs) -> torch.Tensor:
         """The exact result in the kind's convention, run in float64 on the rounded inputs."""

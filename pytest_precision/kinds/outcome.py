@@ -101,7 +101,7 @@ class Outcome:
         return {"suite": self.suite, "kind": self.kind, "target": self.target, "config": self.config,
                 "regime": self.regime, **self.evidence.record_fields(self), "passed": self.passed,
                 "categories": self.categories, "baseline_update": self.baseline.updated,
-                "borrowed_budget": self.baseline.note is not None}
+                "baseline_refused": self.baseline.refused_line, "borrowed_budget": self.baseline.note is not None}
 
     def report_details(self) -> dict:
         b = self.baseline

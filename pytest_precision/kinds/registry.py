@@ -7,19 +7,27 @@ group. A kind is named by an import path and loaded the first time it is needed.
 
 Targets: ``pytest_precision.register("name", fn, kind="softmax")`` (or as a decorator) in a
 ``conftest.py``, or ini lines ``precision_targets = package.module:function kind``.
+
+One name, one file: a name (of a target, a kind, a regime) becomes a directory of the baseline
+store and a token of pytest's ``-k`` expressions, so it is 1 to 100 letters, digits and
+``_ . + -`` (an ini target's name is its ``module:function``), and two names that would share a
+directory (told apart only by case, or ``:`` against ``_``) are refused with both names. A name
+is one target: the same name under a second kind is refused too.
 """
 from __future__ import annotations
 
 import importlib
+import re
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
+from ..baselines.store import file_component, name_problem, sanitize_key as sanitize
 from .base import Kind
 from .target import Target, TargetError
 
 __all__ = ["Target", "TargetError", "BUILTIN_KINDS", "ENTRY_POINT_GROUP", "register_kind", "get_kind", "kinds",
            "kind_names", "forget_project_kinds", "register", "registered", "clear", "parse_ini_targets",
-           "parse_ini_kinds", "resolve"]
+           "parse_ini_kinds", "resolve", "target_names_problem"]
 
 # name -> import path of the kind object; imported when first needed
 BUILTIN_KINDS = {
@@ -66,8 +74,28 @@ def _load(name: str) -> Kind:
         raise ValueError(f"kind {name!r}: {path!r} is a {type(kind).__name__}, not a pytest_precision.Kind")
     if kind.name != name:
         raise ValueError(f"kind {name!r}: {path!r} is the kind {kind.name!r}")
+    _check_names(kind)
     _KINDS[name] = kind
     return kind
+
+
+def _check_names(kind: Kind) -> None:
+    """The kind's name and its regimes' names follow the rule of names (module docstring)."""
+    problem = name_problem(kind.name)
+    if problem:
+        raise ValueError(f"kind name {problem}")
+    for key, regime in kind.regimes.items():
+        problem = name_problem(regime.name) or (None if key == regime.name else
+                                                f"{key!r} names the regime {regime.name!r}")
+        if problem:
+            raise ValueError(f"kind {kind.name!r}: regime name {problem}")
+    if kind.drawn is not None and name_problem(kind.drawn.name):
+        raise ValueError(f"kind {kind.name!r}: regime name {name_problem(kind.drawn.name)}")
+    folded = {}
+    for name in kind.regime_names():
+        other = folded.setdefault(file_component(name), name)
+        if other != name:
+            raise ValueError(f"kind {kind.name!r}: regime names {other!r} and {name!r} would share baseline files")
 
 
 def register_kind(kind: "Kind | str") -> Kind:
@@ -86,6 +114,7 @@ def register_kind(kind: "Kind | str") -> Kind:
         raise ValueError(f"kind {kind.name!r} is the name of a built-in or installed kind; give yours another name")
     if old is not None:
         raise ValueError(f"kind {kind.name!r} is already registered ({old!r})")
+    _check_names(kind)
     _KINDS[kind.name] = kind
     _PROJECT.add(kind.name)
     return kind
@@ -127,8 +156,12 @@ def parse_ini_kinds(lines: list[str]) -> list[Kind]:
         if ":" not in line or len(line.split()) != 1:
             raise ValueError(f"precision_kinds: cannot read {raw!r}; expected 'package.module:KIND'")
         try:
-            out.append(register_kind(line))
-        except (ImportError, AttributeError, TypeError, ValueError) as e:
+            kind = resolve(line)
+        except Exception as e:  # anything a module raises on import, not only ImportError
+            raise ValueError(f"precision_kinds: {line!r}: importing it raised {type(e).__name__}: {e}") from e
+        try:
+            out.append(register_kind(kind))
+        except (TypeError, ValueError) as e:
             raise ValueError(f"precision_kinds: {line!r}: {e}") from e
     return out
 
@@ -139,7 +172,11 @@ _REGISTRY: dict[str, Target] = {}
 
 
 def register(name: str, fn: Callable | None = None, *, kind: str = "softmax"):
-    """Register ``fn`` as a target called ``name``; without ``fn``, a decorator."""
+    """Register ``fn`` as a target called ``name``; without ``fn``, a decorator. The name follows
+    the rule of names (module docstring); ValueError says why it does not."""
+    problem = name_problem(name)
+    if problem:
+        raise ValueError(f"target name {problem} (it names the target's baseline directory and its -k expression)")
     try:
         k = get_kind(kind)
     except ValueError as e:
@@ -148,8 +185,16 @@ def register(name: str, fn: Callable | None = None, *, kind: str = "softmax"):
     def add(f: Callable) -> Callable:
         k.check_target(name, f)
         old = _REGISTRY.get(name)
+        if old is not None and old.kind != kind:
+            raise ValueError(f"target {name!r} is already registered as a {old.kind} target (by {old.origin}); a name "
+                             f"is one target: register it for {kind} under another name")
         if old is not None and old.fn is not f:
             raise ValueError(f"target name {name!r} is already registered (by {old.origin}) for another callable")
+        clash = next((t for t in _REGISTRY.values() if t.name != name and file_component(t.name) == file_component(name)),
+                     None)
+        if clash is not None:
+            raise ValueError(f"target names {name!r} and {clash.name!r} would share baseline files (file systems and "
+                             "pytest's -k tell names apart without case): give one another name")
         _REGISTRY[name] = Target(name, f, kind, origin=getattr(f, "__module__", "?") or "?")
         return f
 
@@ -165,15 +210,21 @@ def clear() -> None:
     _REGISTRY.clear()
 
 
+INI_ORIGIN = "ini precision_targets"
+_INI_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*")
+
+
 def parse_ini_targets(lines: list[str]) -> list[Target]:
-    """Targets from ini lines ``package.module:function kind`` (kind defaults to softmax)."""
+    """Targets from ini lines ``package.module:function kind`` (kind defaults to softmax), each
+    named by its ``package.module:function``. Anything importing one raises is a ValueError
+    naming its line."""
     out = []
     for raw in lines:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split()
-        if len(parts) > 2 or ":" not in parts[0]:
+        if len(parts) > 2 or not _INI_SPEC.fullmatch(parts[0]) or len(parts[0]) > 100:
             raise ValueError(f"precision_targets: cannot read {raw!r}; expected 'package.module:function kind'")
         spec, kind_name = parts[0], (parts[1] if len(parts) == 2 else "softmax")
         try:
@@ -184,9 +235,29 @@ def parse_ini_targets(lines: list[str]) -> list[Target]:
             obj = resolve(spec)
         except (ImportError, AttributeError) as e:
             raise ValueError(f"precision_targets: cannot import {spec!r}: {e}") from e
+        except Exception as e:  # a module that raises on import: the line, not an INTERNALERROR
+            raise ValueError(f"precision_targets: {line!r}: importing {spec} raised {type(e).__name__}: {e}") from e
         try:
             kind.check_target(spec, obj)
         except TypeError as e:
             raise ValueError(f"precision_targets: {e}") from None
-        out.append(Target(spec, obj, kind_name, origin="ini precision_targets"))
+        out.append(Target(spec, obj, kind_name, origin=INI_ORIGIN))
     return out
+
+
+def target_names_problem(targets: list[Target]) -> str | None:
+    """A sentence when a target's name breaks the rule of names (a kind's default targets are not
+    registered, so not checked before), or when two of ``targets`` (registered and ini ones
+    together) would share baseline files: the same kind and the same name as the file system
+    spells it."""
+    seen: dict[tuple[str, str], Target] = {}
+    for t in targets:
+        problem = None if t.origin == INI_ORIGIN else name_problem(t.name)
+        if problem:
+            return f"{t.kind} target name {problem} ({t.origin})"
+        other = seen.setdefault((t.kind, file_component(t.name)), t)
+        if other is not t and other.name != t.name:
+            a, b = sorted((other.name, t.name))
+            return (f"target names {a!r} and {b!r} would share the baseline files of {t.kind}/{sanitize(t.name)}: "
+                    "give one another name")
+    return None

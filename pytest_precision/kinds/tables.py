@@ -11,7 +11,7 @@ from tabulate import tabulate
 
 from ..speed.timing import format_seconds
 
-__all__ = ["SummaryTable", "TensorTable", "TENSOR_TABLE", "ABS_ERROR_TABLE", "HEADERS", "fmt"]
+__all__ = ["SummaryTable", "TensorTable", "TENSOR_TABLE", "ABS_ERROR_TABLE", "HEADERS", "fmt", "worst"]
 
 
 def fmt(v) -> str:
@@ -21,6 +21,14 @@ def fmt(v) -> str:
     if math.isnan(v) or math.isinf(v):
         return str(v)
     return f"{v:.3g}"
+
+
+def worst(values, pick=max) -> float:
+    """The worst of a row's values (``pick``: max or min), NaN when any is NaN: a case whose
+    statistic could not be measured (a non-finite output) leaves the row's unmeasured too, and
+    min/max over NaN would otherwise depend on the order of the cases."""
+    values = [float(v) for v in values]
+    return math.nan if any(math.isnan(v) for v in values) else pick(values)
 
 
 class SummaryTable:
@@ -68,12 +76,17 @@ class TensorTable(SummaryTable):
             failed = [r for r in rs if not r["passed"]]
             cats = sorted({c for r in failed for c in r["categories"]})
             verdict = "pass" if not failed else f"FAIL {len(failed)}/{len(rs)}: {','.join(cats)}"
-            first = ((fmt(max(float(r["max_abs"]) for r in rs)), fmt(max(float(r["rms_abs"]) for r in rs)))
-                     if self.on_abs else (fmt(max(float(r["max_ulp"]) for r in rs)), fmt(max(float(r["max_rel"]) for r in rs))))
+            measured = [r for r in rs if "crashed" not in r]  # a crashed case counts, and has no metrics
+            if not measured:
+                rows.append((target, config, len(rs), "-", "-", "-", "-", "-", "-", verdict))
+                continue
+            first = ((fmt(worst(r["max_abs"] for r in measured)), fmt(worst(r["rms_abs"] for r in measured)))
+                     if self.on_abs else (fmt(worst(r["max_ulp"] for r in measured)), fmt(worst(r["max_rel"] for r in measured))))
             rows.append((
                 target, config, len(rs), *first,
-                fmt(min(float(r["sqnr_db"]) for r in rs)),
-                sum(r["overflow"] for r in rs), sum(r["underflow"] for r in rs), sum(r["nan"] for r in rs),
+                fmt(worst((r["sqnr_db"] for r in measured), min)),
+                sum(r["overflow"] for r in measured), sum(r["underflow"] for r in measured),
+                sum(r["nan"] for r in measured),
                 verdict,
             ))
         return rows

@@ -21,8 +21,11 @@ class Comparison:
     """Statistics of ``out`` against ``ref``, ULPs counted in ``dtype``.
 
     ``max_ulp`` covers every element (a NaN or inf facing a finite value makes it inf); the
-    mean, p99, abs, rel, SQNR and cosine cover the elements finite on both sides. ``max_rel``
-    skips references below the dtype's smallest normal, where relative error says nothing.
+    mean, p99, abs and rel cover the elements finite on both sides, and are NaN when there are
+    none; SQNR and cosine are whole-tensor figures, NaN when any element is NaN or infinite where
+    the reference is finite (a non-finite output is never shown as 0 off, inf dB or cosine 1).
+    ``max_rel`` skips references below the dtype's smallest normal, where relative error says
+    nothing.
     """
 
     shape: tuple[int, ...]
@@ -62,7 +65,7 @@ class Comparison:
         absolute error, the ULPs then only shown."""
         ulps = f"max ULP {_num(self.max_ulp)}, p99 ULP {_num(self.p99_ulp)}, mean ULP {_num(self.mean_ulp)}"
         errors = (f"max abs {_num(self.max_abs)}, RMS abs {_num(self.rms_abs)}, max rel {_num(self.max_rel)},"
-                  f" SQNR {_num(self.sqnr_db)} dB, cosine {self.cosine:.6f}")
+                  f" SQNR {_num(self.sqnr_db)} dB, cosine {'nan' if math.isnan(self.cosine) else f'{self.cosine:.6f}'}")
         counts = (f"overflow {self.overflow}, underflow {self.underflow}, NaN {self.nan},"
                   f" NaN expected but missing {self.missing_nan}, subnormals flushed {self.flushed_subnormal}")
         if judged_on == "abs":
@@ -136,6 +139,7 @@ def compare(
     fo, fr = o[both], r[both]
     fu = ulps[both]
     n_fin = fo.numel()
+    lost = bool((r_fin & ~torch.isfinite(o)).any())  # NaN or inf out where the reference is finite
     if n_fin:
         diff = (fo - fr).abs()
         max_abs = float(diff.max())
@@ -150,8 +154,9 @@ def compare(
         den = float(torch.linalg.vector_norm(fo)) * sig
         cosine = float((fo * fr).sum()) / den if den > 0 else (1.0 if err == 0 else 0.0)
     else:
-        max_abs = rms_abs = max_rel = mean_ulp = p99_ulp = 0.0
-        sqnr, cosine = math.inf, 1.0
+        max_abs = rms_abs = max_rel = mean_ulp = p99_ulp = sqnr = cosine = math.nan
+    if lost:
+        sqnr = cosine = math.nan
 
     worst = []
     numel = ulps.numel()
@@ -216,6 +221,8 @@ def _compare_fused(out, ref, dtype, scale, log_domain, underflow_floor, keep_ulp
     o = out.detach().to(torch.float64)
     r = ref.detach().to(device=o.device, dtype=torch.float64)
     ulps = ulp_distance(o / scale, r / scale, dtype, log_domain=log_domain) if keep_ulps else None
+    max_abs, max_rel, mean_ulp = st.max_abs, st.max_rel, st.mean_ulp
+    rms_abs = math.sqrt(st.sum_sq_err / st.n_finite) if st.n_finite else math.nan
     if st.n_finite:
         err, sig = math.sqrt(st.sum_sq_err), math.sqrt(st.sum_sq_ref)
         sqnr = sqnr_db(sig, err)
@@ -226,8 +233,10 @@ def _compare_fused(out, ref, dtype, scale, log_domain, underflow_floor, keep_ulp
             p99 = float(torch.quantile(fu.float(), 0.99)) if fu.numel() <= 16_000_000 else float(fu.max())
         else:
             p99 = st.quantile_bound(0.99)
-    else:
-        sqnr, cosine, p99 = math.inf, 1.0, 0.0
+    else:  # nothing finite on both sides: nothing measured (as the torch path)
+        sqnr = cosine = p99 = max_abs = rms_abs = max_rel = mean_ulp = math.nan
+    if bool((torch.isfinite(r) & ~torch.isfinite(o)).any()):
+        sqnr = cosine = math.nan
     worst = []
     if st.numel:
         if ulps is not None:
@@ -243,8 +252,7 @@ def _compare_fused(out, ref, dtype, scale, log_domain, underflow_floor, keep_ulp
             worst.append({"index": index, "out": float(o.flatten()[i]), "ref": float(r.flatten()[i]), "ulp": v})
     return Comparison(
         shape=tuple(out.shape), dtype=fmt.name, numel=st.numel, max_ulp=st.max_ulp, p99_ulp=p99,
-        mean_ulp=st.mean_ulp, max_abs=st.max_abs, rms_abs=math.sqrt(st.sum_sq_err / st.n_finite) if st.n_finite else 0.0,
-        max_rel=st.max_rel, sqnr_db=sqnr, cosine=cosine,
+        mean_ulp=mean_ulp, max_abs=max_abs, rms_abs=rms_abs, max_rel=max_rel, sqnr_db=sqnr, cosine=cosine,
         overflow=st.overflow, underflow=st.underflow, nan=st.nan, missing_nan=st.missing_nan,
         flushed_subnormal=st.flushed_subnormal, worst=worst, ulps=ulps,
     )

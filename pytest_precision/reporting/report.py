@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 
 from ..kinds.details import MAGNITUDE_EDGES, ULP_EDGES
-from .summary import borrowed_budgets_line, speed_lines, tables
+from .summary import borrowed_budgets_line, case_lines, speed_lines, tables
 
 __all__ = ["REPORT_SCHEMA", "REPORT_VERSION", "build_report", "write_json_report", "render_markdown",
            "write_markdown_report", "json_safe"]
@@ -76,6 +76,8 @@ REPORT_SCHEMA: dict = {
                 "regime": {"type": "string"},
                 "verdict": {"enum": ["pass", "fail", "skip"]},
                 "skip_reason": {"type": "string"},
+                "crash_reason": {"type": "string", "description": "a failed case that has no metrics: the target "
+                                 "raised, broke its kind's contract or ran past its time limit (category crash)"},
                 "categories": {"type": "array", "items": {"type": "string"}},
                 "headline": {"type": "string", "description": "the failure message's first line, without the node id"},
                 "metrics": {"type": "object", "description": "the forward output against the oracle, counts over every output",
@@ -99,6 +101,8 @@ REPORT_SCHEMA: dict = {
                                 "description": "why the golden did not judge, or whose budget it borrowed"},
                 "borrowed_budget": {"type": "boolean"},
                 "baseline_update": {"type": ["string", "null"]},
+                "baseline_refused": {"type": ["string", "null"],
+                                     "description": "under the update flag: the golden not written, and why"},
                 "timing": {"type": "object", "properties": {
                     "time_s": _NUMBER_OR_NULL, "speed_status": {"type": ["string", "null"]},
                     "speed_ratio": _NUMBER_OR_NULL, "peak_bytes": {"type": ["integer", "null"]}}},
@@ -129,8 +133,8 @@ REPORT_SCHEMA: dict = {
 
 _TIMING = ("time_s", "speed_status", "speed_ratio", "peak_bytes")
 _METRICS = ("max_ulp", "max_rel", "sqnr_db", "overflow", "underflow", "nan")
-_CARRIED = ("categories", "headline", "outputs", "golden_note", "borrowed_budget", "baseline_update", "error_by_magnitude",
-            "training", "training_detail")
+_CARRIED = ("categories", "headline", "outputs", "golden_note", "borrowed_budget", "baseline_update", "baseline_refused",
+            "error_by_magnitude", "training", "training_detail")
 
 
 def json_safe(value):
@@ -151,6 +155,8 @@ def _case(record: dict) -> dict:
     if "skipped" in record:
         return {**case, "verdict": "skip", "skip_reason": record["skipped"]}
     case["verdict"] = "pass" if record["passed"] else "fail"
+    if "crashed" in record:
+        case["crash_reason"] = record["crashed"]
     if all(k in record for k in _METRICS):  # training cases carry theirs under "training"
         case["metrics"] = {k: record[k] for k in _METRICS}
     case.update({k: record[k] for k in _CARRIED if k in record})
@@ -199,8 +205,8 @@ def render_markdown(records: list[dict], *, config_order: list[str], device: str
         if table.markdown_heading:
             lines += [f"### {table.markdown_heading}", ""]
         lines += [table.render(rs, config_order), ""]
-    notes = [line for line in (borrowed_budgets_line(records, numerics_key), *speed_lines(records, fingerprint),
-                               *extra_lines) if line]
+    notes = [line for line in (*case_lines(records), borrowed_budgets_line(records, numerics_key),
+                               *speed_lines(records, fingerprint), *extra_lines) if line]
     lines += [f"- {line}" for line in notes]
     if notes:
         lines.append("")

@@ -7,7 +7,8 @@ from ..kinds.registry import get_kind
 from ..kinds.tables import HEADERS, TENSOR_TABLE, SummaryTable
 from ..numerics.devices import device_class, numerics_key
 
-__all__ = ["HEADERS", "tables", "summary_rows", "render_summary", "borrowed_budgets_line", "speed_lines", "write_terminal_summary"]
+__all__ = ["HEADERS", "tables", "summary_rows", "render_summary", "borrowed_budgets_line", "speed_lines", "case_lines",
+           "write_terminal_summary"]
 
 
 def _table_of(record: dict) -> SummaryTable:
@@ -61,6 +62,30 @@ def speed_lines(records: list[dict], fingerprint: str) -> list[str]:
     return lines
 
 
+def case_lines(records: list[dict]) -> list[str]:
+    """The cases the tables cannot explain: each crashed case with its reason, and the skipped ones
+    by reason (a whole row's skip shows in its row too)."""
+    lines = [f"crashed: {r.get('nodeid') or r['target']}: {r['crashed']}"
+             for r in sorted(records, key=lambda r: r.get("nodeid") or r["target"]) if "crashed" in r]
+    skipped: dict[str, int] = {}
+    for r in records:
+        if "skipped" in r:
+            skipped[r["skipped"]] = skipped.get(r["skipped"], 0) + 1
+    lines += [f"{n} case(s) skipped: {reason}" for reason, n in sorted(skipped.items())]
+    return lines
+
+
+def baseline_lines(records: list[dict]) -> list[tuple[str, list[str]]]:
+    """Under the update flag: (heading, lines) of the goldens written and of those not accepted."""
+    out = []
+    for field, heading in (("baseline_update", "precision baselines written"),
+                           ("baseline_refused", "precision baselines not accepted")):
+        lines = sorted(r[field] for r in records if r.get(field))
+        if lines:
+            out.append((f"{heading}: {len(lines)}", lines))
+    return out
+
+
 def borrowed_budgets_line(records: list[dict], key: str) -> str | None:
     """Says how many cases were judged by budgets recorded on other machines."""
     n = sum(1 for r in records if r.get("borrowed_budget"))
@@ -76,15 +101,16 @@ def write_terminal_summary(tr, options, records: list[dict]) -> None:
 
     if not records:
         return
-    updates = sorted(r["baseline_update"] for r in records if r.get("baseline_update"))
-    if updates:
-        tr.write_sep("=", f"precision baselines written: {len(updates)} (under {options.store.root})")
-        for line in updates:
+    for heading, lines in baseline_lines(records):
+        tr.write_sep("=", f"{heading} (under {options.store.root})")
+        for line in lines:
             tr.write_line(line)
     key = numerics_key(options.device)
     for table, rs in tables(records):
         tr.write_sep("=", f"{table.title} (device {options.device}, budgets keyed {key}{table.detail})")
         tr.write_line(table.render(rs, [c.id for c in options.configs]))
+    for line in case_lines(records):
+        tr.write_line(line)
     borrowed = borrowed_budgets_line(records, key)
     if borrowed:
         tr.write_line(borrowed)

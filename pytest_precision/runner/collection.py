@@ -1,5 +1,11 @@
 """The suite's pytest items: one per kind x target x config x variant x regime, with stable ids
-(``precision-suite::softmax[torch.softmax-fp32-unit]``)."""
+(``precision-suite::softmax[torch.softmax-fp32-unit]``), and how one runs.
+
+Every case leaves a record for the summary and the reports, whatever happens to it: judged,
+skipped inside the suite (with the reason), or crashed (the target raised, broke its contract,
+or ran past its time limit; with the reason). Under the update flag its golden is written only
+when the case passed every check but the golden's own; otherwise it is "not accepted".
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,17 +13,19 @@ from pathlib import Path
 import pytest
 
 from ..baselines.lifecycle import BaselineCheck
+from ..baselines.store import file_component, name_problem
 from ..explain.audit import audit
 from ..explain.tracing import render_trace, trace
 from ..kinds.base import Case, Kind
 from ..kinds.outcome import PrecisionFailure
-from ..kinds.registry import kinds, registered
+from ..kinds.registry import kinds, registered, target_names_problem
 from ..kinds.target import Target, TargetError
 from ..speed.alignment import tensor_core_misalignments, warn_misalignments
 from ..speed.gate import check_speed
 from .options import OPTIONS_KEY, RECORDS_KEY, RunOptions
+from .timelimit import CaseTimeout, case_limit, time_limit
 
-__all__ = ["SuiteCollector", "SuiteItem", "suite_targets", "suites"]
+__all__ = ["SuiteCollector", "SuiteItem", "suite_targets", "suites", "keyword_expressions", "crash_reason"]
 
 LINT_SEEN_KEY = pytest.StashKey[set]()  # (target, op, dims) the alignment lint has warned about
 
@@ -47,16 +55,62 @@ class SuiteCollector(pytest.Collector):
     def collect(self):
         options: RunOptions = self.config.stash[OPTIONS_KEY]
         items = []
+        files: dict[str, str] = {}  # baseline file as the file system spells it -> the case's name
         for suite_kinds in suites().values():
             by_name = {k.name: k for k in suite_kinds}
-            for target in suite_targets(suite_kinds, options):
+            targets = suite_targets(suite_kinds, options)
+            problem = target_names_problem(targets)
+            if problem:
+                raise self.CollectError(problem)
+            for target in targets:
                 kind = by_name[target.kind]
                 for config in kind.configs(options.configs):
                     for variant in kind.variants(options.device):
                         for regime in kind.regime_names():
                             case = Case(kind, target, config, variant, regime, options.device)
+                            problem = name_problem(case.config_id)
+                            if problem:
+                                raise self.CollectError(f"kind {kind.name!r}: config name {problem}")
+                            other = files.setdefault(file_component(f"{case.baseline_key}/{case.config_id}"), case.name)
+                            if other != case.name:
+                                raise self.CollectError(f"cases {other} and {case.name} would share baseline files")
                             items.append(SuiteItem.from_parent(self, name=case.name, case=case))
         return items
+
+
+def keyword_expressions(items: list) -> None:
+    """Give each suite item the ``-k`` expression that selects it and nothing else: its name, less
+    every other item whose name contains it (``-k`` matches substrings without case:
+    ``softmax[t-fp32-unit]`` is inside ``safe_softmax[t-fp32-unit]``). Names follow the rule of
+    names, so the expression is a run of -k tokens and pastes as it is."""
+    by_bracket: dict[str, list[str]] = {}  # "[...]" part -> lower-cased names holding it
+    for item in items:
+        name = item.name.lower()
+        start = name.find("[")
+        while start >= 0:
+            end = name.find("]", start)
+            if end < 0:
+                break
+            by_bracket.setdefault(name[start:end + 1], []).append(item.name)
+            start = name.find("[", start + 1)
+    for item in items:
+        if not isinstance(item, SuiteItem):
+            continue
+        name = item.name.lower()
+        bracket = name[name.find("["):]
+        others = sorted({n for n in by_bracket.get(bracket, ()) if n != item.name and name in n.lower()})
+        item.keyword_expression = " and not ".join([item.name, *others])
+
+
+def crash_reason(error: BaseException) -> str:
+    """One line saying why a case crashed."""
+    if isinstance(error, (CaseTimeout, TargetError)):
+        text = error.reason if isinstance(error, CaseTimeout) else str(error)
+    elif isinstance(error, pytest.fail.Exception):
+        text = f"failed: {error.msg}"
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 class SuiteItem(pytest.Item):
@@ -66,30 +120,69 @@ class SuiteItem(pytest.Item):
         self.add_marker("precision")
         self.add_marker("precision_suite")
         self.outcome = None
+        self.keyword_expression = self.name  # keyword_expressions() refines it once every item is known
+
+    def _record(self, **fields) -> dict:
+        case = self.case
+        return {"target": case.target.name, "config": case.config_id, "regime": case.regime, "suite": case.kind.suite,
+                "kind": case.kind.name, "nodeid": self.nodeid, **fields}
 
     def runtest(self) -> None:
         options: RunOptions = self.config.stash[OPTIONS_KEY]
         records: list = self.config.stash[RECORDS_KEY]
         case = self.case
-        reason = case.config.skip_reason(options.device)
-        if reason:  # recorded, so the summary shows the config as skipped rather than dropping it
-            records.append({"target": case.target.name, "config": case.config_id, "regime": case.regime,
-                            "skipped": reason, "suite": case.kind.suite, "kind": case.kind.name, "nodeid": self.nodeid})
-            pytest.skip(reason)
         baseline = BaselineCheck(options.store, case.baseline_key, case.config_id, options.device, options.update,
-                                 options.update_command(suite_item=self.name,
+                                 options.update_command(suite_item=self.keyword_expression,
                                                         config_id=getattr(case.config, "base", case.config.id)))
+        try:
+            with time_limit(*case_limit(self, options.timeout)):
+                record, failure = self._run(options, baseline)
+        except pytest.skip.Exception as e:  # recorded, so the summary and reports show it with its reason
+            records.append(self._record(skipped=str(e.msg)))
+            raise
+        except (KeyboardInterrupt, pytest.exit.Exception):
+            raise
+        except BaseException as e:  # the target raised, broke its contract or ran past its limit
+            reason = crash_reason(e)
+            baseline.refuse(reason)
+            refused = f"{baseline.head} not accepted: {reason}" if options.update and not baseline.committed else None
+            records.append(self._record(passed=False, categories=["crash"], crashed=reason,
+                                        headline=f"FAIL crash ({reason})", baseline_refused=refused))
+            raise
+        records.append(record)
+        if failure is not None:
+            raise failure
+
+    def _run(self, options: RunOptions, baseline: BaselineCheck) -> tuple[dict, PrecisionFailure | None]:
+        case = self.case
+        reason = case.config.skip_reason(options.device)
+        if reason:
+            pytest.skip(reason)
         outcome = case.kind.run(case, baseline)
+        self._settle_golden(baseline, outcome)
         record = outcome.record()
-        if options.speed:
+        if options.speed and not outcome.baseline.refused:
             self._time(options, baseline, outcome, record)
         if options.trace or (options.audit and case.regime == case.kind.audit_regime):
             self._trace(options, outcome, record)
         record.update(outcome.report_details(), nodeid=self.nodeid)
         self.outcome = outcome
-        records.append(record)
-        if not outcome.passed:
-            raise PrecisionFailure(outcome.message(self.nodeid, baseline.update_command))
+        failure = None if outcome.passed else PrecisionFailure(outcome.message(self.nodeid, baseline.update_command))
+        return record, failure
+
+    @staticmethod
+    def _settle_golden(baseline: BaselineCheck, outcome) -> None:
+        """Under the update flag: write the golden the case prepared when it passed every check but
+        the golden's own, else drop it with the reason (one place for every kind)."""
+        if not baseline.pending:
+            return
+        blocking = [p.sentence for p in outcome.problems if p.check != "golden"]
+        if blocking:
+            baseline.refuse("; ".join(blocking))
+            return
+        baseline.commit()
+        if outcome.baseline.error:  # the write failed (a read-only directory)
+            outcome.add("golden", "baseline", outcome.baseline.error)
 
     def _time(self, options: RunOptions, baseline: BaselineCheck, outcome, record: dict) -> None:
         """The speed gate and the tensor-core lint for this case; adds to the outcome."""
@@ -131,6 +224,8 @@ class SuiteItem(pytest.Item):
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, PrecisionFailure):
             return str(excinfo.value)
+        if isinstance(excinfo.value, CaseTimeout):
+            return f"{self.nodeid}: {excinfo.value}"
         if isinstance(excinfo.value, TargetError):
             cause = excinfo.value.__cause__
             tb = "" if cause is None else "\n" + str(super().repr_failure(pytest.ExceptionInfo.from_exception(cause)))

@@ -1,5 +1,6 @@
 """Fixtures for users' own tests: ``precision_config`` (parametrised over the selected matrix) and
-``golden`` (the baseline store bound to the current test and config)."""
+``golden`` (the baseline store bound to the current test and config). Under the update flag the
+goldens a test checked are written when the test ends, and only when it passed."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +13,10 @@ from ..kinds.outcome import PrecisionFailure
 from ..numerics.configs import Config, Prepared
 from .options import OPTIONS_KEY
 
-__all__ = ["ActiveConfig", "GoldenFixture", "parametrize_precision_config", "precision_config", "golden"]
+__all__ = ["ActiveConfig", "GoldenFixture", "parametrize_precision_config", "precision_config", "golden", "CALL_REPORT"]
+
+# the test's call report (plugin.py's makereport hook), read by the golden fixture at teardown
+CALL_REPORT = pytest.StashKey[pytest.TestReport]()
 
 
 @dataclass
@@ -61,6 +65,7 @@ class GoldenFixture:
     def __init__(self, baseline: BaselineCheck, nodeid: str):
         self._golden, self._nodeid = baseline, nodeid
         self.results: list[BaselineResult] = []
+        self._checks: list[BaselineCheck] = [baseline]  # every golden this test checked (name= adds one)
 
     def check(self, out: torch.Tensor, reference: torch.Tensor, *, inputs: torch.Tensor | None = None,
               dtype: torch.dtype | None = None, log_domain: bool = False, name: str | None = None) -> BaselineResult:
@@ -68,6 +73,7 @@ class GoldenFixture:
         g = self._golden
         if name is not None:  # several goldens in one test
             g = BaselineCheck(g.store, f"{g.key}/{name}", g.config_id, g.device, g.update, g.update_command)
+            self._checks.append(g)
         res = g.check_output(out, reference, inputs=inputs, dtype=dtype, log_domain=log_domain)
         self.results.append(res)
         if res.error:
@@ -82,6 +88,17 @@ class GoldenFixture:
             lines.append(f"  to accept the new results: {g.update_command}")
             raise PrecisionFailure("\n".join(lines))
         return res
+
+    def settle(self, passed: bool) -> None:
+        """Write the goldens this test prepared under the update flag when it passed; else none."""
+        for g in self._checks:
+            if passed:
+                g.commit()
+            else:
+                g.refuse("the test did not pass")
+        errors = [r.error for r in self.results if r.error and r.updated is None and not r.refused]
+        if passed and errors:
+            raise PrecisionFailure(f"{self._nodeid}: golden baseline: {errors[0]}")
 
 
 def _drop_id(params: str, config_id: str) -> str:
@@ -105,9 +122,12 @@ def _test_key(request) -> tuple[str, str]:
 
 
 @pytest.fixture
-def golden(request) -> GoldenFixture:
+def golden(request):
     session = request.config.stash[OPTIONS_KEY]
     key, config_id = _test_key(request)
     cmd = session.update_command(nodeid=request.node.nodeid)
-    return GoldenFixture(BaselineCheck(session.store, key, config_id, session.device, session.update, cmd),
-                         request.node.nodeid)
+    fixture = GoldenFixture(BaselineCheck(session.store, key, config_id, session.device, session.update, cmd),
+                            request.node.nodeid)
+    yield fixture
+    report = request.node.stash.get(CALL_REPORT, None)
+    fixture.settle(passed=report is not None and report.passed)

@@ -3,6 +3,7 @@ records its suite cases leave for the summary and the reports."""
 from __future__ import annotations
 
 import functools
+import os
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,9 +13,10 @@ import torch
 
 from ..baselines.store import BaselineStore
 from ..kinds.registry import Target, parse_ini_targets
-from ..numerics.configs import Config, select_configs
+from ..numerics.configs import CONFIG_IDS, Config, select_configs
 from ..numerics.devices import fingerprint
 from ..speed.gate import DEFAULT_THRESHOLD
+from .timelimit import DEFAULT_TIMEOUT
 
 __all__ = ["RunOptions", "OPTIONS_KEY", "RECORDS_KEY"]
 
@@ -33,6 +35,7 @@ class RunOptions:
     trace: bool = False  # trace every suite case op by op (--precision-trace)
     parallel: str | None = None  # why this process's timings share the CPU by design (xdist workers)
     audit: bool = False  # audit the dtypes each op ran in, per target and config (--precision-audit)
+    timeout: float = DEFAULT_TIMEOUT  # seconds a suite case may run (ini precision_timeout; 0: no limit)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "RunOptions":
@@ -40,9 +43,14 @@ class RunOptions:
         device = config.getoption("precision_device") or default_device
         if device == "cuda" and not torch.cuda.is_available():
             raise pytest.UsageError("--precision-device=cuda: torch.cuda.is_available() is False on this machine")
+        run_suite = bool(config.getoption("precision_suite"))
+        spec = config.getoption("precision_configs")
+        if spec is not None and not spec.replace(",", " ").split():
+            raise pytest.UsageError(f"--precision-configs={spec!r} names no config; known: {', '.join(CONFIG_IDS)}")
         try:
-            configs = select_configs(config.getoption("precision_configs"))
-            ini_targets = parse_ini_targets(config.getini("precision_targets"))
+            configs = select_configs(spec)
+            # imported only when the suite runs: a target module's import is not every run's business
+            ini_targets = parse_ini_targets(config.getini("precision_targets")) if run_suite else []
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
         threshold = config.getoption("precision_speed_threshold")
@@ -59,11 +67,18 @@ class RunOptions:
         root = Path(config.getini("precision_baseline_dir") or "precision_baselines")
         if not root.is_absolute():
             root = config.rootpath / root
-        return cls(device, configs, BaselineStore(root), bool(config.getoption("precision_update_baselines")),
-                   bool(config.getoption("precision_suite")), default_device, ini_targets,
+        update = bool(config.getoption("precision_update_baselines"))
+        if update:
+            _check_writable(root)
+        raw_timeout = str(config.getini("precision_timeout")).strip()
+        try:
+            timeout = float(raw_timeout)
+        except ValueError:
+            raise pytest.UsageError(f"precision_timeout = {raw_timeout}: give seconds (0: no limit)") from None
+        return cls(device, configs, BaselineStore(root), update, run_suite, default_device, ini_targets,
                    speed=not config.getoption("precision_no_speed"), speed_threshold=threshold,
                    trace=bool(config.getoption("precision_trace")), audit=bool(config.getoption("precision_audit")),
-                   parallel=_parallel(config))
+                   parallel=_parallel(config), timeout=timeout)
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -87,6 +102,16 @@ class RunOptions:
 def _parallel(config: pytest.Config) -> str | None:
     workers = getattr(config, "workerinput", {}).get("workercount")
     return None if workers is None else f"timed by one of {workers} pytest-xdist workers sharing the CPU"
+
+
+def _check_writable(root: Path) -> None:
+    """One usage error, naming the directory, rather than one failure per case."""
+    existing = root
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        where = "" if existing == root else f": {existing} is not writable"
+        raise pytest.UsageError(f"--precision-update-baselines: cannot write to the baseline directory {root}{where}")
 
 
 OPTIONS_KEY = pytest.StashKey[RunOptions]()

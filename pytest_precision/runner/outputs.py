@@ -56,15 +56,30 @@ class RunOutputs:
     def pytest_deselected(self, items) -> None:
         for item in items:
             if item.get_closest_marker("precision"):
-                self.usage.deselect(item)
+                self.usage.excuse(item)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         self.usage.module_prefixes |= {module_prefix(i.nodeid) for i in session.items
                                        if not i.nodeid.startswith("precision-suite")}
+        # a collected suite case keeps its golden whatever becomes of it (skipped, crashed before
+        # its lookup); a user test keeps its goldens unless it passes (runtest_logreport)
+        self._user_tests = {}
+        for item in session.items:
+            if getattr(item, "case", None) is not None:
+                self.usage.excuse(item)
+            elif item.get_closest_marker("precision"):
+                self._user_tests[item.nodeid] = item
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        item = getattr(self, "_user_tests", {}).get(report.nodeid)
+        if item is not None and (report.failed or report.skipped):
+            self.usage.excuse(item)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
         self.usage.merge(getattr(node, "workeroutput", {}).get(USAGE_OUTPUT_KEY, {}))
+        if error is not None:
+            self.usage.workers_down.append(getattr(getattr(node, "gateway", None), "id", "?"))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
         state = self.config.stash[OPTIONS_KEY]
