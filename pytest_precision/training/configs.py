@@ -11,7 +11,10 @@ import torch
 
 from ..numerics.configs import CONFIGS
 
-__all__ = ["TrainConfig", "TRAIN_CONFIGS"]
+__all__ = ["TrainConfig", "TRAIN_CONFIGS", "FLOAT64", "GRAD_SCALER_INIT_SCALE"]
+
+# torch.amp.GradScaler's default init_scale: the scale a loop with a scaler starts from
+GRAD_SCALER_INIT_SCALE = 2.0 ** 16
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,16 @@ class TrainConfig:
             return torch.float8_e5m2
         return self.autocast_dtype or self.param_dtype
 
+    def underflow_scale(self, scale_used: float | None) -> float:
+        """The loss scale a gradient's range is judged at: the one the step ran with, and for fp16
+        autocast without a scaler the GradScaler's initial scale (that config exists to show what
+        the scaler keeps); 1 where no scaling is needed."""
+        if scale_used:
+            return scale_used
+        if self.autocast_dtype == torch.float16 and not self.loss_scaling:
+            return GRAD_SCALER_INIT_SCALE
+        return 1.0
+
     def skip_reason(self, device: str) -> str | None:
         """Why the matrix config this recipe belongs to cannot run on ``device``, or None (the
         training kind adds the DDP cases' own reasons)."""
@@ -85,3 +98,7 @@ TRAIN_CONFIGS: dict[str, TrainConfig] = {c.id: c for c in (
     TrainConfig("ddp-bf16", "bf16", "DDP on 2 processes, gradients all-reduced through bf16_compress_hook, against "
                 "uncompressed DDP", 0.0, ddp_hook="bf16"),
 )}
+
+# the first step in float64, no autocast: the exact gradients and update the rates are judged
+# against (and the run the first fault is localised against); not a config of the suite
+FLOAT64 = TrainConfig("float64", "fp32", "float64 reference of the first step", 0.0, param_dtype=torch.float64)
