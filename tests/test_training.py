@@ -159,23 +159,16 @@ def test_first_nonfinite_gradient_is_named():
     assert run.first_nonfinite == (0, "gradient of w")
 
 
-class _Attention(nn.Module):
-    """One causal self-attention layer with a q/k/v bias (as GPT-2): the key part of the bias has an
-    exactly-zero gradient, since softmax ignores a constant added to a query's scores."""
+def _attention_model() -> type:
+    """The suite tests' attention layer with a q/k/v bias (test_training_suite.ATTENTION_MODEL)."""
+    from test_training_suite import ATTENTION_MODEL
 
-    def __init__(self):
-        super().__init__()
-        self.tok = nn.Embedding(32, 16)
-        self.qkv = nn.Linear(16, 48)
-        self.head = nn.Linear(16, 32)
+    namespace = {"torch": torch, "nn": nn, "F": torch.nn.functional}
+    exec(ATTENTION_MODEL.format(SCALE=""), namespace)
+    return namespace["TinyAttention"]
 
-    def forward(self, tokens, targets):
-        x = self.tok(tokens)
-        b, s, w = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, 2, w // 2).permute(2, 0, 3, 1, 4)
-        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        logits = self.head(x + a.transpose(1, 2).reshape(b, s, w))
-        return logits, torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+_Attention = _attention_model()
 
 
 def _attention_loss(model, batch):

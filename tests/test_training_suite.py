@@ -111,17 +111,9 @@ pytest_precision.register("no_scaler", pytest_precision.TrainSpec(lambda: Net(1e
 
 
 # nanoGPT's shape in small: a causal self-attention layer with a q/k/v bias (the key part of its
-# gradient is exactly 0), forward returning (logits, loss), a loss_fn, optimizer_fn taking the
-# model, the usual AMP loop with clipping, learnable Markov-chain text
-ATTENTION = """
-import torch
-import torch.nn.functional as F
-from torch import nn
-import pytest_precision
-from pytest_precision.training import MarkovText
-
-
-class TinyAttention(nn.Module):
+# gradient is exactly 0: softmax ignores a constant added to a query's scores), forward returning
+# (logits, loss); tests/test_training.py builds it too
+ATTENTION_MODEL = """class TinyAttention(nn.Module):
     def __init__(self):
         super().__init__()
         self.tok = nn.Embedding(32, 16)
@@ -135,7 +127,18 @@ class TinyAttention(nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True{SCALE})
         logits = self.head(x + a.transpose(1, 2).reshape(b, s, w))
         return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+"""
+# the model with a loss_fn, optimizer_fn taking the model, the usual AMP loop with clipping,
+# learnable Markov-chain text
+ATTENTION = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+import pytest_precision
+from pytest_precision.training import MarkovText
 
+
+""" + ATTENTION_MODEL + """
 
 def model():
     return TinyAttention()
@@ -381,20 +384,68 @@ pytest_precision.register("net", pytest_precision.TrainSpec(Net, sgd, batch, ste
     result.stdout.fnmatch_lines([f"*{meta}: corrupt baseline metadata*"])
 
 
-def test_changed_model_moves_the_fp32_trajectory(pytester):
-    pytester.makeconftest(HEADER + """
-pytest_precision.register("net", pytest_precision.TrainSpec(Net, sgd, batch, steps=3), kind="train_step")
-""")
+NET3 = HEADER + """
+pytest_precision.register("net", pytest_precision.TrainSpec(Net, {OPTIMIZER}, batch, steps=3), kind="train_step")
+"""
+
+
+def _accept_then_change_the_optimizer(pytester, between=lambda: None):
+    """The fp32 golden of the Net under SGD at lr 0.1, then the session's run at lr 0.2."""
+    pytester.makeconftest(NET3.format(OPTIMIZER="sgd"))
     _run(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
-    pytester.makeconftest(HEADER + """
-pytest_precision.register("net", pytest_precision.TrainSpec(Net, lambda p: torch.optim.SGD(p, lr=0.2), batch, steps=3),
-                          kind="train_step")
-""")
+    between()
+    pytester.makeconftest(NET3.format(OPTIMIZER="lambda p: torch.optim.SGD(p, lr=0.2)"))
     result = _run(pytester, "--precision-configs=fp32")
     result.assert_outcomes(failed=1)
+    return result
+
+
+def test_changed_model_moves_the_fp32_trajectory(pytester):
+    result = _accept_then_change_the_optimizer(pytester)
     result.stdout.fnmatch_lines(["*FAIL regression*golden: the fp32 reference moved against cpu-*'s (relative tolerance "
                                  "1e-05): step 1 loss * vs *: the model, data, optimizer or torch changed the fp32 run "
                                  "itself, not its precision*"])
+
+
+def _rename_key(path, new: str) -> None:
+    """The golden as another machine of the same device type recorded it."""
+    import json
+
+    meta = json.loads(path.read_text())
+    meta["budgets"] = {new: record for record in meta["budgets"].values()}
+    path.write_text(json.dumps(meta))
+
+
+def test_a_machine_without_its_own_key_still_checks_the_fp32_reference(pytester):
+    def as_another_machine():
+        _rename_key(pytester.path / "precision_baselines" / "train_step" / "net" / "trajectory" / "fp32.json",
+                    "cpu-elsewhere")
+        _run(pytester, "--precision-configs=fp32").assert_outcomes(passed=1)  # within 1e-4 of its fp32 run
+
+    result = _accept_then_change_the_optimizer(pytester, as_another_machine)
+    result.stdout.fnmatch_lines(["*FAIL regression*golden: the fp32 reference moved against cpu-elsewhere's (relative "
+                                 "tolerance 0.0001): step 1 loss * vs *",
+                                 "*no budget recorded for cpu-*: judged by the widest recorded for cpu-elsewhere, its fp32 "
+                                 "reference held to theirs within 0.0001; record this machine's with: *"])
+
+
+def test_a_golden_of_an_earlier_format_says_to_re_accept(pytester):
+    import json
+
+    pytester.makeconftest(HEADER + """
+pytest_precision.register("net", pytest_precision.TrainSpec(Net, sgd, batch, steps=2), kind="train_step")
+""")
+    _run(pytester, "--precision-configs=amp-bf16", "--precision-update-baselines").assert_outcomes(passed=1)
+    path = pytester.path / "precision_baselines" / "train_step" / "net" / "trajectory" / "amp-bf16.json"
+    meta = json.loads(path.read_text())
+    for record in meta["budgets"].values():  # as the budgets were before gradient SQNR had one
+        del record["outputs"]["trajectory"]["budget"]["min_grad_sqnr_db"]
+    path.write_text(json.dumps(meta))
+    result = _run(pytester, "--precision-configs=amp-bf16")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([f"*FAIL baseline ({path}: the budget recorded for cpu-* is of an earlier format (no "
+                                 "min_grad_sqnr_db per parameter group): re-accept it with: pytest --precision-suite "
+                                 "-k *net-amp-bf16-trajectory* --precision-update-baselines)"])
 
 
 def test_step_that_raises_names_target_config_and_step(pytester):

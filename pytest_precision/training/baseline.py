@@ -177,6 +177,7 @@ class TrajectoryEntry(BaselineEntry):
     """A training run against the fp32 run: the accepted metrics and the fp32 reference."""
 
     names = (OUTPUT,)
+    borrowed_clause = f", its fp32 reference held to theirs within {CROSS_KEY_RTOL:g}"
 
     def __init__(self, config: TrainConfig, run: Trajectory, ref: Trajectory, metrics: TrainMetrics, batch0,
                  seed: int, budget_key: str):

@@ -11,8 +11,8 @@ Against the float64 step (the truth): which gradients underflowed and which upda
 An element counts only where the exact value is *significant*: above the format's underflow
 threshold at the loop's loss scale, and above the rounding noise of a sum that cancels (2^-24 of
 the tensor's largest exact value). A parameter whose exact gradient is 0, such as the key part of
-an attention bias (softmax ignores a constant added to a query's scores), holds about 1e-19 of
-rounding noise in float64 and 1e-11 in fp32, and 0 in every 16-bit path: it is not counted.
+an attention bias (softmax ignores a constant added to a query's scores), holds about 1e-18 of
+rounding noise in float64, 1e-11 to 1e-9 in fp32, and 0 or noise in 16 bits: it is not counted.
 Lost gradients whose exact value is below the format's range are counted apart (reported, not a
 defect of the code: the format cannot hold them).
 """
