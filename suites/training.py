@@ -39,7 +39,6 @@ import dataclasses
 import math
 import weakref
 
-import torch
 from tabulate import tabulate
 
 from pytest_precision.baselines.lifecycle import BaselineCheck

@@ -74,10 +74,6 @@ def logits_and_loss_model():
     return ReturnsLogitsAndLoss()
 
 
-def second_output(model, batch):
-    return model(*batch)[1]
-
-
 @pytest.fixture(scope="module")
 def tiny_gpt_hooks():
     return compare_ddp_hooks(tiny_gpt.SPEC)
@@ -130,7 +126,8 @@ def test_unpicklable_spec_is_refused_before_spawning():
     assert not multiprocessing.active_children()
 
 
-def test_a_forward_that_is_not_a_loss_is_refused_before_spawning_and_loss_fn_runs_it():
+def test_a_forward_that_is_not_a_loss_is_refused_before_spawning():
+    """(With a loss_fn the ranks run it: tests/test_training_suite.py's DDP cases on the attention model.)"""
     from pytest_precision.training import LossContractError
 
     spec = TrainSpec(logits_and_loss_model, sgd, tiny_grad_batch, steps=1)
@@ -138,8 +135,6 @@ def test_a_forward_that_is_not_a_loss_is_refused_before_spawning_and_loss_fn_run
     with pytest.raises(LossContractError, match=r"returned tuple of 2 \(Tensor, Tensor\).*loss_fn\(model, batch\)"):
         compare_ddp_hooks(spec)
     assert time.monotonic() - start < 1 and not multiprocessing.active_children()
-    result = compare_ddp_hooks(TrainSpec(logits_and_loss_model, sgd, tiny_grad_batch, steps=1, loss_fn=second_output))
-    assert result["fp16"].grad_sqnr_db > 54 and result["bf16"].grad_sqnr_db > 36
 
 
 def test_a_failing_rank_is_named_and_the_others_killed():
