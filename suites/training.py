@@ -76,10 +76,6 @@ def _g(v) -> str:
     return f"{v:.4g}"
 
 
-def _dtype(config: TrainConfig) -> str:
-    return str(config.compute_dtype).replace("torch.", "")
-
-
 class TrainingEvidence(Evidence):
     """A training run against the fp32 run from the same seed."""
 
@@ -127,8 +123,8 @@ class TrainingEvidence(Evidence):
         groups = ", ".join(f"{g} {_g(v)} dB" for g, v in m.group_grad_sqnr_db.items())
         at = f" (step {m.worst_grad_sqnr_at[0]}, {m.worst_grad_sqnr_at[1]})" if m.worst_grad_sqnr_at else ""
         lines.append(f"    gradient SQNR at the first step: {groups or '-'}; worst {_g(m.worst_grad_sqnr_db)} dB{at} "
-                     f"(floors {first_step_floor_db(c.compute_dtype):.3g} and {later_step_floor_db(c.compute_dtype):.3g} dB "
-                     f"for {_dtype(c)}); cosine with fp32's {m.grad_cosine:.6f}")
+                     f"(floors {first_step_floor_db(c.mantissa_bits):.3g} and {later_step_floor_db(c.mantissa_bits):.3g} dB "
+                     f"for {c.precision_name}); cosine with fp32's {m.grad_cosine:.6f}")
         lines.append(f"    final parameters: SQNR {_g(m.param_sqnr_db)} dB; update / fp32 update (median over steps) "
                      f"{_g(m.update_ratio)}")
         if len(m.groups) > 1:
@@ -136,7 +132,7 @@ class TrainingEvidence(Evidence):
                       for g, names in m.groups.items()]
         lines.append(rates_line(f"gradient-underflow rate (0 here, significant in {m.truth}, first step)", m.underflow_rate))
         if any(m.below_range_underflow.values()):
-            lines.append(rates_line(f"lost below {_dtype(c)}'s range at the loop's scale (shown, not judged)",
+            lines.append(rates_line(f"lost below {c.precision_name}'s range at the loop's scale (shown, not judged)",
                                     m.below_range_underflow))
         lines.append(rates_line(f"update-lost rate (never moved here; {m.truth}'s first update fp32 keeps)",
                                 m.update_lost_rate))
@@ -253,9 +249,9 @@ def _first_applied(m: TrainMetrics) -> int | None:
 def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed) -> None:
     """Gradient SQNR (first and worst step), gradient-norm ratio and final-parameter SQNR against
     the floors of the compute format; a config that shows underflow reports them."""
-    dtype, name = c.compute_dtype, _dtype(c)
-    first, later = first_step_floor_db(dtype), later_step_floor_db(dtype)
-    low, high = grad_norm_band(dtype)
+    bits, name = c.mantissa_bits, c.precision_name
+    first, later = first_step_floor_db(bits), later_step_floor_db(bits)
+    low, high = grad_norm_band(bits)
     ratio = m.worst_grad_norm_ratio
     if ratio is not None and not low <= ratio <= high:
         step = next(i for i, r in enumerate(m.grad_norm_ratio) if r == ratio)

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from ..numerics.configs import CONFIGS
+from ..numerics.formats import format_of
 
 __all__ = ["TrainConfig", "TRAIN_CONFIGS", "FLOAT64", "GRAD_SCALER_INIT_SCALE"]
 
@@ -52,6 +53,16 @@ class TrainConfig:
         if self.fp8:
             return torch.float8_e5m2
         return self.autocast_dtype or self.param_dtype
+
+    @property
+    def mantissa_bits(self) -> int:
+        """The precision the config computes in, in mantissa bits: TF32's 10 (it has no dtype), else
+        the compute dtype's."""
+        return 10 if self.tf32 else format_of(self.compute_dtype).mantissa_bits
+
+    @property
+    def precision_name(self) -> str:
+        return "tf32" if self.tf32 else str(self.compute_dtype).replace("torch.", "")
 
     def underflow_scale(self, scale_used: float | None) -> float:
         """The loss scale a gradient's range is judged at: the one the step ran with, and for fp16

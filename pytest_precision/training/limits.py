@@ -98,20 +98,25 @@ def spread_floor(metric: str, accepted: float) -> float:
     return accepted if math.isinf(accepted) else (ratio - 1.0) * accepted + absolute
 
 
-def sqnr_floor_db(dtype: torch.dtype, margin_db: float) -> float:
-    """6.02 dB per mantissa bit of ``dtype`` less ``margin_db``, never below 0."""
-    return max(0.0, DB_PER_BIT * format_of(dtype).mantissa_bits - margin_db)
+def _bits(precision: torch.dtype | int) -> int:
+    return precision if isinstance(precision, int) else format_of(precision).mantissa_bits
 
 
-def first_step_floor_db(dtype: torch.dtype) -> float:
-    return sqnr_floor_db(dtype, FIRST_STEP_MARGIN_DB)
+def sqnr_floor_db(precision: torch.dtype | int, margin_db: float) -> float:
+    """6.02 dB per mantissa bit (of a dtype, or a count: TF32 has 10) less ``margin_db``, never
+    below 0."""
+    return max(0.0, DB_PER_BIT * _bits(precision) - margin_db)
 
 
-def later_step_floor_db(dtype: torch.dtype) -> float:
-    return sqnr_floor_db(dtype, LATER_STEP_MARGIN_DB)
+def first_step_floor_db(precision: torch.dtype | int) -> float:
+    return sqnr_floor_db(precision, FIRST_STEP_MARGIN_DB)
 
 
-def grad_norm_band(dtype: torch.dtype) -> tuple[float, float]:
+def later_step_floor_db(precision: torch.dtype | int) -> float:
+    return sqnr_floor_db(precision, LATER_STEP_MARGIN_DB)
+
+
+def grad_norm_band(precision: torch.dtype | int) -> tuple[float, float]:
     """The gradient-norm ratio a correct step stays within: 1 -/+ the later-step floor's error."""
-    eps = min(1.0, db_to_error(later_step_floor_db(dtype)))
+    eps = min(1.0, db_to_error(later_step_floor_db(precision)))
     return (max(0.5, 1 / (1 + eps)), min(2.0, 1 + eps))
