@@ -7,29 +7,38 @@ fp32, tf32 (CUDA), amp-bf16, amp-fp16 with a GradScaler, amp-fp16 without one, p
 bf16 with stochastic rounding, fp8 Linear emulation; and ``ddp-fp16``, ``ddp-bf16``, DDP's
 gradient-compression hooks against uncompressed DDP (ddp.py has their verdicts).
 
-A case fails when, against the fp32 run of this session:
+Before anything runs, ``model_fn`` and every ``batch_fn(i)`` are called twice and compared: a spec
+that does not repeat itself is an error of the target, and nothing is written.
+
+A case fails when, against the fp32 run of this session (floors from ``training.limits``, drawn
+from the compute format's mantissa bits):
 
 - a loss is not finite (the scaler scales only the backward: a non-finite loss is the forward's
   own), or a gradient is not finite at a step the GradScaler did not skip;
 - a step's loss deviates by more than the config's ``loss_rtol``;
+- the gradients' SQNR in some optimizer parameter group is below the first-step floor at the first
+  step the optimizer ran, or below the later-step floor at some step; the gradient norm leaves its
+  band at some step; the final parameters' SQNR is below the later-step floor (gradients clipped
+  before ``scaler.unscale_`` are 1/loss-scale of fp32's: about 0 dB, and the message says so);
 - the parameter update is far from fp32's (median over steps of |update| / |fp32 update| outside
-  [1/2, 2]): gradients clipped before ``scaler.unscale_`` shrink it by about the loss scale;
-- in some parameter more than 5 % of the gradients fp32 has are 0 (gradient underflow), or more
-  than 5 % of the elements fp32 moved never moved (update lost), except in the configs that exist
-  to show that rate (amp-fp16 without a scaler shows underflow, pure bf16 lost updates): those
-  report it, and the regression budget holds it where it was accepted;
-- and against the golden (training/baseline.py): the fp32 trajectory moved, or the loss
-  deviation and the rates grew past their accepted budgets.
+  [1/2, 2]);
+- in some parameter more than 5 % of the significant gradients underflowed (0 here, within the
+  format's range at the loop's loss scale in the float64 step), or more than 5 % of the updates the
+  float64 step makes and fp32 weights keep were never made, except in the configs that exist to
+  show that (amp-fp16 without a scaler shows underflow and what follows from it, pure bf16 lost
+  updates): those report it, and the regression budget holds it where it was accepted;
+- and against the golden (training/baseline.py): the fp32 reference moved, or a metric grew past
+  its accepted budget.
 
 A failing case with a non-finite value or an underflow re-runs its first step traced, beside the
 same step in float64, and names the first op that lost the value (explain.faults.first_fault).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 
-import torch
 from tabulate import tabulate
 
 from pytest_precision.baselines.lifecycle import BaselineCheck
@@ -39,25 +48,24 @@ from pytest_precision.kinds.outcome import Evidence, Outcome, baseline_problems
 from pytest_precision.kinds.tables import SummaryTable, fmt
 from pytest_precision.kinds.target import Target, TargetError
 from pytest_precision.speed.timing import format_seconds
-from pytest_precision.training import (TRAIN_CONFIGS, TrainConfig, TrainingError, TrainMetrics, TrainSpec,
-                                       Trajectory, compare_trajectories, prepare_training, run_training)
+from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainConfig, TrainingError, TrainMetrics,
+                                       TrainSpec, Trajectory, check_determinism, compare_trajectories, exact_first_step,
+                                       prepare_training, run_training)
 from pytest_precision.training.baseline import TrajectoryEntry, rates_line
 from pytest_precision.training.distributed import ddp_skip_reason
+from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND, first_step_floor_db,
+                                              grad_norm_band, later_step_floor_db)
 
 from . import ddp
 
-__all__ = ["TRAIN_STEP", "TrainStepKind", "TrainingEvidence", "TRAINING_TABLE", "judge", "UNDERFLOW_LIMIT",
-           "UPDATE_LOST_LIMIT", "UPDATE_RATIO_BAND"]
+__all__ = ["TRAIN_STEP", "TrainStepKind", "TrainingEvidence", "TRAINING_TABLE", "judge"]
 
-UNDERFLOW_LIMIT = 0.05
-UPDATE_LOST_LIMIT = 0.05
-UPDATE_RATIO_BAND = (0.5, 2.0)
-_FLOAT64 = TrainConfig("float64", "fp32", "float64 reference of the first step (fault localisation)", 0.0,
-                       param_dtype=torch.float64)
-
-# spec -> {device: the fp32 run}, shared by the spec's configs; weak, so a spec's runs go when its
-# conftest does (pytester sessions in one process), and never keyed by id(), which a later spec reuses
+# spec -> {device: the fp32 run} and {(device, step): the float64 step or why it could not run}, shared
+# by the spec's configs; weak, so a spec's runs go when its conftest does (pytester sessions in one
+# process), and never keyed by id(), which a later spec reuses
 _REFERENCES: "weakref.WeakKeyDictionary[TrainSpec, dict[str, Trajectory]]" = weakref.WeakKeyDictionary()
+_EXACT: "weakref.WeakKeyDictionary[TrainSpec, dict]" = weakref.WeakKeyDictionary()
+_CHECKED: "weakref.WeakKeyDictionary[TrainSpec, str | None]" = weakref.WeakKeyDictionary()
 
 
 def _g(v) -> str:
@@ -78,7 +86,10 @@ class TrainingEvidence(Evidence):
         m = self.metrics
         uname, urate = m.worst(m.underflow_rate)
         lname, lrate = m.worst(m.update_lost_rate)
-        return {"steps": m.steps, "max_loss_deviation": m.max_loss_deviation, "grad_sqnr_db": m.grad_sqnr_db,
+        return {"steps": m.steps, "max_loss_deviation": m.max_loss_deviation,
+                "grad_sqnr_db": min(m.group_grad_sqnr_db.values(), default=m.grad_sqnr_db),
+                "group_grad_sqnr_db": dict(m.group_grad_sqnr_db), "worst_grad_sqnr_db": m.worst_grad_sqnr_db,
+                "grad_norm_ratio": m.worst_grad_norm_ratio,
                 "param_sqnr_db": m.param_sqnr_db, "max_underflow_rate": urate, "underflow_param": uname,
                 "max_update_lost_rate": lrate, "update_lost_param": lname, "update_ratio": m.update_ratio,
                 "skipped_steps": list(m.skipped), "first_nonfinite": list(m.first_nonfinite) if m.first_nonfinite else None,
@@ -91,8 +102,10 @@ class TrainingEvidence(Evidence):
         """The whole trajectories (the summary record has the table's metrics)."""
         m = self.metrics
         return {"training_detail": {"losses": m.losses, "fp32_losses": m.fp32_losses, "loss_deviation": m.loss_deviation,
-                                    "grad_norms": m.grad_norms, "fp32_grad_norms": m.fp32_grad_norms, "scales": m.scales,
-                                    "underflow_rate": m.underflow_rate, "update_lost_rate": m.update_lost_rate,
+                                    "grad_norms": m.grad_norms, "fp32_grad_norms": m.fp32_grad_norms,
+                                    "grad_norm_ratio": m.grad_norm_ratio, "scales": m.scales,
+                                    "underflow_rate": m.underflow_rate, "below_range_underflow": m.below_range_underflow,
+                                    "update_lost_rate": m.update_lost_rate, "rates_against": m.truth,
                                     "regression_budget": outcome.baseline.budgets.get("trajectory")}}
 
     def message_lines(self, outcome) -> list[str]:
@@ -102,15 +115,27 @@ class TrainingEvidence(Evidence):
         for i in range(m.steps):
             scale = m.scales[i] if i < len(m.scales) else None
             rows.append((i, _g(m.losses[i]), _g(m.fp32_losses[i]), _g(m.loss_deviation[i]),
-                         _g(m.grad_norms[i]), _g(m.fp32_grad_norms[i]),
+                         _g(m.grad_norms[i]), _g(m.fp32_grad_norms[i]), _g(m.grad_norm_ratio[i]),
                          "-" if scale is None else f"{scale:g}", "skipped" if i in m.skipped else ""))
         table = tabulate(rows, headers=("step", "loss", "fp32 loss", "rel. deviation", "grad norm", "fp32 grad norm",
-                                        "loss scale", ""), tablefmt="plain")
+                                        "ratio", "loss scale", ""), tablefmt="plain")
         lines += ["    " + row for row in table.splitlines()]
-        lines.append(f"    gradients at the first step: SQNR {_g(m.grad_sqnr_db)} dB; final parameters: SQNR "
-                     f"{_g(m.param_sqnr_db)} dB; update / fp32 update (median over steps) {_g(m.update_ratio)}")
-        lines.append(rates_line("gradient-underflow rate (0 here, nonzero in fp32, first step)", m.underflow_rate))
-        lines.append(rates_line("update-lost rate (never moved here, moved in fp32)", m.update_lost_rate))
+        groups = ", ".join(f"{g} {_g(v)} dB" for g, v in m.group_grad_sqnr_db.items())
+        at = f" (step {m.worst_grad_sqnr_at[0]}, {m.worst_grad_sqnr_at[1]})" if m.worst_grad_sqnr_at else ""
+        lines.append(f"    gradient SQNR at the first step: {groups or '-'}; worst {_g(m.worst_grad_sqnr_db)} dB{at} "
+                     f"(floors {first_step_floor_db(c.mantissa_bits):.3g} and {later_step_floor_db(c.mantissa_bits):.3g} dB "
+                     f"for {c.precision_name}); cosine with fp32's {m.grad_cosine:.6f}")
+        lines.append(f"    final parameters: SQNR {_g(m.param_sqnr_db)} dB; update / fp32 update (median over steps) "
+                     f"{_g(m.update_ratio)}")
+        if len(m.groups) > 1:
+            lines += [f"    {g}: {len(names)} tensors ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                      for g, names in m.groups.items()]
+        lines.append(rates_line(f"gradient-underflow rate (0 here, significant in {m.truth}, first step)", m.underflow_rate))
+        if any(m.below_range_underflow.values()):
+            lines.append(rates_line(f"lost below {c.precision_name}'s range at the loop's scale (shown, not judged)",
+                                    m.below_range_underflow))
+        lines.append(rates_line(f"update-lost rate (never moved here; {m.truth}'s first update fp32 keeps)",
+                                m.update_lost_rate))
         return lines
 
 
@@ -130,8 +155,8 @@ class TrainingTable(SummaryTable):
     title = "precision training summary"
     detail = "; each config against the fp32 run from the same seed"
     markdown_heading = "Training (each config against the fp32 run from the same seed)"
-    HEADERS = ("target", "config", "steps", "max loss dev.", "grad SQNR dB", "param SQNR dB", "grad underflow",
-               "update lost", "skipped", "step time", "vs fp32", "verdict")
+    HEADERS = ("target", "config", "steps", "max loss dev.", "grad SQNR dB (first, worst)", "param SQNR dB",
+               "grad underflow", "update lost", "skipped", "step time", "vs fp32", "verdict")
 
     def render(self, records: list[dict], config_order: list[str] | None = None) -> str:
         order = {c: i for i, c in enumerate(TRAIN_CONFIGS)}
@@ -146,7 +171,9 @@ class TrainingTable(SummaryTable):
             step, fp32_step = t.get("step_time_s"), t.get("fp32_step_time_s")
             timed = step is not None and math.isfinite(step) and step > 0
             speedup = f"{fp32_step / step:.2f} x" if timed and fp32_step and r["config"] != "fp32" else "-"
-            rows.append((r["target"], r["config"], t["steps"], _opt(t["max_loss_deviation"]), _opt(t["grad_sqnr_db"]),
+            worst = t.get("worst_grad_sqnr_db")
+            sqnr = _opt(t["grad_sqnr_db"]) + ("" if worst is None else f", {_opt(worst)}")
+            rows.append((r["target"], r["config"], t["steps"], _opt(t["max_loss_deviation"]), sqnr,
                          _opt(t["param_sqnr_db"]), _rate(t["max_underflow_rate"], t["underflow_param"]),
                          _rate(t["max_update_lost_rate"], t["update_lost_param"]), len(t["skipped_steps"]),
                          format_seconds(step) if timed else "-", speedup, verdict))
@@ -154,6 +181,24 @@ class TrainingTable(SummaryTable):
 
 
 TRAINING_TABLE = TrainingTable()
+
+
+def _clip_cause(m: TrainMetrics, ratio: float) -> str:
+    """Why the applied gradients are far smaller than fp32's, when a loss scale explains it."""
+    ran = [i for i, r in enumerate(m.grad_norm_ratio) if r is not None]
+    scaled = [m.grad_norms[i] * m.scales_used[i] for i in ran if i < len(m.scales_used) and m.scales_used[i]]
+    if not scaled or not ratio < 0.5:
+        return ""
+    scale = next(s for s in m.scales_used if s)
+    same = len(scaled) > 1 and max(scaled) <= 1.01 * min(scaled)
+    if same:  # clip_grad_norm_ on the scaled gradients leaves norm c; unscale_ then divides by the scale
+        return (f": the applied gradients have fp32's direction (cosine {m.grad_cosine:.4f}) and norm "
+                f"{scaled[0]:.3g} / the loss scale at every step: they were clipped to norm {scaled[0]:.3g} before "
+                "scaler.unscale_(optimizer), which then divided them by the scale; clip after unscale_")
+    if abs(math.log2(ratio * scale)) < 3:
+        return (f", about 1 / the loss scale {scale:g}: the gradients were clipped or changed before "
+                "scaler.unscale_(optimizer)")
+    return ""
 
 
 def judge(outcome: Outcome) -> None:
@@ -166,38 +211,72 @@ def judge(outcome: Outcome) -> None:
         cat = "overflow" if math.isinf(value) or what != "loss" else "nan"
         where = "" if what == "loss" else ", a step the GradScaler did not skip"
         add("oracle", cat, f"non-finite {what} at step {step} (loss {value:g}){where}")
+    finite = m.first_nonfinite is None
+
+    def shown_or_failed(key: str, category: str, sentence: str, limit: str) -> None:
+        if key in c.shows:
+            outcome.details.append(f"{c.id} shows this: {sentence} (reported, not held to {limit}; the regression "
+                                   "budget holds it where it was accepted)")
+        else:
+            add("oracle", category, sentence)
+
     worst = max(range(m.steps), key=lambda i: m.loss_deviation[i] if m.loss_deviation[i] is not None else -1.0)
-    if c.id != "fp32" and not m.loss_deviation[worst] <= c.loss_rtol and m.first_nonfinite is None:
-        add("oracle", "accuracy", f"loss deviates from fp32 by {m.loss_deviation[worst]:.3g} (relative) at step "
-                                  f"{worst} > {c.loss_rtol:g} allowed for {c.id}")
+    if c.id != "fp32" and not m.loss_deviation[worst] <= c.loss_rtol and finite:
+        shown_or_failed("underflow", "accuracy", f"loss deviates from fp32 by {m.loss_deviation[worst]:.3g} (relative) "
+                        f"at step {worst} > {c.loss_rtol:g} allowed for {c.id}", "the loss limit")
+    if c.id != "fp32" and finite:
+        _judge_gradients(m, c, shown_or_failed)
     low, high = UPDATE_RATIO_BAND
     if m.update_ratio is not None and not low <= m.update_ratio <= high:
         s = f"the parameter update is {m.update_ratio:.3g} x the fp32 update (median over steps)"
-        scale = next((x for x in m.scales if x), None)
+        scale = next((x for x in m.scales_used if x), None)
         if scale and 0 < m.update_ratio < low and abs(math.log2(m.update_ratio * scale)) < 3:
             s += (f", about 1 / the loss scale {scale:g}: the gradients were clipped or changed before "
                   "scaler.unscale_(optimizer)")
-        if "update_size" in c.shows:
-            outcome.details.append(f"{c.id} shows this: {s} (reported, not held to the band {low:g} to {high:g})")
-        else:
-            add("oracle", "accuracy", s)
+        shown_or_failed("update_size", "accuracy", s, f"the band {low:g} to {high:g}")
     for key, rates, limit, word, cat in (("underflow", m.underflow_rate, UNDERFLOW_LIMIT, "gradient-underflow rate", "underflow"),
                                          ("update_lost", m.update_lost_rate, UPDATE_LOST_LIMIT, "update-lost rate", "accuracy")):
         name, rate = m.worst(rates)
-        if rate <= limit:
-            continue
-        if key in c.shows:
-            outcome.details.append(f"{c.id} shows this: {word} {100 * rate:.1f} % in {name} (reported, not held to the "
-                                   f"{100 * limit:g} % limit; the regression budget holds it where it was accepted)")
-        else:
-            add("oracle", cat, f"{word} {100 * rate:.1f} % in {name} > {100 * limit:g} % allowed")
+        if rate > limit:
+            shown_or_failed(key, cat, f"{word} {100 * rate:.1f} % in {name} > {100 * limit:g} % allowed",
+                            f"the {100 * limit:g} % limit")
     outcome.problems += baseline_problems(outcome.baseline)
+
+
+def _first_applied(m: TrainMetrics) -> int | None:
+    return next((i for i, r in enumerate(m.grad_norm_ratio) if r is not None), None)
+
+
+def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed) -> None:
+    """Gradient SQNR (first and worst step), gradient-norm ratio and final-parameter SQNR against
+    the floors of the compute format; a config that shows underflow reports them."""
+    bits, name = c.mantissa_bits, c.precision_name
+    first, later = first_step_floor_db(bits), later_step_floor_db(bits)
+    low, high = grad_norm_band(bits)
+    ratio = m.worst_grad_norm_ratio
+    if ratio is not None and not low <= ratio <= high:
+        step = next(i for i, r in enumerate(m.grad_norm_ratio) if r == ratio)
+        shown_or_failed("underflow", "accuracy", f"gradient norm {ratio:.3g} x fp32's at step {step} (a correct step "
+                        f"stays within {low:.3g} to {high:.3g} in {name}){_clip_cause(m, ratio)}", "the band")
+    bad = {g: v for g, v in m.group_grad_sqnr_db.items() if not v >= first}
+    later_bad = not (math.isnan(m.worst_grad_sqnr_db) or m.worst_grad_sqnr_db >= later)
+    if bad or later_bad:
+        parts = [f"{v:.3g} dB in {g} at the first step < {first:.3g} dB" for g, v in sorted(bad.items())]
+        step, group = m.worst_grad_sqnr_at or (None, None)
+        if later_bad and not (step == _first_applied(m) and group in bad):
+            parts.append(f"{m.worst_grad_sqnr_db:.3g} dB in {group} at step {step} < {later:.3g} dB")
+        shown_or_failed("underflow", "accuracy", f"gradient SQNR {', '.join(parts)}, what {name} keeps in a correct "
+                        "step", "the format's floors")
+    if not (math.isnan(m.param_sqnr_db) or m.param_sqnr_db >= later):
+        shown_or_failed("underflow", "accuracy", f"final-parameter SQNR {m.param_sqnr_db:.3g} dB < {later:.3g} dB, what "
+                        f"{name} keeps in a correct run", "the format's floor")
 
 
 class TrainStepKind(Kind):
     name = "train_step"
     suite = "training"
-    contract = "TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None) (pytest_precision.training)"
+    contract = ("TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None, loss_fn=None) "
+                "(pytest_precision.training)")
     table = TRAINING_TABLE
     audit_regime = "trajectory"
     REGIME = "trajectory"  # no input regimes: a run is the spec's own batches
@@ -237,23 +316,50 @@ class TrainStepKind(Kind):
                               "pytest_precision.TrainSpec")
         return target.fn
 
+    def check_spec(self, case: Case) -> TrainSpec:
+        """The case's spec, once per session found to repeat itself (``check_determinism``); a
+        TargetError otherwise, before anything runs or is written."""
+        spec = self._spec(case.target)
+        if spec not in _CHECKED:
+            try:
+                check_determinism(spec, f"target {case.target.name!r} (train_step)")
+                _CHECKED[spec] = None
+            except TrainingError as e:
+                _CHECKED[spec] = str(e)
+        if _CHECKED[spec] is not None:
+            raise TargetError(_CHECKED[spec])
+        return spec
+
     def _reference(self, case: Case) -> Trajectory:
         spec = self._spec(case.target)
         runs = _REFERENCES.setdefault(spec, {})
         if case.device not in runs:
             fp32 = TRAIN_CONFIGS["fp32"]
             try:
-                runs[case.device] = run_training(spec, fp32, case.device, self._where(case.target, fp32),
-                                                 keep_grads=True)
+                runs[case.device] = run_training(spec, fp32, case.device, self._where(case.target, fp32))
             except TrainingError as e:
                 raise TargetError(str(e)) from e.__cause__
         return runs[case.device]
+
+    def _exact(self, case: Case, spec: TrainSpec, step: int | None) -> ExactStep | str:
+        """The float64 first step (cached per step index), or why it could not run."""
+        if step is None:
+            return "no step ran"
+        cache = _EXACT.setdefault(spec, {})
+        if (case.device, step) not in cache:
+            try:
+                cache[case.device, step] = exact_first_step(spec, step, case.device,
+                                                            f"target {case.target.name!r}: the float64 step {step}")
+            except TrainingError as e:
+                cache[case.device, step] = str(e)
+        return cache[case.device, step]
 
     def run(self, case: Case, baseline: BaselineCheck) -> Outcome:
         reason = self.skip_reason(case)
         if reason:
             skip(reason)
-        spec, config = self._spec(case.target), case.config
+        config = case.config
+        spec = self.check_spec(case)
         if config.ddp_hook is not None:
             return ddp.run_case(self, case, spec, baseline)
         ref = self._reference(case)
@@ -261,15 +367,22 @@ class TrainStepKind(Kind):
             run = ref if config.id == "fp32" else run_training(spec, config, case.device, self._where(case.target, config))
         except TrainingError as e:
             raise TargetError(str(e)) from e.__cause__
-        metrics = compare_trajectories(run, ref)
-        result = baseline.check(TrajectoryEntry(config, run, ref, metrics, spec.batch_fn(0), spec.seed))
+        changed = next((i for i, (a, b) in enumerate(zip(run.batch_digests, ref.batch_digests)) if a != b), None)
+        if changed is not None:
+            raise TargetError(f"{self._where(case.target, config)}: batch_fn({changed}) returned other data than it "
+                              "did for the fp32 run: each config must see the same batches; nothing was written")
+        exact = self._exact(case, spec, run.first_step)
+        metrics = compare_trajectories(run, ref, config, exact if isinstance(exact, ExactStep) else None,
+                                       "float64" if isinstance(exact, ExactStep) else f"the fp32 run ({exact})")
+        result = baseline.check(TrajectoryEntry(config, run, ref, metrics, spec.batch_fn(0), spec.seed,
+                                                baseline.budget_key))
         outcome = Outcome(self.suite, self.name, case.target.name, config.id, case.regime,
                           TrainingEvidence(config, metrics), result)
         judge(outcome)
         if any(p.category in ("overflow", "nan", "underflow") for p in outcome.problems):
             try:
                 outcome.fault = first_fault(self._step_call(spec, config, case.device),
-                                            self._step_call(spec, _FLOAT64, case.device))
+                                            self._step_call(spec, FLOAT64, case.device))
             except TrainingError:  # a model that cannot run in float64 still fails; only the fault is unnamed
                 outcome.fault = None
         return outcome
@@ -278,8 +391,7 @@ class TrainStepKind(Kind):
     def _step_call(spec: TrainSpec, config: TrainConfig, device: str):
         """The first step, traceable: a fresh seeded model and optimizer built now, outside the trace,
         and a call that runs the spec's step once on them."""
-        one = TrainSpec(spec.model_fn, spec.optimizer_fn, spec.batch_fn, steps=1, step_fn=spec.step_fn, seed=spec.seed)
-        return prepare_training(one, config, device)
+        return prepare_training(dataclasses.replace(spec, steps=1), config, device)
 
     def bench_call(self, case: Case):
         return None  # steps are timed inside the run and shown against fp32, not gated

@@ -120,12 +120,12 @@ def test_training_baselines_show_and_diff(tmp_path):
         shutil.copytree(GOLDENS / name, tmp_path / side / name)
     code, out = _cli("baselines", "show", f"{name}/amp-fp16", "--dir", str(tmp_path / "a"), cwd=tmp_path)
     assert code == 0, out
-    assert "    trajectory: budget first_nonfinite_step None, max_loss_deviation " in out
-    assert "    trajectory: accepted first_nonfinite_step None, grad_sqnr_db " in out
+    assert "    trajectory: budget first_nonfinite_step None, max_grad_norm_log_ratio " in out
+    assert "    trajectory: accepted first_nonfinite_step None, grad_norm_ratio " in out
     meta_path = tmp_path / "b" / name / "amp-fp16.json"
     meta = json.loads(meta_path.read_text())
-    old = meta["budgets"]["cpu-avx2"]["outputs"]["trajectory"]["budget"]["max_underflow_rate"]
-    meta["budgets"]["cpu-avx2"]["outputs"]["trajectory"]["budget"]["max_underflow_rate"] = 0.5
+    old = meta["budgets"]["cpu-avx2"]["outputs"]["trajectory"]["budget"]["max_loss_deviation"]
+    meta["budgets"]["cpu-avx2"]["outputs"]["trajectory"]["budget"]["max_loss_deviation"] = 0.5
     meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True))
     code, out = _cli("baselines", "diff", str(tmp_path / "a"), str(tmp_path / "b"), cwd=tmp_path)
-    assert out == f"{name}/amp-fp16 [cpu-avx2] trajectory max_underflow_rate {old!r} -> 0.5\n" and code == 1
+    assert out == f"{name}/amp-fp16 [cpu-avx2] trajectory max_loss_deviation {old!r} -> 0.5\n" and code == 1

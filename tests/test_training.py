@@ -1,6 +1,10 @@
 """The pieces of pytest_precision.training: stochastic rounding, the fp8 Linear emulation, what a
-run records (skipped steps, loss scale, first non-finite step) and the comparison of two runs."""
+run records (skipped steps, loss scale, first non-finite step), the contract (optimizer_fn taking
+the model, loss_fn, determinism), the comparison of two runs, rates against the float64 step, the
+golden budgets (a 3x degradation of each accepted metric fails, a correct run's spread does not)
+and the fp32 reference."""
 import math
+import time
 
 import pytest
 import torch
@@ -8,8 +12,9 @@ from torch import nn
 
 from pytest_precision.numerics.configs import fp8_roundtrip
 from pytest_precision.inputs import seeded_normal
-from pytest_precision.training import (TRAIN_CONFIGS, TrainSpec, TrainingError, compare_trajectories, fp8_linears,
-                                       run_training, stochastic_round)
+from pytest_precision.training import (TRAIN_CONFIGS, MarkovText, TrainSpec, TrainingError, check_determinism,
+                                       compare_trajectories, exact_first_step, fp8_linears, run_training, significant,
+                                       stochastic_round, underflow_rates)
 
 
 def test_stochastic_rounding_is_unbiased_and_lands_on_a_neighbour():
@@ -81,8 +86,8 @@ def test_scaler_skips_and_scale_history_are_recorded():
     assert run.scales[0] == 32768.0  # halved after the skipped first step
     assert all(b <= a for a, b in zip(run.scales, run.scales[1:]) if b is not None)
     assert run.first_nonfinite is None  # the loss is finite: overflowing scaled gradients are the scaler's to skip
-    ref = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu", keep_grads=True)
-    m = compare_trajectories(run, ref)
+    ref = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu")
+    m = compare_trajectories(run, ref, TRAIN_CONFIGS["amp-fp16"])
     assert m.skipped == run.skipped
     assert run.skipped == list(range(len(run.skipped))) and run.first_step == len(run.skipped)
     assert m.grad_sqnr_db > 30  # compared with fp32's gradients of the same step and batch
@@ -90,10 +95,13 @@ def test_scaler_skips_and_scale_history_are_recorded():
 
 def test_identical_runs_compare_as_equal():
     spec = TrainSpec(_Big, lambda p: torch.optim.SGD(p, lr=1e-6), _batch, steps=3)
-    a = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu", keep_grads=True)
+    a = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu")
     b = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu")
-    m = compare_trajectories(b, a)
+    exact = exact_first_step(spec, 0, "cpu")
+    m = compare_trajectories(b, a, TRAIN_CONFIGS["fp32"], exact)
     assert m.max_loss_deviation == 0 and m.grad_sqnr_db == math.inf and m.param_sqnr_db == math.inf
+    assert m.worst_grad_sqnr_db == math.inf and m.group_grad_sqnr_db == {"all parameters": math.inf}
+    assert m.grad_norm_ratio == [1.0, 1.0, 1.0] and m.worst_grad_norm_ratio == 1.0
     assert m.update_ratio == 1.0 and max(m.underflow_rate.values()) == 0 and max(m.update_lost_rate.values()) == 0
 
 
@@ -128,61 +136,6 @@ def test_errors_name_the_callable():
         run_training(spec, TRAIN_CONFIGS["fp8-e4m3"], "cpu")
 
 
-def _metrics(**changes):
-    spec = TrainSpec(_Big, lambda p: torch.optim.SGD(p, lr=1e-6), _batch, steps=3)
-    ref = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu", keep_grads=True)
-    m = compare_trajectories(run_training(spec, TRAIN_CONFIGS["fp32"], "cpu"), ref)
-    for k, v in changes.items():
-        setattr(m, k, v)
-    return m
-
-
-def test_trajectory_regression_budget_catches_each_metric():
-    """The golden's budget on each training metric: within it nothing, past it a named problem."""
-    from pytest_precision.training.baseline import _budget, _accepted, _violations
-
-    accepted = _metrics(max_loss_deviation=1e-3, underflow_rate={"fc.weight": 0.1}, update_lost_rate={"fc.bias": 0.0})
-    budget = _budget(_accepted(accepted), TRAIN_CONFIGS["amp-bf16"])
-    assert _violations(accepted, budget) == []
-    worse = {
-        "max_loss_deviation": (dict(max_loss_deviation=5e-3), "accuracy", "max loss deviation from fp32 0.005 > budget"),
-        "underflow": (dict(underflow_rate={"fc.weight": 0.5}), "underflow", "gradient-underflow rate 50.0 % in fc.weight > budget 12.0 %"),
-        "update_lost": (dict(update_lost_rate={"fc.bias": 0.5}), "accuracy", "update-lost rate 50.0 % in fc.bias > budget 2.0 %"),
-        "skipped": (dict(skipped=[0, 1]), "overflow", "2 steps skipped by the GradScaler > budget 1"),
-        "nonfinite": (dict(first_nonfinite=(1, "loss")), "nan", "non-finite at step 1, accepted none"),
-    }
-    for name, (change, category, sentence) in worse.items():
-        m = _metrics(**{**dict(max_loss_deviation=1e-3, underflow_rate={"fc.weight": 0.1},
-                               update_lost_rate={"fc.bias": 0.0}), **change})
-        problems = _violations(m, budget)
-        assert len(problems) == 1 and problems[0][0] == category and problems[0][1].startswith(sentence), (name, problems)
-
-
-def test_ddp_golden_catches_a_regression(tmp_path):
-    from pytest_precision.baselines import BaselineStore
-    from pytest_precision.distributed import HookComparison
-    from pytest_precision.baselines.lifecycle import BaselineCheck
-    from pytest_precision.training.baseline import DDPEntry
-
-    def golden(update):
-        return BaselineCheck(BaselineStore(tmp_path), "train_step/t/trajectory", "ddp-fp16", "cpu", update, "pytest ... --update")
-
-    def _check_golden(check, config, result):
-        res = check.check(DDPEntry(config, result))
-        check.commit()  # under the update flag the golden is written once the case's verdict allows
-        return res
-
-    good = HookComparison("fp16", 70.0, 0.01, {"w": 0.0}, 0, 1.0, 1.0)
-    assert _check_golden(golden(True), TRAIN_CONFIGS["ddp-fp16"], good).updated.endswith(
-        "SQNR >= 64 dB, underflow rate <= 2.0 %, overflow <= 0")
-    assert _check_golden(golden(False), TRAIN_CONFIGS["ddp-fp16"], good).problems == []
-    bad = HookComparison("fp16", 60.0, 0.01, {"w": 0.3}, 2, 1.0, 1.0)
-    problems = _check_golden(golden(False), TRAIN_CONFIGS["ddp-fp16"], bad).problems
-    assert problems == [("accuracy", "gradient SQNR 60 dB < budget 64 dB"),
-                        ("underflow", "gradient-underflow rate 30.0 % > budget 2.0 %"),
-                        ("overflow", "overflow 2 > 0 allowed")]
-
-
 def test_first_nonfinite_gradient_is_named():
     class InfGrad(torch.autograd.Function):
         @staticmethod
@@ -204,3 +157,271 @@ def test_first_nonfinite_gradient_is_named():
     spec = TrainSpec(Net, lambda p: torch.optim.SGD(p, lr=0.1), lambda i: torch.ones(4), steps=2)
     run = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu")
     assert run.first_nonfinite == (0, "gradient of w")
+
+
+def _attention_model() -> type:
+    """The suite tests' attention layer with a q/k/v bias (test_training_suite.ATTENTION_MODEL)."""
+    from test_training_suite import ATTENTION_MODEL
+
+    namespace = {"torch": torch, "nn": nn, "F": torch.nn.functional}
+    exec(ATTENTION_MODEL.format(SCALE=""), namespace)
+    return namespace["TinyAttention"]
+
+
+_Attention = _attention_model()
+
+
+def _attention_loss(model, batch):
+    return model(*batch)[1]
+
+
+_TEXT = MarkovText(vocab_size=32, batch_size=4, block_size=16)
+
+
+def test_an_exactly_zero_gradient_is_not_underflow():
+    """The key bias: rounding noise in fp32 (1e-9 here) and 0 once rounded to fp16 (as DDP's fp16
+    hook sends it); against fp32 a third of the bias would be 'underflow', against the float64
+    step, where it is noise too, none is."""
+    spec = TrainSpec(_Attention, lambda p: torch.optim.SGD(p, lr=0.1), _TEXT, steps=1, loss_fn=_attention_loss)
+    fp32 = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu")
+    exact = exact_first_step(spec, 0, "cpu")
+    key = slice(16, 32)
+    sent = {n: (g / 2).half().float() * 2 for n, g in fp32.grads0.items()}  # divided by the world size, in fp16
+    assert bool((sent["qkv.bias"][key] == 0).all())
+    assert 0 < float(fp32.grads0["qkv.bias"][key].abs().max()) < 1e-8  # fp32 holds noise
+    assert float(exact.grads["qkv.bias"][key].abs().max()) < 1e-15  # float64 too, far less
+    # the planted judge (against fp32, every nonzero counted) sees a third of the bias underflow
+    naive = int(((sent["qkv.bias"] == 0) & (fp32.grads0["qkv.bias"] != 0)).sum()) / 48
+    assert naive >= 1 / 3
+    judged = underflow_rates(sent, exact.grads, torch.finfo(torch.float16).smallest_normal)
+    assert judged.rate["qkv.bias"] == 0.0 and judged.elements["qkv.bias"] == 32  # q and v parts only
+    assert not bool(significant(exact.grads["qkv.bias"])[key].any())
+    # a whole run in amp-fp16 (noise there too, not 0) against the float64 step: nothing counted
+    m = compare_trajectories(run_training(spec, TRAIN_CONFIGS["amp-fp16"], "cpu"), fp32, TRAIN_CONFIGS["amp-fp16"], exact)
+    assert max(m.underflow_rate.values()) == 0.0 and max(m.update_lost_rate.values()) == 0.0
+
+
+def test_underflow_counts_within_the_range_at_the_loop_scale():
+    exact = {"w": torch.tensor([1e-3, 1e-9, 1e-20, 0.0], dtype=torch.float64)}
+    out = {"w": torch.tensor([1e-3, 0.0, 0.0, 0.0])}
+    # at loss scale 65536 fp16 holds 1e-9 (6.6e-5 scaled): lost within range
+    scaled = underflow_rates(out, exact, 6.1e-5 / 65536)
+    assert scaled.rate == {"w": 0.5} and scaled.elements == {"w": 2} and scaled.below_range == {}
+    # unscaled, 1e-9 is below fp16's range: shown apart, not counted; 1e-20 is rounding noise (2^-24 of 1e-3)
+    plain = underflow_rates(out, exact, 6.1e-5)
+    assert plain.rate == {"w": 0.0} and plain.below_range == {"w": 1.0}
+
+
+def test_update_lost_counts_only_updates_fp32_weights_keep():
+    from pytest_precision.training import ExactStep, update_lost_rates
+
+    initial = {"w": torch.ones(3, dtype=torch.float64)}
+    # 1e-9 at a weight of 1.0 is below half an fp32 ULP (6e-8): fp32 loses it too
+    exact = ExactStep(0, {}, {"w": torch.tensor([1e-3, 1e-3, 1e-9], dtype=torch.float64)}, initial)
+    lost, elements = update_lost_rates({"w": torch.tensor([True, False, False])}, exact)
+    assert lost == {"w": 0.5} and elements == {"w": 2}
+
+
+def test_optimizer_fn_may_take_the_model_and_loss_fn_gives_the_loss():
+    class WithConfigure(_Attention):
+        def configure_optimizers(self, lr):
+            decay = [p for p in self.parameters() if p.dim() >= 2]
+            rest = [p for p in self.parameters() if p.dim() < 2]
+            return torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}], lr=lr)
+
+    def optimizer(model):  # a first parameter named model gets the model
+        return model.configure_optimizers(1e-3)
+
+    spec = TrainSpec(WithConfigure, optimizer, _TEXT, steps=2, loss_fn=_attention_loss)
+    run = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu")
+    assert len(run.groups) == 2 and "qkv.weight" in run.groups[0] and "qkv.bias" in run.groups[1]
+    assert len(run.losses) == 2 and run.first_step == 0
+    # without a loss_fn the standard step says what to add
+    with pytest.raises(TrainingError, match=r"returned tuple of 2 \(Tensor, Tensor\), not a scalar loss.*loss_fn"):
+        run_training(TrainSpec(WithConfigure, optimizer, _TEXT, steps=1), TRAIN_CONFIGS["fp32"], "cpu")
+    with pytest.raises(TrainingError, match=r"optimizer_fn returned NoneType"):
+        run_training(TrainSpec(_Attention, lambda model: None, _TEXT, steps=1, loss_fn=_attention_loss),
+                     TRAIN_CONFIGS["fp32"], "cpu")
+
+
+def test_markov_text_repeats_itself_and_is_contiguous():
+    a, b = _TEXT(3), MarkovText(vocab_size=32, batch_size=4, block_size=16)(3)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert a[0].shape == (4, 16) and a[0].is_contiguous() and a[1].is_contiguous()
+    assert torch.equal(a[0][:, 1:], a[1][:, :-1])  # targets are the next tokens
+    assert not torch.equal(_TEXT(3)[0], _TEXT(4)[0])
+    with pytest.raises(ValueError, match="vocab_size must be a positive int"):
+        MarkovText(vocab_size=0)
+
+
+def test_a_spec_that_does_not_repeat_itself_is_named():
+    def unseeded(i):
+        return torch.randint(0, 32, (4, 17))[:, :-1].contiguous(), torch.randint(0, 32, (4, 16))
+
+    spec = TrainSpec(_Attention, lambda p: torch.optim.SGD(p, lr=0.1), unseeded, steps=2, loss_fn=_attention_loss)
+    with pytest.raises(TrainingError, match=r"batch_fn\(0\) returned different data on two calls"):
+        check_determinism(spec, "target 't'")
+
+    def model_from_its_own_generator():
+        lin = nn.Linear(4, 4)
+        with torch.no_grad():
+            lin.weight.copy_(torch.randn(4, 4, generator=torch.Generator().manual_seed(time.perf_counter_ns())))
+        return lin
+
+    spec = TrainSpec(model_from_its_own_generator, lambda p: torch.optim.SGD(p, lr=0.1), _batch, steps=1)
+    with pytest.raises(TrainingError, match=r"model_fn\(\) built different models on two calls .*parameter weight differs"):
+        check_determinism(spec, "target 't'")
+    check_determinism(TrainSpec(_Attention, lambda p: torch.optim.SGD(p, lr=0.1), _TEXT, steps=2), "t")  # repeats
+
+
+# ---- golden budgets: what a correct run's spread passes, what a 3x degradation fails -----------------
+
+_ACCEPTED = {"max_loss_deviation": 1e-4, "grad_sqnr_db": {"group 0": 45.0, "group 1": 50.0}, "worst_grad_sqnr_db": 30.0,
+             "param_sqnr_db": 40.0, "grad_norm_ratio": 0.99, "update_ratio": 1.02,
+             "underflow_rate": {"w": [0.1, 1000]}, "update_lost_rate": {"b": [0.2, 1000]}, "skipped_steps": 1,
+             "first_nonfinite_step": None}
+
+
+def _degraded(acc: dict, metric: str, factor: float) -> dict:
+    """``acc`` with one metric's error multiplied by ``factor``."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in acc.items()}
+    if metric == "max_loss_deviation":
+        out[metric] = acc[metric] * factor
+    elif metric == "grad_sqnr_db":
+        out[metric] = {g: v - 20 * math.log10(factor) for g, v in acc[metric].items()}
+    elif metric.endswith("sqnr_db"):
+        out[metric] = acc[metric] - 20 * math.log10(factor)
+    elif metric.endswith("ratio"):
+        out[metric] = math.exp(math.log(acc[metric]) * factor)
+    else:  # a rate
+        out[metric] = {n: [min(1.0, r * factor), count] for n, (r, count) in acc[metric].items()}
+    return out
+
+
+ERROR_METRICS = ("max_loss_deviation", "grad_sqnr_db", "worst_grad_sqnr_db", "param_sqnr_db", "grad_norm_ratio",
+                 "update_ratio", "underflow_rate", "update_lost_rate")
+_SPREAD_OF = {"max_loss_deviation": "loss_deviation", "grad_sqnr_db": "grad_sqnr", "worst_grad_sqnr_db": "worst_grad_sqnr",
+              "param_sqnr_db": "param_sqnr", "grad_norm_ratio": "grad_norm_ratio", "update_ratio": "update_ratio",
+              "underflow_rate": "rate", "update_lost_rate": "rate"}
+
+
+@pytest.mark.parametrize("metric", ERROR_METRICS)
+def test_a_3x_degradation_fails_and_the_measured_spread_passes(metric):
+    from pytest_precision.training.baseline import _violations, budget_for
+    from pytest_precision.training.limits import SPREAD
+
+    budget = budget_for(_ACCEPTED)
+    assert _violations(_ACCEPTED, budget) == []
+    # the largest machine-to-machine ratio measured for a correct run stays inside the budget
+    assert _violations(_degraded(_ACCEPTED, metric, SPREAD[_SPREAD_OF[metric]][0]), budget) == []
+    problems = _violations(_degraded(_ACCEPTED, metric, 3.0), budget)
+    assert len(problems) == 1, problems
+
+
+def test_skipped_steps_and_a_new_nonfinite_step_fail_the_golden():
+    from pytest_precision.training.baseline import _violations, budget_for
+
+    budget = budget_for(_ACCEPTED)
+    assert _violations(dict(_ACCEPTED, skipped_steps=2), budget) == []
+    assert _violations(dict(_ACCEPTED, skipped_steps=3), budget) == [
+        ("overflow", "3 steps skipped by the GradScaler > budget 2")]
+    assert _violations(dict(_ACCEPTED, first_nonfinite_step=4), budget) == [("nan", "non-finite at step 4, accepted none")]
+
+
+def test_the_committed_goldens_fail_a_3x_degradation_of_each_metric():
+    """Every accepted metric of the built-in GPT's goldens, three times worse, fails its budget
+    (metrics at the absolute floor of fp32's noise, or perfect ones such as fp32's, excepted)."""
+    import json
+    from pathlib import Path
+
+    from pytest_precision.training.baseline import _violations, budget_for
+    from pytest_precision.training.limits import SPREAD
+
+    root = Path(__file__).resolve().parents[1] / "baselines" / "train_step" / "tiny_gpt" / "trajectory"
+    checked = 0
+    for path in sorted(root.glob("*.json")):
+        if path.stem.startswith("ddp-"):
+            continue
+        for key, record in json.loads(path.read_text())["budgets"].items():
+            acc = record["outputs"]["trajectory"]["accepted"]
+            budget = budget_for(acc)
+            assert budget == record["outputs"]["trajectory"]["budget"], (path.name, key)
+            for metric in ERROR_METRICS:
+                ratio, absolute = SPREAD[_SPREAD_OF[metric]]
+                value = acc[metric]
+                error = (max(r for r, _ in value.values()) if value else 0.0) if metric.endswith("rate") else (
+                    min(value.values()) if isinstance(value, dict) else value)
+                if metric.endswith("sqnr_db"):
+                    error = 10 ** (-error / 20) if math.isfinite(error) else 0.0
+                elif metric.endswith("ratio"):
+                    error = abs(math.log(error))
+                # 3x fails where 3 e > 1.5 e + (ratio - 1) e + absolute: perfect metrics (fp32's), those
+                # within the absolute floor of fp32's noise, and rates three times which is past 100 %, excepted
+                if error == 0 or error * (2.5 - ratio) <= absolute or (metric.endswith("rate") and error >= 0.5):
+                    continue
+                assert _violations(_degraded(acc, metric, 3.0), budget), (path.name, key, metric)
+                checked += 1
+    assert checked >= 40
+
+
+def test_the_fp32_reference_notices_a_change_and_tolerates_another_machine():
+    from pytest_precision.training.baseline import fp32_moved
+    from pytest_precision.training.limits import CROSS_KEY_RTOL, SAME_KEY_RTOL
+
+    recorded = {"fp32_loss": [3.0, 2.9], "fp32_grad_norm": [1.0, 0.9],
+                "fp32_first_grad_norms": {"qkv.weight": 0.8, "qkv.bias": 0.1, "head.weight": 0.5, "noise": 1e-11}}
+    same = {"fp32_loss": [3.0, 2.9 * (1 + 2e-6)], "fp32_grad_norm": [1.0, 0.9],
+            "fp32_first_grad_norms": {**recorded["fp32_first_grad_norms"], "noise": 3e-11}}  # noise moves freely
+    assert fp32_moved(same, recorded, SAME_KEY_RTOL, "cpu-avx512") is None
+    other_machine = dict(same, fp32_loss=[3.0, 2.9 * (1 + 5e-5)])
+    assert fp32_moved(other_machine, recorded, SAME_KEY_RTOL, "cpu-avx512") is not None
+    assert fp32_moved(other_machine, recorded, CROSS_KEY_RTOL, "cpu-avx2") is None
+    changed = {"fp32_loss": [3.001, 2.95], "fp32_grad_norm": [1.1, 0.9],
+               "fp32_first_grad_norms": {"qkv.weight": 1.6, "qkv.bias": 0.1, "head.weight": 0.51, "noise": 1e-11}}
+    sentence = fp32_moved(changed, recorded, CROSS_KEY_RTOL, "cpu-avx2")
+    assert sentence.startswith("the fp32 reference moved against cpu-avx2's (relative tolerance 0.0001): first-step "
+                               "gradient norm of qkv.weight 1.6 vs 0.8 (+1e+02 %), head.weight 0.51 vs 0.5 (+2 %); "
+                               "step 0 loss 3.001 vs 3: "), sentence
+
+
+def test_format_floors():
+    from pytest_precision.training.limits import first_step_floor_db, grad_norm_band, later_step_floor_db
+
+    assert first_step_floor_db(torch.float16) == pytest.approx(6.0206 * 10 - 12, abs=1e-3)
+    assert first_step_floor_db(torch.bfloat16) == pytest.approx(6.0206 * 7 - 12, abs=1e-3)
+    assert later_step_floor_db(torch.bfloat16) == pytest.approx(6.0206 * 7 - 30, abs=1e-3)
+    assert later_step_floor_db(torch.float8_e5m2) == 0.0
+    low, high = grad_norm_band(torch.float16)
+    assert 0.96 < low < 0.975 and 1.025 < high < 1.04
+    assert grad_norm_band(torch.float8_e5m2) == (0.5, 2.0)
+    # each config's precision: TF32 has no dtype and fp16's 10 mantissa bits; fp8's gradients are e5m2
+    bits = {c.id: c.mantissa_bits for c in TRAIN_CONFIGS.values()}
+    assert bits == {"fp32": 23, "tf32": 10, "amp-bf16": 7, "amp-fp16": 10, "amp-fp16-noscale": 10, "bf16": 7, "bf16-sr": 7,
+                    "fp8-e4m3": 2, "ddp-fp16": 10, "ddp-bf16": 7}
+    assert first_step_floor_db(TRAIN_CONFIGS["tf32"].mantissa_bits) == first_step_floor_db(torch.float16)
+
+
+def test_ddp_golden_catches_a_regression(tmp_path):
+    """The DDP golden: a correct rerun passes its budget, a worse SQNR, underflow rate or overflow
+    count each fails it, named."""
+    from pytest_precision.baselines.lifecycle import BaselineCheck
+    from pytest_precision.baselines.store import BaselineStore
+    from pytest_precision.training.baseline import DDPEntry
+    from pytest_precision.training.distributed import HookComparison
+
+    def check(update, result):
+        golden = BaselineCheck(BaselineStore(tmp_path), "train_step/t/trajectory", "ddp-fp16", "cpu", update, "pytest ... --update")
+        res = golden.check(DDPEntry(TRAIN_CONFIGS["ddp-fp16"], result))
+        golden.commit()  # under the update flag the golden is written once the case's verdict allows
+        return res
+
+    good = HookComparison("fp16", 70.0, 0.01, {"w": 0.0}, 0, 1.0, 1.0, underflow_elements={"w": 1000})
+    assert check(True, good).updated is not None
+    again = check(False, good)
+    assert again.error is None and again.problems == [], again.error
+    bad = HookComparison("fp16", 40.0, 0.01, {"w": 0.3}, 2, 1.0, 1.0, underflow_elements={"w": 1000})
+    problems = check(False, bad).problems
+    assert [c for c, _ in problems] == ["accuracy", "underflow", "overflow"], problems
+    assert problems[0][1].startswith("gradient SQNR 40 dB < budget")
+    assert problems[1][1].startswith("gradient-underflow rate 30.0 % in w > budget")
+    assert problems[2][1] == "overflow 2 > 0 allowed"

@@ -128,10 +128,6 @@ class BaselineEntry:
         """Why the stored baseline cannot judge this result (other inputs, other outputs), or None."""
         return None
 
-    def own_key_problems(self, record: dict) -> list[tuple[str, str]]:
-        """Problems found against what this machine's own key recorded besides the budgets."""
-        return []
-
     def budget_from(self, name: str, records: list[dict], borrowed: bool) -> object:
         """The budget of output ``name`` from the records ({"budget", "accepted", ...}) of the
         machines that judge this one: this machine's own, or (``borrowed``) every machine of its
@@ -365,9 +361,6 @@ class BaselineCheck:
         key = self.budget_key
         recorded = base.meta.get("budgets", {})
         result = BaselineResult()
-        own = recorded.get(key)
-        if isinstance(own, dict):
-            result.problems += entry.own_key_problems(own)
         sources = budget_sources(recorded, key)
         if not sources:
             return BaselineResult(error=(

@@ -336,6 +336,20 @@ def _object_of(where: str, value, ok, what: str) -> str | None:
     return None if bad is None else f"{where}.{bad} is {_kind(value[bad])}, expected one of {what}"
 
 
+def _limit(v) -> bool:
+    return v is None or _is_number(v) or (isinstance(v, dict) and all(_is_number(x) for x in v.values()))
+
+
+def _plain_value(v, depth: int = 3) -> bool:
+    if _scalar(v):
+        return True
+    if depth == 0:
+        return False
+    if isinstance(v, list):
+        return all(_plain_value(x, depth - 1) for x in v)
+    return isinstance(v, dict) and all(isinstance(k, str) and _plain_value(x, depth - 1) for k, x in v.items())
+
+
 def _budgets_problem(budgets) -> str | None:
     if not isinstance(budgets, dict):
         return f"budgets is {_kind(budgets)}, expected an object"
@@ -349,10 +363,11 @@ def _budgets_problem(budgets) -> str | None:
         for name, entry in outputs.items():
             if not isinstance(entry, dict):
                 return f"{where}.outputs.{name} is {_kind(entry)}, expected an object"
-            problem = (_object_of(f"{where}.outputs.{name}.budget", entry.get("budget"),
-                                  lambda v: v is None or _is_number(v), "numbers or null")
-                       or _object_of(f"{where}.outputs.{name}.accepted", entry.get("accepted", {}), _scalar,
-                                     "numbers, strings or null"))
+            # a training budget holds some limits per parameter: objects of numbers
+            problem = (_object_of(f"{where}.outputs.{name}.budget", entry.get("budget"), _limit,
+                                  "numbers, null or objects of numbers")
+                       or _object_of(f"{where}.outputs.{name}.accepted", entry.get("accepted", {}), _plain_value,
+                                     "numbers, strings, null, or lists and objects of them"))
             if problem:
                 return problem
         extra = {k: v for k, v in record.items() if k != "outputs"}

@@ -1,22 +1,45 @@
-"""A training run against the fp32 run from the same seed: the metrics the training suite judges."""
+"""A training run against the fp32 run from the same seed, and its first step against the float64
+step: the metrics the training suite judges.
+
+Against the fp32 run (each step on the same batch): the relative loss deviation per step; the
+gradient-norm ratio per step; the SQNR of the gradients per optimizer parameter group, at the
+first step the optimizer ran (same weights, same batch: the config's own error) and at the worst
+step (later steps add the divergence of the two trajectories); the SQNR of the final parameters
+and of the total update (final minus initial, against fp32's); the update size ratio.
+
+Against the float64 step (the truth): which gradients underflowed and which updates were lost.
+An element counts only where the exact value is *significant*: above the format's underflow
+threshold at the loop's loss scale, and above the rounding noise of a sum that cancels (2^-24 of
+the tensor's largest exact value). A parameter whose exact gradient is 0, such as the key part of
+an attention bias (softmax ignores a constant added to a query's scores), holds about 1e-18 of
+rounding noise in float64, 1e-11 to 1e-9 in fp32, and 0 or noise in 16 bits: it is not counted.
+Lost gradients whose exact value is below the format's range are counted apart (reported, not a
+defect of the code: the format cannot hold them).
+"""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from ..numerics.formats import format_of
+from ..numerics.formats import format_of, ulp as ulp_of
 from ..numerics.metrics import sqnr_db
-from .run import Trajectory
+from .configs import TrainConfig
+from .run import ExactStep, Trajectory
 
-__all__ = ["TrainMetrics", "compare_trajectories", "tensors_sqnr_db", "underflow_rates", "mantissa_eps"]
+__all__ = ["TrainMetrics", "compare_trajectories", "tensors_sqnr_db", "underflow_rates", "update_lost_rates",
+           "significant", "mantissa_eps", "NOISE_FLOOR", "GradientLoss"]
+
+# below this fraction of a tensor's largest exact value an element is rounding noise: the sum that
+# gave it cancels (float64 leaves about 1e-16 of the terms' size, fp32 1e-8; 2^-24 sits between)
+NOISE_FLOOR = 2.0 ** -24
 
 
-def tensors_sqnr_db(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
-    """The SQNR of all the named tensors together (metrics.sqnr_db); -inf when ``out`` holds a
+def tensors_sqnr_db(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], names=None) -> float:
+    """The SQNR of the named tensors together (metrics.sqnr_db); -inf when ``out`` holds a
     non-finite value, NaN when the two share no name."""
-    names = [n for n in ref if n in out]
+    names = [n for n in (ref if names is None else names) if n in ref and n in out]
     if not names:
         return float("nan")
     r = torch.cat([ref[n].flatten().double() for n in names])
@@ -26,33 +49,81 @@ def tensors_sqnr_db(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) 
     return sqnr_db(float(torch.linalg.vector_norm(r)), float(torch.linalg.vector_norm(o - r)))
 
 
-def underflow_rates(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, float]:
-    """Per parameter of ``ref``: the fraction of its nonzero gradients that are 0 in ``out`` (1.0
-    where no gradient reached it in ``out``); parameters whose reference is all zeros are left out."""
-    rates = {}
-    for n, g_ref in ref.items():
-        nonzero = g_ref != 0
-        total = int(nonzero.sum())
-        if total:
-            g = out.get(n)
-            rates[n] = 1.0 if g is None else int(((g == 0) & nonzero).sum()) / total
-    return rates
+def significant(exact: torch.Tensor, threshold: float = 0.0) -> torch.Tensor:
+    """Elements of ``exact`` above ``threshold`` and above the rounding noise of the tensor
+    (``NOISE_FLOOR`` x its largest magnitude)."""
+    a = exact.double().abs()
+    top = float(a.max()) if a.numel() else 0.0
+    return (a > NOISE_FLOOR * top) & (a >= threshold) & (a > 0)
+
+
+@dataclass
+class GradientLoss:
+    """Per parameter, the gradients 0 in a run: ``rate`` over the significant elements within the
+    format's range (the verdict), ``below_range`` over the significant elements below it (shown)."""
+
+    rate: dict[str, float] = field(default_factory=dict)
+    below_range: dict[str, float] = field(default_factory=dict)
+    elements: dict[str, int] = field(default_factory=dict)  # the significant elements ``rate`` counts over
+
+
+def underflow_rates(out: dict[str, torch.Tensor], exact: dict[str, torch.Tensor], threshold: float = 0.0) -> GradientLoss:
+    """Per parameter of ``exact``: the fraction of its significant elements at or above
+    ``threshold`` that are 0 in ``out`` (1.0 where no gradient reached it in ``out``), and the same
+    fraction below ``threshold``; parameters with no such element are left out of each."""
+    loss = GradientLoss()
+    for n, g_ref in exact.items():
+        g = out.get(n)
+        sig = significant(g_ref)
+        in_range = sig & (g_ref.double().abs() >= threshold)
+        for mask, rates in ((in_range, loss.rate), (sig & ~in_range, loss.below_range)):
+            total = int(mask.sum())
+            if total:
+                rates[n] = 1.0 if g is None else int(((g == 0) & mask).sum()) / total
+                if rates is loss.rate:
+                    loss.elements[n] = total
+    return loss
+
+
+def update_lost_rates(changed: dict[str, torch.Tensor], exact: ExactStep) -> tuple[dict[str, float], dict[str, int]]:
+    """Per parameter: of the elements whose exact first update fp32 weights keep (more than half an
+    fp32 ULP of the weight, and above the tensor's rounding noise), the fraction ``changed`` says
+    never moved in the run; and how many such elements each has."""
+    lost, elements = {}, {}
+    for n, delta in exact.update.items():
+        ulp = ulp_of(exact.initial[n].float(), torch.float32)
+        keep = significant(delta) & (delta.abs() > ulp / 2)
+        total = int(keep.sum())
+        if total and n in changed:
+            lost[n] = int((~changed[n] & keep).sum()) / total
+            elements[n] = total
+    return lost, elements
 
 
 @dataclass
 class TrainMetrics:
-    """One config's run against the fp32 run from the same seed (all plain values)."""
+    """One config's run against the fp32 run from the same seed and the float64 first step (all
+    plain values)."""
 
     steps: int
     loss_deviation: list[float | None]  # |loss - fp32 loss| / |fp32 loss| per step
     max_loss_deviation: float
-    grad_sqnr_db: float  # gradients at step 0
+    grad_sqnr_db: float  # all gradients at the first step the optimizer ran
+    group_grad_sqnr_db: dict[str, float]  # per parameter group, at that step
+    worst_grad_sqnr_db: float  # the lowest per-group gradient SQNR over the steps
+    worst_grad_sqnr_at: tuple[int, str] | None  # (step, group) where it was
+    grad_norm_ratio: list[float | None]  # |grad| / |fp32 grad| per step
+    worst_grad_norm_ratio: float | None  # the ratio farthest from 1 (by its log)
+    grad_cosine: float  # cosine of all gradients with fp32's at the first step
     param_sqnr_db: float  # final parameters
-    underflow_rate: dict[str, float]  # per parameter: grads 0 here, nonzero in fp32, at step 0
-    update_lost_rate: dict[str, float]  # per parameter: never changed here, changed in fp32
+    update_sqnr_db: float  # final minus initial parameters, against fp32's
+    underflow_rate: dict[str, float]  # per parameter: significant exact grads in range, 0 here (first step)
+    below_range_underflow: dict[str, float]  # per parameter: the same below the format's range (shown)
+    update_lost_rate: dict[str, float]  # per parameter: exact first updates fp32 keeps, never moved here
     update_ratio: float | None  # median over steps of |update| / |fp32 update|
     skipped: list[int]
     scales: list[float | None]
+    scales_used: list[float | None]
     first_nonfinite: tuple[int, str] | None
     grad_norms: list[float | None]
     fp32_grad_norms: list[float | None]
@@ -60,6 +131,10 @@ class TrainMetrics:
     fp32_losses: list[float]
     step_time_s: float  # median wall time of a step, the first (warm-up) left out
     fp32_step_time_s: float
+    groups: dict[str, list[str]] = field(default_factory=dict)  # group label -> parameter names
+    truth: str = "float64"  # what the rates were judged against
+    underflow_elements: dict[str, int] = field(default_factory=dict)  # significant gradients per parameter
+    update_elements: dict[str, int] = field(default_factory=dict)  # significant first updates per parameter
 
     def worst(self, rates: dict[str, float]) -> tuple[str, float]:
         name = max(rates, key=lambda n: (rates[n], n)) if rates else None
@@ -68,30 +143,96 @@ class TrainMetrics:
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         d["first_nonfinite"] = list(self.first_nonfinite) if self.first_nonfinite else None
+        d["worst_grad_sqnr_at"] = list(self.worst_grad_sqnr_at) if self.worst_grad_sqnr_at else None
         return d
 
 
-def compare_trajectories(run: Trajectory, ref: Trajectory) -> TrainMetrics:
+def group_labels(groups: list[list[str]]) -> dict[str, list[str]]:
+    """``{"group 0": names, ...}``; one group is ``{"all parameters": names}``."""
+    if len(groups) <= 1:
+        return {"all parameters": groups[0] if groups else []}
+    return {f"group {i}": names for i, names in enumerate(groups)}
+
+
+def _log_distance(ratio: float | None) -> float:
+    if ratio is None:
+        return -1.0
+    if not (ratio > 0 and math.isfinite(ratio)):
+        return math.inf
+    return abs(math.log(ratio))
+
+
+def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig | None = None,
+                         exact: ExactStep | None = None, truth: str = "float64") -> TrainMetrics:
+    """``run`` against the fp32 run ``ref``; the rates against ``exact`` (the float64 first step;
+    without it, against the fp32 run's gradients at that step, as ``truth`` should then say)."""
     dev = []
     for a, b in zip(run.losses, ref.losses):
         dev.append(abs(a - b) / abs(b) if math.isfinite(a) and b != 0 else (0.0 if a == b else math.inf))
-    ref_grads = ref.grads.get(run.first_step, ref.grads0) if run.first_step is not None else {}
-    underflow = underflow_rates(run.grads0, ref_grads)
-    lost = {}
-    for n, moved32 in ref.changed.items():
-        total = int(moved32.sum())
-        if total:
-            lost[n] = int((~run.changed[n] & moved32).sum()) / total
-    ratios = [a / b for a, b in zip(run.update_norms, ref.update_norms) if a is not None and b]
-    ratio = float(torch.tensor(ratios).median()) if ratios else None
+    first = run.first_step
+    ref_grads = ref.grads.get(first, {}) if first is not None else {}
+    groups = group_labels(ref.groups or [list(ref.initial)])
+
+    group_sqnr = {g: tensors_sqnr_db(run.grads0, ref_grads, names) for g, names in groups.items()} if ref_grads else {}
+    worst, worst_at = math.nan, None
+    ratios: list[float | None] = []
+    for i in range(len(run.losses)):
+        a, b = run.grads.get(i), ref.grads.get(i)
+        if a is None or b is None:
+            ratios.append(None)
+            continue
+        na, nb = run.grad_norms[i], ref.grad_norms[i]
+        ratios.append(na / nb if nb else (1.0 if na == 0 else math.inf))
+        for g, names in groups.items():
+            s = tensors_sqnr_db(a, b, names)
+            if worst_at is None or s < worst:
+                worst, worst_at = s, (i, g)
+    worst_ratio = max((r for r in ratios if r is not None), key=_log_distance, default=None)
+
+    scale = config.underflow_scale(run.scales_used[first] if first is not None and first < len(run.scales_used)
+                                   else None) if config is not None else 1.0
+    threshold = 0.0
+    if config is not None and not config.fp8:  # fp8's per-tensor scaling makes its range relative
+        threshold = format_of(config.compute_dtype).smallest_normal / scale
+    if exact is not None and first is not None:
+        loss = underflow_rates(run.grads0, exact.grads, threshold)
+        lost, lost_elements = update_lost_rates(run.changed, exact)
+    else:  # no float64 step: against what the fp32 run has and moved
+        loss = underflow_rates(run.grads0, ref_grads, threshold) if ref_grads else GradientLoss()
+        lost, lost_elements = {}, {}
+        for n, moved32 in ref.changed.items():
+            total = int(moved32.sum())
+            if total:
+                lost[n] = int((~run.changed[n] & moved32).sum()) / total
+                lost_elements[n] = total
+
+    update_norms = [a / b for a, b in zip(run.update_norms, ref.update_norms) if a is not None and b]
+    ratio = float(torch.tensor(update_norms).median()) if update_norms else None
     finite = [d for d in dev if d is not None]
+    moved = {n: run.final[n].double() - run.initial[n].double() for n in run.final}
+    moved32 = {n: ref.final[n].double() - ref.initial[n].double() for n in ref.final}
     return TrainMetrics(
         steps=len(run.losses), loss_deviation=dev, max_loss_deviation=max(finite) if finite else 0.0,
-        grad_sqnr_db=tensors_sqnr_db(run.grads0, ref_grads), param_sqnr_db=tensors_sqnr_db(run.final, ref.final),
-        underflow_rate=underflow, update_lost_rate=lost, update_ratio=ratio, skipped=run.skipped,
-        scales=run.scales, first_nonfinite=run.first_nonfinite, grad_norms=run.grad_norms,
-        fp32_grad_norms=ref.grad_norms, losses=run.losses, fp32_losses=ref.losses,
-        step_time_s=_median_step(run), fp32_step_time_s=_median_step(ref))
+        grad_sqnr_db=tensors_sqnr_db(run.grads0, ref_grads), group_grad_sqnr_db=group_sqnr,
+        worst_grad_sqnr_db=worst, worst_grad_sqnr_at=worst_at,
+        grad_norm_ratio=ratios, worst_grad_norm_ratio=worst_ratio, grad_cosine=_cosine(run.grads0, ref_grads),
+        param_sqnr_db=tensors_sqnr_db(run.final, ref.final), update_sqnr_db=tensors_sqnr_db(moved, moved32),
+        underflow_rate=loss.rate, below_range_underflow=loss.below_range, update_lost_rate=lost,
+        update_ratio=ratio, skipped=run.skipped, scales=run.scales, scales_used=run.scales_used,
+        first_nonfinite=run.first_nonfinite, grad_norms=run.grad_norms, fp32_grad_norms=ref.grad_norms,
+        losses=run.losses, fp32_losses=ref.losses, step_time_s=_median_step(run), fp32_step_time_s=_median_step(ref),
+        groups=groups, truth=truth if exact is not None or first is None else "the fp32 run (no float64 step)",
+        underflow_elements=loss.elements, update_elements=lost_elements)
+
+
+def _cosine(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:
+    names = [n for n in ref if n in out]
+    if not names:
+        return math.nan
+    o = torch.cat([out[n].flatten().double() for n in names])
+    r = torch.cat([ref[n].flatten().double() for n in names])
+    denom = float(torch.linalg.vector_norm(o) * torch.linalg.vector_norm(r))
+    return float(o @ r) / denom if denom > 0 and math.isfinite(denom) else math.nan
 
 
 def _median_step(t: Trajectory) -> float:

@@ -10,8 +10,12 @@ from typing import Callable
 import torch
 
 from ..numerics.configs import CONFIGS
+from ..numerics.formats import format_of
 
-__all__ = ["TrainConfig", "TRAIN_CONFIGS"]
+__all__ = ["TrainConfig", "TRAIN_CONFIGS", "FLOAT64", "GRAD_SCALER_INIT_SCALE"]
+
+# torch.amp.GradScaler's default init_scale: the scale a loop with a scaler starts from
+GRAD_SCALER_INIT_SCALE = 2.0 ** 16
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,26 @@ class TrainConfig:
             return torch.float8_e5m2
         return self.autocast_dtype or self.param_dtype
 
+    @property
+    def mantissa_bits(self) -> int:
+        """The precision the config computes in, in mantissa bits: TF32's 10 (it has no dtype), else
+        the compute dtype's."""
+        return 10 if self.tf32 else format_of(self.compute_dtype).mantissa_bits
+
+    @property
+    def precision_name(self) -> str:
+        return "tf32" if self.tf32 else str(self.compute_dtype).replace("torch.", "")
+
+    def underflow_scale(self, scale_used: float | None) -> float:
+        """The loss scale a gradient's range is judged at: the one the step ran with, and for fp16
+        autocast without a scaler the GradScaler's initial scale (that config exists to show what
+        the scaler keeps); 1 where no scaling is needed."""
+        if scale_used:
+            return scale_used
+        if self.autocast_dtype == torch.float16 and not self.loss_scaling:
+            return GRAD_SCALER_INIT_SCALE
+        return 1.0
+
     def skip_reason(self, device: str) -> str | None:
         """Why the matrix config this recipe belongs to cannot run on ``device``, or None (the
         training kind adds the DDP cases' own reasons)."""
@@ -85,3 +109,7 @@ TRAIN_CONFIGS: dict[str, TrainConfig] = {c.id: c for c in (
     TrainConfig("ddp-bf16", "bf16", "DDP on 2 processes, gradients all-reduced through bf16_compress_hook, against "
                 "uncompressed DDP", 0.0, ddp_hook="bf16"),
 )}
+
+# the first step in float64, no autocast: the exact gradients and update the rates are judged
+# against (and the run the first fault is localised against); not a config of the suite
+FLOAT64 = TrainConfig("float64", "fp32", "float64 reference of the first step", 0.0, param_dtype=torch.float64)

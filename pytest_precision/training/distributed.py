@@ -9,8 +9,11 @@ change the single-process training suite never sees: in fp16, gradients below th
 become inf; bf16 keeps fp32's range but has 8 significant bits. ``compare_ddp_hooks`` runs one
 forward/backward of a :class:`~pytest_precision.training.TrainSpec` under DDP (gloo on CPU, nccl
 on CUDA) without a hook and with each hook, in one group of spawned processes, and compares the
-all-reduced gradients rank 0 holds. DDP refuses ``bf16_compress_hook`` by name without CUDA and
-NCCL >= 2.10, so the same function runs under another name (gloo all-reduces bf16 on CPU).
+all-reduced gradients rank 0 holds. The forward and loss are the spec's own (``TrainSpec.loss``:
+its ``loss_fn``, or the model's output); the spawned ranks import ``model_fn`` and ``loss_fn`` by
+name and receive their batches as tensors (``batch_fn`` runs here, once per rank). DDP refuses
+``bf16_compress_hook`` by name without CUDA and NCCL >= 2.10, so the same function runs under
+another name (gloo all-reduces bf16 on CPU).
 
 Metrics (hook run against the uncompressed run, both fp32 models, no autocast):
 
@@ -18,9 +21,14 @@ Metrics (hook run against the uncompressed run, both fp32 models, no autocast):
   -inf when a hooked gradient is not finite;
 - ``max_rel``: max |out - ref| / |ref| over elements with |ref| >= the hook dtype's smallest normal
   (below it the format cannot hold the value to relative precision, which ``underflow_rate`` shows);
-- ``underflow_rate``: per parameter, the fraction of elements nonzero uncompressed that are 0 with
-  the hook (besides range underflow this counts ranks' gradients that cancel exactly once rounded,
-  which is why bf16 shows a small rate too);
+- ``underflow_rate``: per parameter, the fraction of its significant elements within the hook
+  dtype's normal range that are 0 with the hook, judged against the exact all-reduced gradient
+  (the ranks' float64 gradients averaged, computed here): an element whose exact gradient is 0
+  (the key part of an attention bias) holds rounding noise uncompressed and 0 with the hook, and
+  is not counted (``compare.significant``). Besides range underflow this counts ranks' gradients
+  that cancel exactly once rounded, which is why bf16 shows a small rate too;
+- ``below_range_underflow``: the same fraction over significant elements below the normal range
+  (shown: the format cannot hold them, and the hook has no loss scaling);
 - ``overflow``: elements not finite with the hook where the uncompressed gradient is finite;
 - ``grad_norm`` / ``ref_grad_norm``: L2 norms of all gradients together.
 """
@@ -34,7 +42,7 @@ import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from multiprocessing.connection import wait
 
@@ -44,9 +52,10 @@ import torch.multiprocessing
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .compare import tensors_sqnr_db, underflow_rates
-from .spec import TrainSpec, compute_loss
+from .spec import LossContractError, TrainSpec
 
-__all__ = ["HOOKS", "HookComparison", "DDPComparisonError", "ddp_skip_reason", "compare_ddp_hooks"]
+__all__ = ["HOOKS", "HookComparison", "DDPComparisonError", "ddp_skip_reason", "compare_ddp_hooks", "exact_gradients",
+           "rank_imports"]
 
 HOOKS = ("fp16", "bf16")
 _HOOK_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -67,9 +76,13 @@ class HookComparison:
     overflow: int
     grad_norm: float
     ref_grad_norm: float
+    below_range_underflow: dict[str, float] = field(default_factory=dict)
+    underflow_elements: dict[str, int] = field(default_factory=dict)  # the significant elements a rate counts over
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__, underflow_rate=dict(self.underflow_rate))
+        return dict(self.__dict__, underflow_rate=dict(self.underflow_rate),
+                    below_range_underflow=dict(self.below_range_underflow),
+                    underflow_elements=dict(self.underflow_elements))
 
 
 def _bf16_hook(process_group, bucket):
@@ -100,14 +113,14 @@ def ddp_skip_reason(device: str = "cpu", world_size: int = 2) -> str | None:
     return None
 
 
-def _to_device(batch, device):
-    """Tensors in ``batch`` to ``device``, floating ones as fp32 (the comparison runs in fp32)."""
+def _to_device(batch, device, dtype=torch.float32):
+    """Tensors in ``batch`` to ``device``, floating ones in ``dtype`` (the comparison runs in fp32)."""
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, torch.float32) if batch.is_floating_point() else batch.to(device)
+        return batch.to(device, dtype) if batch.is_floating_point() else batch.to(device)
     if isinstance(batch, dict):
-        return {k: _to_device(v, device) for k, v in batch.items()}
+        return {k: _to_device(v, device, dtype) for k, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_to_device(v, device) for v in batch)
+        return type(batch)(_to_device(v, device, dtype) for v in batch)
     return batch
 
 
@@ -138,17 +151,19 @@ def _rank_main(rank, world_size, port, device, backend, fns, seed, hooks, workdi
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.set_num_threads(1)  # N ranks on a few cores: OpenMP threads per rank would oversubscribe
-    stage = "importing model_fn/batch_fn"
+    stage = "importing model_fn/loss_fn"
     try:
-        model_fn, batch_fn = (_resolve(path) for path in fns)
+        model_fn, loss_fn = (_resolve(path) if path else None for path in fns)
+        # the parent's spec minus what the ranks do not run: the loss is computed as the spec computes it
+        spec = TrainSpec(model_fn, lambda p: None, lambda i: None, steps=1, seed=seed, loss_fn=loss_fn)
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         stage = f"init_process_group({backend})"
         dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
         dev = torch.device(device, rank % torch.cuda.device_count()) if device == "cuda" else torch.device("cpu")
         if dev.type == "cuda":
             torch.cuda.set_device(dev)
-        stage = f"batch_fn({rank})"
-        batch = _to_device(batch_fn(rank), dev)
+        stage = f"loading batch_fn({rank})'s batch"
+        batch = _to_device(torch.load(os.path.join(workdir, f"batch{rank}.pt"), weights_only=True), dev)
         grads = {}
         for name in ("none", *hooks):
             stage = "model_fn()"
@@ -158,7 +173,7 @@ def _rank_main(rank, world_size, port, device, backend, fns, seed, hooks, workdi
             ddp = DDP(model, device_ids=[dev.index] if backend == "nccl" else None)
             if name != "none":
                 ddp.register_comm_hook(None, _HOOK_FNS[name])
-            compute_loss(ddp, batch).backward()
+            spec.loss(ddp, batch).backward()
             grads[name] = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
         if rank == 0:
             torch.save(grads, os.path.join(workdir, "grads.pt"))
@@ -196,19 +211,31 @@ def _first_error(workdir: str, procs) -> str:
     return f"rank {rank} exited with code {code} before reporting an error (its stderr has the details)"
 
 
-def _run_ranks(spec: TrainSpec, device: str, world_size: int, hooks, timeout_s: float) -> dict:
-    fns = []
-    for name in ("model_fn", "batch_fn"):  # the ranks need only these
+def rank_imports(spec: TrainSpec) -> tuple[str, str | None]:
+    """``module:qualname`` of ``model_fn`` and ``loss_fn`` (None without one), by which the ranks
+    import them; TypeError naming the one that has no importable name."""
+    paths = []
+    for name in ("model_fn", "loss_fn"):  # the ranks need only these (batches are sent as tensors)
         fn = getattr(spec, name)
+        if fn is None:
+            paths.append(None)
+            continue
         try:
-            fns.append(_import_path(fn))
+            paths.append(_import_path(fn))
         except Exception as e:
-            raise TypeError(f"TrainSpec.{name} ({fn!r}) cannot be imported by name ({e}): the TrainSpec's "
-                            "model_fn/optimizer_fn/batch_fn must be module-level functions for the DDP comparison "
-                            "(spawned processes import them)") from None
+            raise TypeError(f"TrainSpec.{name} ({fn!r}) cannot be imported by name ({e}): the DDP comparison's "
+                            "spawned processes import model_fn and loss_fn, so they must be module-level functions "
+                            "(a conftest's are)") from None
+    return paths[0], paths[1]
+
+
+def _run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, hooks, timeout_s: float) -> dict:
+    fns = rank_imports(spec)
     backend, port = _backend(device, world_size), _free_port()
     ctx = torch.multiprocessing.get_context("spawn")  # not fork: torch's OpenMP threads are not fork-safe
     with tempfile.TemporaryDirectory(prefix="precision-ddp-") as workdir:
+        for rank, batch in enumerate(batches):
+            torch.save(batch, os.path.join(workdir, f"batch{rank}.pt"))
         procs = [ctx.Process(target=_rank_main, daemon=True, args=(
             rank, world_size, port, device, backend, fns, spec.seed, tuple(hooks), workdir, timeout_s))
             for rank in range(world_size)]
@@ -240,16 +267,34 @@ def _run_ranks(spec: TrainSpec, device: str, world_size: int, hooks, timeout_s: 
         return torch.load(os.path.join(workdir, "grads.pt"), weights_only=True)
 
 
-def _compare(hook: str, out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> HookComparison:
+def exact_gradients(spec: TrainSpec, batches: list, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """The all-reduced gradient DDP computes, exactly: each rank's float64 gradient from the seeded
+    model (rank r on ``batches[r]``), averaged, on the CPU. Raises what the forward raises (a model
+    whose output is not a loss: TypeError)."""
+    total: dict[str, torch.Tensor] = {}
+    for batch in batches:
+        torch.manual_seed(spec.seed)
+        model = spec.model_fn().to(device, torch.float64)
+        spec.loss(model, _to_device(batch, device, torch.float64)).backward()
+        for n, p in model.named_parameters():
+            if p.grad is not None:
+                g = p.grad.detach().cpu()
+                total[n] = total[n] + g if n in total else g
+    return {n: g / len(batches) for n, g in total.items()}
+
+
+def _compare(hook: str, out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
+             exact: dict[str, torch.Tensor]) -> HookComparison:
     names = [n for n in ref if n in out]
     o = torch.cat([out[n].flatten().double() for n in names])
     r = torch.cat([ref[n].flatten().double() for n in names])
     ref_norm = float(torch.linalg.vector_norm(r))
     normal = r.abs() >= torch.finfo(_HOOK_DTYPES[hook]).smallest_normal
     rel = ((o - r).abs() / r.abs())[normal].nan_to_num(nan=math.inf)
+    lost = underflow_rates(out, exact, torch.finfo(_HOOK_DTYPES[hook]).smallest_normal)
     return HookComparison(
         hook=hook, grad_sqnr_db=tensors_sqnr_db(out, ref), max_rel=float(rel.max()) if rel.numel() else 0.0,
-        underflow_rate=underflow_rates(out, ref),
+        underflow_rate=lost.rate, below_range_underflow=lost.below_range, underflow_elements=lost.elements,
         overflow=int((~torch.isfinite(o) & torch.isfinite(r)).sum()),
         grad_norm=float(torch.linalg.vector_norm(o)), ref_grad_norm=ref_norm)
 
@@ -257,14 +302,25 @@ def _compare(hook: str, out: dict[str, torch.Tensor], ref: dict[str, torch.Tenso
 def compare_ddp_hooks(spec: TrainSpec, *, device: str = "cpu", world_size: int = 2, hooks=HOOKS,
                       timeout_s: float = 120) -> dict[str, HookComparison]:
     """One DDP forward/backward of ``spec`` (rank r on ``spec.batch_fn(r)``, model seeded with
-    ``spec.seed``) uncompressed and under each of ``hooks``; the gradients compared per hook.
-    Raises ValueError where ``ddp_skip_reason`` gives a reason, TypeError for callables spawned
-    processes cannot import, DDPComparisonError when a rank fails or time runs out."""
+    ``spec.seed``) uncompressed and under each of ``hooks``; the gradients compared per hook, the
+    underflow rates against the exact all-reduced gradient. Raises ValueError where
+    ``ddp_skip_reason`` gives a reason, TypeError for callables spawned processes cannot import,
+    LossContractError (a TypeError) for a model whose output is not a loss and no ``loss_fn``,
+    DDPComparisonError when a rank fails or time runs out. A model that cannot run in float64 has
+    its rates judged against the uncompressed gradients instead."""
     unknown = [h for h in hooks if h not in _HOOK_DTYPES]
     if unknown:
         raise ValueError(f"unknown DDP compression hooks {unknown}; known: {list(HOOKS)}")
     reason = ddp_skip_reason(device, world_size)
     if reason:
         raise ValueError(f"compare_ddp_hooks: {reason}")
-    grads = _run_ranks(spec, device, world_size, hooks, timeout_s)
-    return {h: _compare(h, grads[h], grads["none"]) for h in hooks}
+    rank_imports(spec)  # before any work: a spec the ranks cannot import is refused at once
+    batches = [spec.batch_fn(rank) for rank in range(world_size)]
+    try:  # here, before spawning: a forward that does not give a loss fails fast
+        exact = exact_gradients(spec, batches)
+    except LossContractError:
+        raise
+    except Exception:  # a model that cannot run in float64: the rates are judged against uncompressed DDP
+        exact = None
+    grads = _run_ranks(spec, batches, device, world_size, hooks, timeout_s)
+    return {h: _compare(h, grads[h], grads["none"], grads["none"] if exact is None else exact) for h in hooks}

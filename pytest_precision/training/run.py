@@ -1,14 +1,22 @@
 """A run of a training step under one training config: a few steps from a seeded model, recording
-what the suite judges (losses, the gradients the optimizer applies, updates, loss scales, skipped
-steps, the first non-finite value, step times).
+what the suite judges (losses, the gradients the optimizer applies at every step, updates, loss
+scales, skipped steps, the first non-finite value, step times, the optimizer's parameter groups).
 
 The harness watches the optimizer: the gradients it records are the ones ``optimizer.step()``
 sees (unscaled, clipped: what is applied), through a step pre-hook, and a step whose
 ``optimizer.step()`` never ran is a step the GradScaler skipped.
+
+``check_determinism`` calls ``model_fn`` and every ``batch_fn(i)`` twice and compares the results
+bit for bit: a run is compared with another run of the same spec, so a spec that does not repeat
+itself would be reported as precision failures (and, under the update flag, accepted as wide
+budgets). ``exact_first_step`` runs the first applied step in float64: the truth the gradient
+and update rates are judged against.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -18,11 +26,12 @@ from torch import nn
 
 from ..numerics.configs import tf32_flags
 from ..speed.timing import synchronized_perf_counter
-from .configs import TrainConfig
+from .configs import FLOAT64, TrainConfig
 from .recipes import fp8_linears, stochastic_rounding_updates
-from .spec import TrainSpec, standard_step
+from .spec import TrainSpec, takes_model
 
-__all__ = ["Trajectory", "TrainingError", "run_training", "prepare_training"]
+__all__ = ["Trajectory", "TrainingError", "run_training", "prepare_training", "check_determinism", "ExactStep",
+           "exact_first_step", "data_digest"]
 
 
 @dataclass
@@ -42,8 +51,11 @@ class Trajectory:
     initial: dict[str, torch.Tensor]  # parameters before the first step, as stored
     final: dict[str, torch.Tensor]  # parameters after the last step, as stored
     changed: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)  # bool: element ever changed
-    grads: dict[int, dict[str, torch.Tensor]] = field(repr=False, default_factory=dict)  # per step (keep_grads)
+    grads: dict[int, dict[str, torch.Tensor]] = field(repr=False, default_factory=dict)  # per step the optimizer ran
     step_times: list[float] = field(default_factory=list)  # wall seconds of each step (synchronised)
+    groups: list[list[str]] = field(default_factory=list)  # parameter names of each optimizer param group
+    scales_used: list[float | None] = field(default_factory=list)  # loss scale each step ran with (None: no scaler)
+    batch_digests: list[str] = field(default_factory=list)  # sha256 of each step's batch as batch_fn returned it
 
 
 class TrainingError(Exception):
@@ -61,20 +73,85 @@ def _cast_batch(batch: Any, dtype: torch.dtype, device: str) -> Any:
     return batch
 
 
+def _wide(t: torch.Tensor) -> torch.dtype:
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
 def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().to(device="cpu", dtype=torch.float32, copy=True) for n, p in model.named_parameters()}
+    """Parameters as fp32 CPU copies (float64 ones stay float64)."""
+    return {n: p.detach().to(device="cpu", dtype=_wide(p), copy=True) for n, p in model.named_parameters()}
 
 
-def run_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "",
-                 keep_grads: bool = False) -> Trajectory:
-    """Run ``spec.steps`` steps of the spec under ``config``; records the trajectory. With
-    ``keep_grads`` (the fp32 reference) the gradients of every step are kept, so a run whose first
-    steps the scaler skipped is compared on the same batch."""
-    return prepare_training(spec, config, device, where, keep_grads)()
+def data_digest(obj: Any) -> str:
+    """sha256 of a batch (tensors' dtype, shape and bytes, through tuples, lists and dicts; other
+    values by repr): equal digests, equal data."""
+    h = hashlib.sha256()
+
+    def feed(o):
+        if isinstance(o, torch.Tensor):
+            a = o.detach().cpu().contiguous()
+            h.update(f"T{a.dtype}{tuple(a.shape)}".encode())
+            h.update(a.view(torch.uint8).numpy().tobytes() if a.numel() else b"")
+        elif isinstance(o, dict):
+            h.update(f"D{len(o)}".encode())
+            for k in o:
+                h.update(repr(k).encode())
+                feed(o[k])
+        elif isinstance(o, (tuple, list)):
+            h.update(f"L{len(o)}".encode())
+            for v in o:
+                feed(v)
+        else:
+            h.update(f"V{o!r}".encode())
+    feed(obj)
+    return h.hexdigest()
 
 
-def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "",
-                     keep_grads: bool = False) -> Callable[[], Trajectory]:
+def _first_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> str | None:
+    if list(a) != list(b):
+        return f"parameter names differ ({sorted(set(a) ^ set(b))[:3]})"
+    for n in a:
+        if a[n].shape != b[n].shape or a[n].dtype != b[n].dtype or not torch.equal(a[n], b[n]):
+            return f"parameter {n} differs"
+    return None
+
+
+def check_determinism(spec: TrainSpec, where: str) -> None:
+    """Call ``model_fn`` (seeded as a run seeds it) and each ``batch_fn(i)`` twice; raise
+    TrainingError naming the callable whose two results differ."""
+    def call(what, fn, *a):
+        try:
+            return fn(*a)
+        except Exception as e:
+            raise TrainingError(f"{where}: {what} raised {type(e).__name__}: {e}") from e
+
+    models = []
+    for _ in range(2):
+        torch.manual_seed(spec.seed)
+        model = call("model_fn()", spec.model_fn)
+        if not isinstance(model, nn.Module):
+            raise TrainingError(f"{where}: model_fn() returned {type(model).__name__}, expected an nn.Module")
+        models.append({n: p.detach().cpu().clone() for n, p in model.state_dict().items()})
+    diff = _first_difference(*models)
+    if diff:
+        raise TrainingError(f"{where}: model_fn() built different models on two calls after the same torch.manual_seed "
+                            f"({diff}): seed every generator it draws from, so each config starts from the same weights")
+    for i in range(spec.steps):
+        first, second = (data_digest(call(f"batch_fn({i})", spec.batch_fn, i)) for _ in range(2))
+        if first != second:
+            raise TrainingError(f"{where}: batch_fn({i}) returned different data on two calls: each config must see the "
+                                f"same batches (seed a CPU generator with i, as pytest_precision.training.MarkovText "
+                                f"does); nothing was run or written")
+
+
+def run_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "") -> Trajectory:
+    """Run ``spec.steps`` steps of the spec under ``config``; records the trajectory, with the
+    gradients of every step the optimizer ran (a run whose first steps the scaler skipped is
+    compared with fp32 on the same batch)."""
+    return prepare_training(spec, config, device, where)()
+
+
+def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "") -> Callable[[], Trajectory]:
     """Build the seeded model, optimizer and scaler now; the returned call runs the steps. The
     tracer and the audit trace only that call, not the model's construction."""
     where = where or f"train_step under {config.id}"
@@ -98,9 +175,12 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
     model = model.to(device=device, dtype=config.param_dtype)
     model.train()
     names = {p: n for n, p in model.named_parameters()}
-    optimizer = call("optimizer_fn(params)", spec.optimizer_fn, model.parameters())
+    optimizer = call("optimizer_fn(model)" if takes_model(spec.optimizer_fn) else "optimizer_fn(params)",
+                     spec.make_optimizer, model)
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TrainingError(f"{where}: optimizer_fn returned {type(optimizer).__name__}, expected a torch.optim.Optimizer")
     scaler = torch.amp.GradScaler(device, enabled=config.loss_scaling)
-    step_fn = spec.step_fn or standard_step
+    step_fn = spec.step()
 
     seen: dict = {}
 
@@ -111,16 +191,16 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
             torch.stack([torch.linalg.vector_norm(g.float()) for g in grads.values()]))) if grads else 0.0
         bad = next((n for n, g in grads.items() if not bool(torch.isfinite(g).all())), None)
         seen["bad"] = bad
-        if "grads0" not in seen or keep_grads:
-            copy = {n: g.detach().to(device="cpu", dtype=torch.float32, copy=True) for n, g in grads.items()}
-            seen.setdefault("grads0", copy)
-            seen.setdefault("first", seen["step"])
-            if keep_grads:
-                t.grads[seen["step"]] = copy
+        copy = {n: g.detach().to(device="cpu", dtype=_wide(g), copy=True) for n, g in grads.items()}
+        seen.setdefault("grads0", copy)
+        seen.setdefault("first", seen["step"])
+        t.grads[seen["step"]] = copy
 
     initial = _snapshot(model)
     changed = {n: torch.zeros(p.shape, dtype=torch.bool) for n, p in initial.items()}
     t = Trajectory(config.id, [], [], [], [], [], None, None, {}, initial, {})
+    t.groups = [[names[p] for p in g["params"] if p in names] for g in optimizer.param_groups]
+
     def run() -> Trajectory:
         previous = t.initial
         with contextlib.ExitStack() as stack:
@@ -135,10 +215,13 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
                 stack.enter_context(tf32_flags(config.tf32))
             autocast = config.autocast(device)
             for i in range(spec.steps):
-                batch = _cast_batch(call(f"batch_fn({i})", spec.batch_fn, i), config.param_dtype, device)
+                raw = call(f"batch_fn({i})", spec.batch_fn, i)
+                t.batch_digests.append(data_digest(raw))
+                batch = _cast_batch(raw, config.param_dtype, device)
                 seen.pop("grads", None)
                 seen.pop("bad", None)
                 seen["step"] = i
+                t.scales_used.append(float(scaler.get_scale()) if config.loss_scaling else None)
                 start = synchronized_perf_counter()
                 loss = call(f"step {i}", step_fn, model, optimizer, scaler, batch, autocast)
                 t.step_times.append(synchronized_perf_counter() - start)
@@ -169,3 +252,25 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
         return t
 
     return run
+
+
+@dataclass
+class ExactStep:
+    """The first applied step of a spec in float64: the gradients the optimizer saw and the update
+    it made, per parameter (float64, CPU), and the batch it ran on."""
+
+    step: int
+    grads: dict[str, torch.Tensor]
+    update: dict[str, torch.Tensor]
+    initial: dict[str, torch.Tensor]
+
+
+def exact_first_step(spec: TrainSpec, step: int, device: str, where: str = "") -> ExactStep:
+    """Step ``step``'s batch run once in float64 from the seeded initial model (a step the scaler
+    skipped leaves the model as it was, so the first applied step starts from the initial
+    weights). Raises TrainingError when the model cannot run in float64."""
+    one = dataclasses.replace(spec, steps=1, batch_fn=lambda _i: spec.batch_fn(step))
+    t = run_training(one, FLOAT64, device, where or f"the float64 step {step}")
+    if t.first_step is None:
+        raise TrainingError(f"{where or 'the float64 step'}: optimizer.step() did not run")
+    return ExactStep(step, t.grads0, {n: t.final[n] - t.initial[n] for n in t.initial}, t.initial)
