@@ -371,7 +371,7 @@ def _budgets_problem(budgets) -> str | None:
             if problem:
                 return problem
         extra = {k: v for k, v in record.items() if k != "outputs"}
-        problem = _object_of(where, extra, lambda v: _scalar(v) or _numbers(v), "plain values or lists of numbers")
+        problem = _object_of(where, extra, _plain_value, "numbers, strings, null, or lists and objects of them")
         if problem:
             return problem
     return None
