@@ -30,6 +30,26 @@ def test_fp32_without_tf32_has_no_tensor_cores_to_miss():
     assert required_multiple(torch.float32, "cpu") is None
 
 
+def test_fp32_on_cuda_needs_four_elements_only_under_tf32():
+    """Read through torch's fp32_precision settings: also when the legacy getter would raise (TF32
+    set through the new API while allow_tf32 says otherwise)."""
+    from pytest_precision.numerics.configs import tf32_flags
+
+    matmul = torch.backends.cuda.matmul
+    saved = getattr(matmul, "fp32_precision", None)
+    with tf32_flags(False):
+        assert required_multiple(torch.float32, "cuda") is None
+    with tf32_flags(True):
+        assert required_multiple(torch.float32, "cuda") == 4
+        assert required_multiple(torch.float32, "cpu") is None
+    if saved is not None:
+        try:
+            matmul.fp32_precision = "tf32"  # new API only: matmul.allow_tf32 now raises
+            assert required_multiple(torch.float32, "cuda") == 4
+        finally:
+            matmul.fp32_precision = saved
+
+
 def test_multiples_are_sixteen_bytes_of_elements():
     assert required_multiple(torch.float16, "cuda") == 8
     assert required_multiple(torch.bfloat16, "cpu") == 8
