@@ -32,6 +32,9 @@ class RunOptions:
     speed_threshold: float = 0.2  # a fraction: 0.1 is 10 % slower
     trace: bool = False  # trace every suite case op by op (--precision-trace)
     audit: bool = False  # audit the dtypes each op ran in, per target and config (--precision-audit)
+    # a report or plots asked for: each case's record carries its detail (histograms, budgets,
+    # headline), which needs the elementwise ULP tensors that a passing case otherwise never makes
+    details: bool = False
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "RunOptions":
@@ -61,7 +64,9 @@ class RunOptions:
         return cls(device, configs, BaselineStore(root), bool(config.getoption("precision_update_baselines")),
                    bool(config.getoption("precision_suite")), default_device, ini_targets,
                    speed=not config.getoption("precision_no_speed"), speed_threshold=threshold,
-                   trace=bool(config.getoption("precision_trace")), audit=bool(config.getoption("precision_audit")))
+                   trace=bool(config.getoption("precision_trace")), audit=bool(config.getoption("precision_audit")),
+                   details=any(config.getoption(o) for o in ("precision_report", "precision_report_md",
+                                                             "precision_plots")))
 
     @functools.cached_property
     def fingerprint(self) -> str:
