@@ -132,6 +132,25 @@ def test_flash_attention_under_autocast_computes_in_the_autocast_dtype():
     assert out.dtype == torch.float16
 
 
+def test_every_head_dim_and_dtype_has_gpu_tiles_and_a_larger_one_is_named():
+    """The GPU's tile table covers every head dim up to its maximum, in every dtype and dot mode
+    (compile_check holds each entry to the cards' limits); a larger head dim is a clear error, not
+    a KeyError at launch."""
+    import triton
+
+    from pytest_precision.kernels import flash_attention as fa
+
+    for d in range(1, fa.MAX_HEAD_DIM + 1):
+        block_d = max(16, triton.next_power_of_2(d))
+        for dtype, ieee in ((torch.float16, False), (torch.bfloat16, False), (torch.float32, False),
+                            (torch.float32, True)):
+            for kernel in ("forward", "dkdv", "dq"):
+                assert (kernel, fa._operands(dtype, ieee), block_d) in fa.TILES, (kernel, dtype, ieee, d)
+    q = torch.zeros(1, 1, 4, fa.MAX_HEAD_DIM + 1, device=DEVICE)
+    with pytest.raises(ValueError, match="head dim 257 over the largest this kernel has tiles for, 256"):
+        fa.flash_attention(q, q, q)
+
+
 # ------------------------------------------------------------------ the interpreter's bf16 traps
 
 @pytest.mark.skipif(CUDA, reason="the trap is the interpreter's; this machine runs the kernels natively")
