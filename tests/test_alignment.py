@@ -2,6 +2,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from machine import ON_CPU
 
 from pytest_precision.alignment import required_multiple, tensor_core_misalignments
 
@@ -90,7 +91,7 @@ def test_suite_warns_for_the_irregular_regime_only(pytester):
     aligned regimes are not, and nothing fails for it. (The CPU math backend computes 16-bit
     inputs in fp32, so it has no 16-bit matmul to flag.)"""
     pytester.makeini("[pytest]\n")
-    r = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=bf16,fp32",
+    r = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=bf16,fp32", *ON_CPU,
                            "--precision-update-baselines", "-k", "attention and flash", "-W",
                            "always::pytest_precision.alignment.TensorCoreAlignmentWarning")
     r.assert_outcomes(passed=14)
