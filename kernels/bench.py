@@ -101,25 +101,38 @@ def bench_attention(timer: Timer, B, H, S, D, dtype, device):
     print(line)
 
 
-def bench_error_statistics(timer: Timer, n, dtype, device):
+def bench_error_statistics(timer: Timer, n, dtype, device, layouts=()):
+    """The kernel at its default layout, then at each (block, iters) of ``layouts`` (block: elements
+    per loop step of a program, iters: steps per program), to choose the default on a new GPU."""
     from pytest_precision.kernels.error_stats import error_statistics, error_statistics_torch
 
     ref = torch.randn(n, device=device, dtype=torch.float32).to(dtype)
     out = (ref.float() * (1 + 1e-3 * torch.randn(n, device=device))).to(dtype)
     dst = torch.empty_like(ref)
     moved = 2 * n * ref.element_size()  # both read; the copy moves the same bytes (read + write)
-    t_kernel = timer(lambda: error_statistics(out, ref, dtype))
     t_copy = timer(lambda: dst.copy_(ref))
     t_torch = timer(lambda: error_statistics_torch(out, ref, dtype))
-    print(f"error statistics {str(dtype).removeprefix('torch.')} 2 x {n}: {moved / t_kernel / 1e9:.3g} GB/s; "
-          f"{t_copy / t_kernel:.3g} of copy {_verdict(t_copy / t_kernel, 0.8, timer.cuda)}; "
-          f"{t_torch / t_kernel:.3g}x separate torch ops {_verdict(t_torch / t_kernel, 5.0, timer.cuda)}")
+    name = f"error statistics {str(dtype).removeprefix('torch.')} 2 x {n}"
+    for block, iters in ((None, None), *layouts):
+        t_kernel = timer(lambda: error_statistics(out, ref, dtype, block=block, iters=iters))
+        layout = "" if block is None else f" (block {block}, iters {iters})"
+        print(f"{name}{layout}: {moved / t_kernel / 1e9:.3g} GB/s; "
+              f"{t_copy / t_kernel:.3g} of copy {_verdict(t_copy / t_kernel, 0.8, timer.cuda)}; "
+              f"{t_torch / t_kernel:.3g}x separate torch ops {_verdict(t_torch / t_kernel, 5.0, timer.cuda)}")
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=None, help="timed runs per figure (median)")
+    parser.add_argument("--statistics-layouts", default="", metavar="BLOCKxITERS,...",
+                        help="also time the error statistics kernel at these layouts, e.g. 512x16,1024x8,256x31")
     args = parser.parse_args(argv)
+    try:
+        layouts = [tuple(int(v) for v in item.split("x")) for item in args.statistics_layouts.split(",") if item]
+        if any(len(t) != 2 for t in layouts):
+            raise ValueError
+    except ValueError:
+        parser.error(f"--statistics-layouts={args.statistics_layouts}: give BLOCKxITERS pairs such as 512x16,1024x8")
     cuda = torch.cuda.is_available()
     torch.manual_seed(0)
     if cuda:
@@ -128,7 +141,7 @@ def main(argv=None) -> int:
         timer = Timer(True, args.reps or 50)
         bench_softmax(timer, [(8192, 8192), (4096, 32768)], torch.bfloat16, device)
         bench_attention(timer, 4, 16, 4096, 128, torch.bfloat16, device)
-        bench_error_statistics(timer, 2**28, torch.bfloat16, device)
+        bench_error_statistics(timer, 2**28, torch.bfloat16, device, layouts)
     else:
         from pytest_precision.kernels.runtime import interpreting
 
@@ -139,7 +152,7 @@ def main(argv=None) -> int:
         timer = Timer(False, args.reps or 3)
         bench_softmax(timer, [(64, 1024), (8, 8192)], torch.bfloat16, device)
         bench_attention(timer, 1, 2, 64, 64, torch.bfloat16, device)
-        bench_error_statistics(timer, 2**16, torch.bfloat16, device)
+        bench_error_statistics(timer, 2**16, torch.bfloat16, device, layouts)
     return 0
 
 

@@ -24,7 +24,8 @@ import torch
 
 from pytest_precision.numerics.formats import format_of, ulp_distance
 
-__all__ = ["ErrorStatistics", "error_statistics", "error_statistics_torch", "install", "BUCKETS", "KERNEL_DTYPES"]
+__all__ = ["ErrorStatistics", "Partials", "error_statistics", "error_statistics_torch", "launch_statistics", "combine",
+           "install", "BUCKETS", "KERNEL_DTYPES"]
 
 BUCKETS = 64
 # ULP dtypes the kernel counts in; float64 ULPs need more than float64 arithmetic (the torch path has them)
@@ -117,6 +118,16 @@ def error_statistics_torch(out, ref, dtype=None, *, scale: float = 1.0, log_doma
 
 # ---------------------------------------------------------------- the kernel (needs triton)
 
+# Each program reduces ITERS blocks of BLOCK elements in two stages: every lane (VEC elements per
+# thread) keeps its own accumulators over the blocks, reduced across lanes once at the end, and the
+# programs' partial results are combined in torch. Per element slot a thread keeps 5 float64 sums,
+# 2 float64 maxima, its largest ULP and the block it was in, and one int32 of six counts packed
+# in 5-bit fields (so ITERS <= 31): 19 registers, few enough at VEC = 4 for ptxas not to spill
+# (the compile check holds it to that).
+COUNT_BITS = 5
+MAX_ITERS = 2**COUNT_BITS - 1
+VEC, WARPS, ITERS = 2, 8, 16  # on a GPU: blocks of 512, 8192 elements per program
+
 try:  # the torch path above is importable without triton (metrics imports this module on CUDA only)
     import triton.language as tl
 except ImportError:
@@ -127,12 +138,14 @@ if tl is not None:
                                  underflow_at, MANT: tl.constexpr, EMIN: tl.constexpr, EMAX: tl.constexpr,
                                  FMAX: tl.constexpr, SMALLEST_NORMAL: tl.constexpr,
                                  HALF_SUBNORMAL: tl.constexpr, HAS_INF: tl.constexpr, LOG_DOMAIN: tl.constexpr,
-                                 BLOCK: tl.constexpr, ITERS: tl.constexpr, NB: tl.constexpr):
+                                 BLOCK: tl.constexpr, ITERS: tl.constexpr, NB: tl.constexpr,
+                                 COUNT_BITS: tl.constexpr):
         pid = tl.program_id(0)
         lanes = tl.arange(0, BLOCK)
+        first = pid.to(tl.int64) * ITERS * BLOCK
         inf = float("inf")
-        best = tl.full([], -1.0, tl.float64)
-        best_at = tl.full([], 0, tl.int64)
+        best = tl.full([BLOCK], -1.0, tl.float64)  # this lane's largest ULP so far, and its block
+        best_it = tl.zeros([BLOCK], tl.int32)
         sum_ulp = tl.zeros([BLOCK], tl.float64)
         max_abs = tl.zeros([BLOCK], tl.float64)
         max_rel = tl.zeros([BLOCK], tl.float64)
@@ -140,15 +153,10 @@ if tl is not None:
         ssr = tl.zeros([BLOCK], tl.float64)
         sso = tl.zeros([BLOCK], tl.float64)
         sor = tl.zeros([BLOCK], tl.float64)
-        n_fin = tl.zeros([BLOCK], tl.int64)
-        n_over = tl.zeros([BLOCK], tl.int64)
-        n_under = tl.zeros([BLOCK], tl.int64)
-        n_nan = tl.zeros([BLOCK], tl.int64)
-        n_missing = tl.zeros([BLOCK], tl.int64)
-        n_flushed = tl.zeros([BLOCK], tl.int64)
+        counts = tl.zeros([BLOCK], tl.int32)  # finite, overflow, underflow, NaN, missing NaN, flushed
         hist = tl.zeros([NB], tl.int32)
         for it in range(ITERS):
-            idx = (pid.to(tl.int64) * ITERS + it) * BLOCK + lanes
+            idx = first + it * BLOCK + lanes
             inside = idx < n
             o = tl.load(out_ptr + idx, mask=inside, other=0.0).to(tl.float64)
             r = tl.load(ref_ptr + idx, mask=inside, other=0.0).to(tl.float64)
@@ -178,19 +186,18 @@ if tl is not None:
             same_special = (o_nan & r_nan) | ((tl.abs(o) == inf) & (o == r))
             ulp = tl.where(o_fin & r_fin, dist, tl.where(same_special, 0.0, inf))
             ulp = tl.where(inside, ulp, -1.0)
-            b_max, b_at = tl.max(ulp, 0, return_indices=True)
-            if b_max > best:
-                best = b_max
-                best_at = (pid.to(tl.int64) * ITERS + it) * BLOCK + b_at
-            # histogram bucket: ceil(log2 u) from the bits of u
+            grows = ulp > best  # strictly: a lane keeps the first block holding its maximum
+            best = tl.where(grows, ulp, best)
+            best_it = tl.where(grows, it, best_it)
+            # histogram bucket: ceil(log2 u) from the bits of u; lanes past n land in bucket 0 and
+            # are taken out of it when the partials are combined
             ub = ulp.to(tl.int64, bitcast=True)
             ceil_log2 = ((ub >> 52) & 0x7FF) - 1023 + ((ub & 0xFFFFFFFFFFFFF) != 0).to(tl.int64)
             bucket = tl.minimum(tl.maximum(ceil_log2 + 1, 1), NB - 2)
             bucket = tl.where(ulp == 0, 0, bucket)
             bucket = tl.where(ulp == inf, NB - 1, bucket)
-            bucket = tl.where(inside, bucket, 0)  # masked lanes land in 0 and are taken out below
+            bucket = tl.where(inside, bucket, 0)
             hist += tl.histogram(bucket.to(tl.int32), NB)
-            hist -= tl.where(tl.arange(0, NB) == 0, tl.sum((~inside).to(tl.int32), 0), 0)
 
             fo = tl.where(both, o, 0.0)
             fr = tl.where(both, r, 0.0)
@@ -203,7 +210,6 @@ if tl is not None:
             ssr += fr * fr
             sso += fo * fo
             sor += fo * fr
-            n_fin += both.to(tl.int64)
             r_fin_in = r_fin & inside
             if LOG_DOMAIN:
                 over = (o == inf) & r_fin_in
@@ -213,21 +219,22 @@ if tl is not None:
                 if not HAS_INF:  # saturating format: clipped at max while the true value lies beyond
                     over = over | ((a_o >= FMAX) & (a_r > FMAX) & r_fin_in)
                 under = (o == 0) & (a_r >= underflow_at) & r_fin_in
-            n_over += over.to(tl.int64)
-            n_under += under.to(tl.int64)
-            n_flushed += ((o == 0) & (a_r > HALF_SUBNORMAL) & (a_r < SMALLEST_NORMAL) & inside).to(tl.int64)
-            n_nan += (o_nan & (~r_nan) & inside).to(tl.int64)
-            n_missing += (r_nan & (~o_nan) & inside).to(tl.int64)
+            flushed = (o == 0) & (a_r > HALF_SUBNORMAL) & (a_r < SMALLEST_NORMAL) & inside
+            counts += (both.to(tl.int32) | (over.to(tl.int32) << COUNT_BITS)
+                       | (under.to(tl.int32) << (2 * COUNT_BITS)) | ((o_nan & (~r_nan) & inside).to(tl.int32) << (3 * COUNT_BITS))
+                       | ((r_nan & (~o_nan) & inside).to(tl.int32) << (4 * COUNT_BITS))
+                       | (flushed.to(tl.int32) << (5 * COUNT_BITS)))
+        # second stage inside the program: across lanes, once
+        top = tl.max(best, 0)
+        at = first + best_it.to(tl.int64) * BLOCK + lanes
+        top_at = tl.min(tl.where(best == top, at, first + ITERS * BLOCK), 0)  # the first index holding it
         ints = ints_ptr + pid.to(tl.int64) * 8
-        tl.store(ints + 0, tl.sum(n_fin, 0))
-        tl.store(ints + 1, tl.sum(n_over, 0))
-        tl.store(ints + 2, tl.sum(n_under, 0))
-        tl.store(ints + 3, tl.sum(n_nan, 0))
-        tl.store(ints + 4, tl.sum(n_missing, 0))
-        tl.store(ints + 5, tl.sum(n_flushed, 0))
-        tl.store(ints + 6, best_at)
+        field = (1 << COUNT_BITS) - 1
+        for k in tl.static_range(6):
+            tl.store(ints + k, tl.sum(((counts >> (k * COUNT_BITS)) & field).to(tl.int64), 0))
+        tl.store(ints + 6, top_at)
         floats = floats_ptr + pid.to(tl.int64) * 8
-        tl.store(floats + 0, best)
+        tl.store(floats + 0, top)
         tl.store(floats + 1, tl.sum(sum_ulp, 0))
         tl.store(floats + 2, tl.max(max_abs, 0))
         tl.store(floats + 3, tl.max(max_rel, 0))
@@ -241,11 +248,25 @@ if tl is not None:
 
     error_statistics_kernel = LazyKernel(_error_statistics_kernel)
 
+# fp8 widened before the kernel: e4m3 is no type the kernel can load on sm_80, and every value of
+# both fp8 formats is exact in fp16 (one pass over the output, 1 byte read and 2 written per element)
+_WIDENED = {torch.float8_e4m3fn: torch.float16, torch.float8_e5m2: torch.float16}
 
-def error_statistics(out, ref, dtype=None, *, scale: float = 1.0, log_domain: bool = False,
-                     underflow_floor: float = 0.0, block: int | None = None, iters: int | None = None) -> ErrorStatistics:
-    """The statistics in one pass of the Triton kernel (CUDA, or CPU under the interpreter).
 
+@dataclass
+class Partials:
+    """What the kernel's programs wrote, before ``combine``."""
+
+    ints: torch.Tensor  # int64 (programs, 8)
+    floats: torch.Tensor  # float64 (programs, 8)
+    hist: torch.Tensor  # int32 (programs, BUCKETS)
+    numel: int
+    padded: int  # lanes past the end, counted in bucket 0
+
+
+def launch_statistics(out, ref, dtype=None, *, scale: float = 1.0, log_domain: bool = False,
+                      underflow_floor: float = 0.0, block: int | None = None, iters: int | None = None) -> Partials:
+    """Launch the kernel (the first stage): each program's partial results, not yet combined.
     ``scale`` must be a power of two (fp8's per-tensor scales are)."""
     from pytest_precision.kernels.runtime import boundary_dtype, interpreting
 
@@ -258,37 +279,59 @@ def error_statistics(out, ref, dtype=None, *, scale: float = 1.0, log_domain: bo
         raise ValueError(f"error_statistics: scale must be a power of two, got {scale}")
     if out.device.type == "cpu" and not interpreting():
         raise RuntimeError("error_statistics: CPU tensors need Triton's interpreter (TRITON_INTERPRET=1)")
+    if block is None:
+        block, iters = (1024, 1) if interpreting() else (VEC * 32 * WARPS, ITERS)
+    iters = iters or 1
+    if not 1 <= iters <= MAX_ITERS:
+        raise ValueError(f"error_statistics: iters must be 1 to {MAX_ITERS} (counts are packed in {COUNT_BITS} bits)")
     fmt = format_of(dtype)
     o = out.detach().flatten().contiguous()
-    o = o.to(boundary_dtype(o.dtype))  # bf16 and fp8 cross as fp32 under the interpreter (runtime.py)
+    o = o.to(_WIDENED.get(o.dtype, o.dtype))
+    o = o.to(boundary_dtype(o.dtype))  # bf16 crosses as fp32 under the interpreter (runtime.py)
     r = ref.detach().to(o.device).flatten().contiguous()
+    r = r.to(_WIDENED.get(r.dtype, r.dtype))
     r = r.to(boundary_dtype(r.dtype))
     n = o.numel()
-    if block is None:
-        block, iters = (1024, 1) if interpreting() else (4096, 8)
-    iters = iters or 1
     programs = max(1, -(-n // (block * iters)))
     ints = torch.zeros(programs, 8, dtype=torch.int64, device=o.device)
     floats = torch.zeros(programs, 8, dtype=torch.float64, device=o.device)
     hist = torch.zeros(programs, BUCKETS, dtype=torch.int32, device=o.device)
+    warps = max(1, min(8, block // (32 * VEC)))
     error_statistics_kernel[(programs,)](
         o, r, ints, floats, hist, n, 1.0 / scale, fmt.smallest_normal * scale,
         max(fmt.smallest_normal, underflow_floor / scale),
         MANT=fmt.mantissa_bits, EMIN=fmt.emin, EMAX=fmt.emax, FMAX=fmt.max, SMALLEST_NORMAL=fmt.smallest_normal,
         HALF_SUBNORMAL=fmt.smallest_subnormal / 2, HAS_INF=fmt.has_inf, LOG_DOMAIN=bool(log_domain),
-        BLOCK=block, ITERS=iters, NB=BUCKETS, num_warps=8)
-    i = ints.sum(0).tolist()
-    best = floats[:, 0]
-    top = int(torch.argmax(best)) if programs else 0  # first program holding the max: first index
+        BLOCK=block, ITERS=iters, NB=BUCKETS, COUNT_BITS=COUNT_BITS, num_warps=warps)
+    return Partials(ints, floats, hist, n, programs * iters * block - n)
+
+
+def combine(p: Partials) -> ErrorStatistics:
+    """The second stage: the programs' partial results into the statistics, in float64 (sums in a
+    fixed order: the same numbers every run)."""
+    n = p.numel
+    i = p.ints.sum(0).tolist()
+    best = p.floats[:, 0]
+    top = int(torch.argmax(best)) if n else 0  # the first program holding the max: the first index
+    hist = p.hist.to(torch.int64).sum(0).cpu()
+    hist[0] -= p.padded
     return ErrorStatistics(
         numel=n, n_finite=i[0], max_ulp=float(best.max()) if n else 0.0,
-        argmax_ulp=int(ints[top, 6]) if n else 0, sum_ulp=float(floats[:, 1].sum()),
-        histogram=hist.to(torch.int64).sum(0).cpu(),
-        max_abs=float(floats[:, 2].max()), max_rel=float(floats[:, 3].max()),
-        sum_sq_err=float(floats[:, 4].sum()), sum_sq_ref=float(floats[:, 5].sum()),
-        sum_sq_out=float(floats[:, 6].sum()), sum_out_ref=float(floats[:, 7].sum()),
+        argmax_ulp=int(p.ints[top, 6]) if n else 0, sum_ulp=float(p.floats[:, 1].sum()),
+        histogram=hist,
+        max_abs=float(p.floats[:, 2].max()), max_rel=float(p.floats[:, 3].max()),
+        sum_sq_err=float(p.floats[:, 4].sum()), sum_sq_ref=float(p.floats[:, 5].sum()),
+        sum_sq_out=float(p.floats[:, 6].sum()), sum_out_ref=float(p.floats[:, 7].sum()),
         overflow=i[1], underflow=i[2], nan=i[3], missing_nan=i[4], flushed_subnormal=i[5],
     )
+
+
+def error_statistics(out, ref, dtype=None, *, scale: float = 1.0, log_domain: bool = False,
+                     underflow_floor: float = 0.0, block: int | None = None, iters: int | None = None) -> ErrorStatistics:
+    """The statistics in one pass of the Triton kernel (CUDA, or CPU under the interpreter), then
+    the programs' partials combined. ``scale`` must be a power of two (fp8's per-tensor scales are)."""
+    return combine(launch_statistics(out, ref, dtype, scale=scale, log_domain=log_domain,
+                                     underflow_floor=underflow_floor, block=block, iters=iters))
 
 
 def install() -> None:

@@ -24,14 +24,18 @@ rounded to bf16 on the bits when the inputs are bf16.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from pytest_precision.kernels.accurate import _exp, accurate_math, exp  # noqa: F401 (_exp: called in kernels)
 from pytest_precision.kernels.runtime import LazyKernel, boundary_dtype, interpreting, upcast_dot
 from pytest_precision.kinds.triton import needs_triton
+from pytest_precision.numerics.configs import tf32_matmul_allowed
 
 __all__ = ["flash_attention", "flash_attention_with_lse"]
 
@@ -62,14 +66,22 @@ def _dot(a, b, UPCAST: tl.constexpr, IEEE: tl.constexpr):
     return c
 
 
+def _block_and_head(n_blocks):
+    """(block index along the sequence, batch x head index) of this program. The grid is one
+    dimension, blocks of one head consecutive (they share its keys and values in L2): a grid's
+    y and z dimensions stop at 65535, fewer than batch x heads of a large run."""
+    pid = tl.program_id(0)
+    return pid % n_blocks, pid // n_blocks
+
+
 def _attention_forward_kernel(
         q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, pad_ptr,
         sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, so_b, so_h, so_m,
         H, GROUP, S_Q, S_K, D, scale,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, ROUND_BF16: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+        BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, ROUND_BF16: tl.constexpr,
+        ACCURATE: tl.constexpr):
+    pid_m, bh = _block_and_head(tl.cdiv(S_Q, BLOCK_M))
     b = bh // H
     h = bh % H
     kvh = h // GROUP
@@ -103,13 +115,13 @@ def _attention_forward_kernel(
         s = tl.where(valid, s, -float("inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)  # no key yet: keep sums 0, not NaN
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
+        alpha = _exp(m_i - m_safe, ACCURATE)
+        p = _exp(s - m_safe[:, None], ACCURATE)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_base + n[:, None] * sv_n + offs_d[None, :], mask=in_n[:, None] & in_d[None, :], other=0.0)
         acc = acc * alpha[:, None] + _dot(_operand(p, v.dtype, ROUND_BF16), v, UPCAST, IEEE)
         m_i = m_new
-    out = acc / l_i[:, None]
+    out = tl.div_rn(acc, l_i[:, None])
     o_base = o_ptr + b.to(tl.int64) * so_b + h.to(tl.int64) * so_h
     tl.store(o_base + offs_m[:, None] * so_m + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=(offs_m[:, None] < S_Q) & in_d[None, :])
@@ -117,7 +129,8 @@ def _attention_forward_kernel(
 
 
 def _probabilities(q, kt, lse, offs_m, n, in_n, b, pad_ptr, S_Q, S_K, scale,
-                   CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr):
+                   CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr,
+                   ACCURATE: tl.constexpr):
     """The softmax block p of queries offs_m and keys n, recomputed from the log-sum-exp."""
     s = _dot(q, kt, UPCAST, IEEE) * scale
     valid = in_n[None, :] & (offs_m[:, None] < S_Q)
@@ -126,7 +139,7 @@ def _probabilities(q, kt, lse, offs_m, n, in_n, b, pad_ptr, S_Q, S_K, scale,
     if HAS_PAD:
         pad = tl.load(pad_ptr + b.to(tl.int64) * S_K + n, mask=in_n, other=1)
         valid = valid & (pad == 0)[None, :]
-    return tl.where(valid, tl.exp(s - lse[:, None]), 0.0)
+    return tl.where(valid, _exp(s - lse[:, None], ACCURATE), 0.0)
 
 
 def _attention_backward_dkdv_kernel(
@@ -134,9 +147,9 @@ def _attention_backward_dkdv_kernel(
         sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_m,
         H, GROUP, S_Q, S_K, D, scale,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, ROUND_BF16: tl.constexpr):
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
+        BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, ROUND_BF16: tl.constexpr,
+        ACCURATE: tl.constexpr):
+    pid_n, bh = _block_and_head(tl.cdiv(S_K, BLOCK_N))
     b = bh // H
     h = bh % H
     kvh = h // GROUP
@@ -162,7 +175,8 @@ def _attention_backward_dkdv_kernel(
         do = tl.load(do_base + offs_m[:, None] * sdo_m + offs_d[None, :], mask=in_m[:, None] & in_d[None, :], other=0.0)
         lse = tl.load(lse_ptr + bh.to(tl.int64) * S_Q + offs_m, mask=in_m, other=0.0)
         delta = tl.load(delta_ptr + bh.to(tl.int64) * S_Q + offs_m, mask=in_m, other=0.0)
-        p = _probabilities(q, kt, lse, offs_m, n, in_n, b, pad_ptr, S_Q, S_K, scale, CAUSAL, HAS_PAD, UPCAST, IEEE)
+        p = _probabilities(q, kt, lse, offs_m, n, in_n, b, pad_ptr, S_Q, S_K, scale, CAUSAL, HAS_PAD, UPCAST, IEEE,
+                           ACCURATE)
         dv += _dot(tl.trans(_operand(p, do.dtype, ROUND_BF16)), do, UPCAST, IEEE)
         dp = _dot(do, vt, UPCAST, IEEE)
         ds = p * (dp - delta[:, None])
@@ -178,9 +192,9 @@ def _attention_backward_dq_kernel(
         sq_b, sq_h, sq_m, sk_b, sk_h, sk_n, sv_b, sv_h, sv_n, sdo_b, sdo_h, sdo_m,
         H, GROUP, S_Q, S_K, D, scale,
         CAUSAL: tl.constexpr, HAS_PAD: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, ROUND_BF16: tl.constexpr):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
+        BLOCK_D: tl.constexpr, UPCAST: tl.constexpr, IEEE: tl.constexpr, ROUND_BF16: tl.constexpr,
+        ACCURATE: tl.constexpr):
+    pid_m, bh = _block_and_head(tl.cdiv(S_Q, BLOCK_M))
     b = bh // H
     h = bh % H
     kvh = h // GROUP
@@ -205,7 +219,8 @@ def _attention_backward_dq_kernel(
         in_n = n < S_K
         kt = tl.load(k_base + n[None, :] * sk_n + offs_d[:, None], mask=in_n[None, :] & in_d[:, None], other=0.0)
         vt = tl.load(v_base + n[None, :] * sv_n + offs_d[:, None], mask=in_n[None, :] & in_d[:, None], other=0.0)
-        p = _probabilities(q, kt, lse, offs_m, n, in_n, b, pad_ptr, S_Q, S_K, scale, CAUSAL, HAS_PAD, UPCAST, IEEE)
+        p = _probabilities(q, kt, lse, offs_m, n, in_n, b, pad_ptr, S_Q, S_K, scale, CAUSAL, HAS_PAD, UPCAST, IEEE,
+                           ACCURATE)
         dp = _dot(do, vt, UPCAST, IEEE)
         ds = p * (dp - delta[:, None])
         dq += _dot(_operand(ds, q.dtype, ROUND_BF16), tl.trans(kt), UPCAST, IEEE)
@@ -216,17 +231,68 @@ def _attention_backward_dq_kernel(
 
 operand = LazyKernel(_operand)
 dot = LazyKernel(_dot)
-probabilities = LazyKernel(_probabilities, helpers=[dot])
-attention_forward_kernel = LazyKernel(_attention_forward_kernel, helpers=[operand, dot])
-attention_backward_dkdv_kernel = LazyKernel(_attention_backward_dkdv_kernel, helpers=[operand, dot, probabilities])
-attention_backward_dq_kernel = LazyKernel(_attention_backward_dq_kernel, helpers=[operand, dot, probabilities])
+block_and_head = LazyKernel(_block_and_head)
+probabilities = LazyKernel(_probabilities, helpers=[dot, exp])
+attention_forward_kernel = LazyKernel(_attention_forward_kernel, helpers=[operand, dot, block_and_head, exp])
+attention_backward_dkdv_kernel = LazyKernel(_attention_backward_dkdv_kernel,
+                                            helpers=[operand, dot, block_and_head, probabilities])
+attention_backward_dq_kernel = LazyKernel(_attention_backward_dq_kernel,
+                                          helpers=[operand, dot, block_and_head, probabilities])
 
 
-def _blocks(d: int):
-    block_d = max(16, triton.next_power_of_2(d))
-    if interpreting():  # the interpreter runs every program in Python: small blocks, small shapes
-        return 16, 16, block_d, 4, 1
-    return 128, 64, block_d, 8, 3  # BLOCK_M, BLOCK_N, BLOCK_D, warps, stages
+@dataclass(frozen=True)
+class Tiles:
+    """One kernel's launch shape: BLOCK_M queries by BLOCK_N keys per step, warps, pipeline stages."""
+
+    block_m: int
+    block_n: int
+    warps: int
+    stages: int
+
+
+# (kernel, dot operands, BLOCK_D) -> Tiles on a GPU. Operands: "16-bit" (fp16, bf16: tensor cores),
+# "tf32", "fp32" (IEEE fp32 dots: no tensor cores, every product on the FMA units). Each one compiles
+# for sm_80 and sm_90 within the card's per-block shared memory and without spilling registers
+# (python -m pytest_precision.kernels.compile_check prints the figures; it was chosen there among
+# candidates, the largest tile that does, preferring ones ptxas fits in fewer than 255 registers).
+# "forward": BLOCK_M queries per program over keys in steps of BLOCK_N; "dkdv": BLOCK_N keys per
+# program over queries in steps of BLOCK_M; "dq": BLOCK_M queries per program over keys.
+TILES: dict[tuple[str, str, int], Tiles] = {
+    (kernel, operands, d): Tiles(*t) for (kernel, operands), by_dim in {
+        ("forward", "16-bit"): {16: (128, 64, 4, 2), 32: (128, 64, 4, 3), 64: (64, 64, 4, 3), 128: (128, 32, 8, 2),
+                                256: (64, 64, 8, 2)},
+        ("dkdv", "16-bit"): {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (16, 64, 4, 1), 128: (16, 64, 4, 1),
+                             256: (32, 64, 8, 1)},
+        ("dq", "16-bit"): {16: (128, 32, 4, 3), 32: (128, 32, 4, 3), 64: (64, 32, 4, 2), 128: (64, 32, 4, 2),
+                           256: (16, 32, 8, 1)},
+        ("forward", "tf32"): {16: (128, 64, 4, 3), 32: (64, 64, 4, 3), 64: (64, 64, 4, 3), 128: (128, 32, 8, 2),
+                              256: (32, 32, 4, 1)},
+        ("dkdv", "tf32"): {16: (64, 64, 4, 2), 32: (64, 64, 4, 2), 64: (64, 64, 4, 2), 128: (16, 64, 4, 1),
+                           256: (16, 32, 8, 1)},
+        ("dq", "tf32"): {16: (128, 32, 4, 3), 32: (64, 64, 4, 2), 64: (32, 32, 4, 2), 128: (32, 32, 4, 2),
+                         256: (16, 32, 8, 1)},
+        ("forward", "fp32"): {16: (64, 32, 8, 2), 32: (64, 32, 4, 2), 64: (32, 32, 8, 2), 128: (16, 32, 4, 1),
+                              256: (16, 16, 4, 1)},
+        ("dkdv", "fp32"): {16: (64, 32, 4, 2), 32: (32, 32, 4, 1), 64: (16, 32, 4, 1), 128: (16, 16, 8, 1),
+                           256: (16, 16, 8, 1)},
+        ("dq", "fp32"): {16: (64, 32, 4, 2), 32: (64, 32, 4, 2), 64: (32, 32, 4, 2), 128: (32, 32, 8, 2),
+                         256: (16, 16, 8, 1)},
+    }.items() for d, t in by_dim.items()
+}
+MAX_HEAD_DIM = 256
+# the interpreter runs every program in Python: small blocks for small shapes
+INTERPRETED = Tiles(16, 16, 4, 1)
+
+
+def _operands(dtype, ieee: bool) -> str:
+    return "fp32" if ieee else ("tf32" if dtype == torch.float32 else "16-bit")
+
+
+def tiles(kernel: str, dtype, ieee: bool, block_d: int) -> Tiles:
+    """The launch shape of ``kernel`` ("forward", "dkdv", "dq") here."""
+    if interpreting():
+        return INTERPRETED
+    return TILES[(kernel, _operands(dtype, ieee), block_d)]
 
 
 def _check(q, k, v, key_padding_mask):
@@ -241,38 +307,48 @@ def _check(q, k, v, key_padding_mask):
     if key_padding_mask is not None and tuple(key_padding_mask.shape) != (B, k.shape[2]):
         raise ValueError(f"flash_attention: key_padding_mask must be (B, S_k) = {(B, k.shape[2])}, "
                          f"got {tuple(key_padding_mask.shape)}")
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"flash_attention: head dim {D} over the largest this kernel has tiles for, {MAX_HEAD_DIM}")
     if q.device.type == "cpu" and not interpreting():
         raise RuntimeError("flash_attention: CPU tensors need Triton's interpreter (TRITON_INTERPRET=1)")
 
 
 def _launch_args(q, k, v, causal, pad):
+    """(constexprs every kernel takes, the tiles of each kernel, the shape arguments)."""
     B, H, S_Q, D = q.shape
-    block_m, block_n, block_d, warps, stages = _blocks(D)
-    ieee = q.dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32
+    block_d = max(16, triton.next_power_of_2(D))
+    ieee = q.dtype == torch.float32 and not tf32_matmul_allowed()
     round_bf16 = interpreting() and q.dtype == torch.bfloat16
-    consts = dict(CAUSAL=bool(causal), HAS_PAD=pad is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-                  UPCAST=upcast_dot(), IEEE=ieee, ROUND_BF16=round_bf16, num_warps=warps, num_stages=stages)
+    # fp32 keeps the probabilities in fp32, so exp's error shows; fp16 and bf16 round them to 11 or 8 bits
+    accurate = ieee and accurate_math()
+    consts = dict(CAUSAL=bool(causal), HAS_PAD=pad is not None, BLOCK_D=block_d, UPCAST=upcast_dot(), IEEE=ieee,
+                  ROUND_BF16=round_bf16, ACCURATE=accurate)
+    per_kernel = {}
+    for kernel in ("forward", "dkdv", "dq"):
+        t = tiles(kernel, q.dtype, ieee, block_d)
+        per_kernel[kernel] = dict(BLOCK_M=t.block_m, BLOCK_N=t.block_n, num_warps=t.warps, num_stages=t.stages)
     shape = (H, H // k.shape[1], S_Q, k.shape[2], D, 1.0 / math.sqrt(D))
-    return consts, shape
+    return consts, per_kernel, shape
 
 
 def _forward(q, k, v, causal, pad):
     B, H, S_Q, D = q.shape
-    consts, shape = _launch_args(q, k, v, causal, pad)
+    consts, per_kernel, shape = _launch_args(q, k, v, causal, pad)
     qb, kb, vb = (t.to(boundary_dtype(t.dtype)).contiguous() for t in (q, k, v))
     o = torch.empty_like(qb)
     lse = torch.empty(B, H, S_Q, dtype=torch.float32, device=q.device)
     pad_arg = pad if pad is not None else lse  # unused when HAS_PAD is off
-    grid = (triton.cdiv(S_Q, consts["BLOCK_M"]), B * H)
+    fwd = per_kernel["forward"]
+    grid = (triton.cdiv(S_Q, fwd["BLOCK_M"]) * B * H,)  # one dimension: _block_and_head
     attention_forward_kernel[grid](qb, kb, vb, o, lse, pad_arg, *qb.stride()[:3], *kb.stride()[:3], *vb.stride()[:3],
-                                   *o.stride()[:3], *shape, **consts)
+                                   *o.stride()[:3], *shape, **consts, **fwd)
     return o.to(q.dtype), lse
 
 
 def _backward(q, k, v, o, lse, do, causal, pad):
     B, H, S_Q, D = q.shape
     H_kv, S_K = k.shape[1], k.shape[2]
-    consts, shape = _launch_args(q, k, v, causal, pad)
+    consts, per_kernel, shape = _launch_args(q, k, v, causal, pad)
     qb, kb, vb, dob = (t.to(boundary_dtype(q.dtype)).contiguous() for t in (q, k, v, do.to(q.dtype)))
     delta = (do.float() * o.float()).sum(-1).contiguous()  # rowsum(dO * O), fp32
     block_d = consts["BLOCK_D"]
@@ -281,10 +357,11 @@ def _backward(q, k, v, o, lse, do, causal, pad):
     dq = torch.empty(B, H, S_Q, block_d, dtype=torch.float32, device=q.device)
     pad_arg = pad if pad is not None else lse
     strides = (*qb.stride()[:3], *kb.stride()[:3], *vb.stride()[:3], *dob.stride()[:3])
-    attention_backward_dkdv_kernel[(triton.cdiv(S_K, consts["BLOCK_N"]), B * H)](
-        qb, kb, vb, dob, lse, delta, dk, dv, pad_arg, *strides, *shape, **consts)
-    attention_backward_dq_kernel[(triton.cdiv(S_Q, consts["BLOCK_M"]), B * H)](
-        qb, kb, vb, dob, lse, delta, dq, pad_arg, *strides, *shape, **consts)
+    dkdv, dq_tiles = per_kernel["dkdv"], per_kernel["dq"]
+    attention_backward_dkdv_kernel[(triton.cdiv(S_K, dkdv["BLOCK_N"]) * B * H,)](
+        qb, kb, vb, dob, lse, delta, dk, dv, pad_arg, *strides, *shape, **consts, **dkdv)
+    attention_backward_dq_kernel[(triton.cdiv(S_Q, dq_tiles["BLOCK_M"]) * B * H,)](
+        qb, kb, vb, dob, lse, delta, dq, pad_arg, *strides, *shape, **consts, **dq_tiles)
     group = H // H_kv
     dk = dk[..., :D].reshape(B, H_kv, group, S_K, D).sum(2)  # grouped heads: sum over each group
     dv = dv[..., :D].reshape(B, H_kv, group, S_K, D).sum(2)
@@ -311,12 +388,14 @@ def flash_attention_with_lse(q, k, v, causal: bool = False, key_padding_mask=Non
     """(attention output in q's dtype, fp32 log-sum-exp of each query's scores (B, H, S_q)),
     differentiable in q, k and v."""
     device_type = q.device.type
-    if torch.is_autocast_enabled(device_type):  # as SDPA: the autocast dtype for all three
+    # autocast knows real devices only; "meta" tensors (compile_check) have none to consult
+    autocast = device_type != "meta" and torch.is_autocast_enabled(device_type)
+    if autocast:  # as SDPA: the autocast dtype for all three
         dtype = torch.get_autocast_dtype(device_type)
         q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     _check(q, k, v, key_padding_mask)
     pad = None if key_padding_mask is None else key_padding_mask.to(device=q.device, dtype=torch.int8).contiguous()
-    with torch.autocast(device_type, enabled=False):
+    with torch.autocast(device_type, enabled=False) if autocast else contextlib.nullcontext():
         return _FlashAttention.apply(q, k, v, bool(causal), pad)
 
 

@@ -23,14 +23,16 @@ does. A bf16 kernel is therefore never judged on the interpreter's bf16 bugs.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import types
+from dataclasses import dataclass, field
 
 from pytest_precision.kinds.triton import (INTERPRET_HINT, interpret_requested, interpreting, triton_installed,
                                            unavailable)
 
 __all__ = ["triton_installed", "interpret_requested", "interpreting", "upcast_dot", "boundary_dtype", "unavailable",
-           "builtin_enabled", "LazyKernel", "INTERPRET_HINT"]
+           "builtin_enabled", "LazyKernel", "INTERPRET_HINT", "Launch", "compile_only", "COMPILE_OPTIONS"]
 
 
 @contextlib.contextmanager
@@ -46,6 +48,15 @@ def _mode_env(interpret: bool):
             del os.environ["TRITON_INTERPRET"]
         else:
             os.environ["TRITON_INTERPRET"] = old
+
+
+# Compile options of every kernel launch on a GPU, pinned rather than left to triton's defaults:
+# - enable_fp_fusion off: a * b + c stays two roundings, as under the interpreter, instead of an
+#   FMA wherever the compiler finds one (triton 3.9 fuses by default and 3.10 will not: a triton
+#   upgrade must not move the numerics);
+# - enable_reflect_ftz off: libdevice functions keep subnormal results instead of flushing them
+#   to 0 (kernels/accurate.py), as torch's own ops do.
+COMPILE_OPTIONS = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
 
 
 def upcast_dot() -> bool:
@@ -74,6 +85,38 @@ def builtin_enabled() -> bool:
     return interpret_requested() or (triton_installed() and _cuda())
 
 
+@dataclass
+class Launch:
+    """One launch seen under ``compile_only()``: the kernel, the grid the wrapper asked for, the
+    options it passed (constexprs, ``num_warps``, ``num_stages``) and what Triton compiled."""
+
+    kernel: str
+    grid: tuple
+    options: dict = field(default_factory=dict)
+    compiled: object = None  # triton's CompiledKernel: .metadata.shared, .asm["ptx"], ...
+
+
+_COMPILE_ONLY: contextvars.ContextVar[list | None] = contextvars.ContextVar("compile_only", default=None)
+
+
+@contextlib.contextmanager
+def compile_only():
+    """Within it, a kernel launch compiles the kernel for triton's current target, with the real
+    arguments and options of the wrapper that launched it, and records a ``Launch`` in the list it
+    yields, instead of running anything. Tensors on torch's ``meta`` device are enough: nothing
+    is read. This is how the kernels are compiled for GPUs on a machine without one
+    (``pytest_precision.kernels.compile_check``); the interpreter compiles nothing, so it refuses."""
+    if interpreting():
+        raise RuntimeError("compile_only: triton runs in interpreter mode in this process, which compiles nothing; "
+                           "use a process where triton was imported without TRITON_INTERPRET")
+    launches: list[Launch] = []
+    token = _COMPILE_ONLY.set(launches)
+    try:
+        yield launches
+    finally:
+        _COMPILE_ONLY.reset(token)
+
+
 class LazyKernel:
     """A Triton kernel (a plain function in Triton's language) jitted on its first launch, once
     per mode: ``kernel[grid](*args)`` as with ``triton.jit``. ``helpers``: LazyKernels of the
@@ -97,14 +140,26 @@ class LazyKernel:
                 names.update({h.__name__: h.jitted() for h in self.helpers})
                 fn = types.FunctionType(fn.__code__, names, fn.__name__, fn.__defaults__, fn.__closure__)
                 fn.__module__, fn.__qualname__, fn.__doc__ = self.fn.__module__, self.fn.__qualname__, self.fn.__doc__
+                # the compiler reads tl.constexpr parameters from the annotations; the interpreter
+                # does not need them, so losing them here passes every CPU test
+                fn.__annotations__ = dict(self.fn.__annotations__)
+                fn.__kwdefaults__ = self.fn.__kwdefaults__
             with _mode_env(mode):
                 self._jitted[mode] = triton.jit(fn)
         return self._jitted[mode]
 
     def __getitem__(self, grid):
+        launches = _COMPILE_ONLY.get()
+        if launches is not None:
+            jitted = self.jitted()
+
+            def compile_launch(*args, **kwargs):
+                compiled = jitted.run(*args, grid=grid, warmup=True, **COMPILE_OPTIONS, **kwargs)
+                launches.append(Launch(self.__name__, tuple(grid), dict(kwargs), compiled))
+            return compile_launch
         launch = self.jitted()[grid]
         if not interpreting():
-            return launch
+            return lambda *args, **kwargs: launch(*args, **COMPILE_OPTIONS, **kwargs)
 
         def interpreted(*args, **kwargs):
             # the interpreter runs on numpy, which warns on inf - inf and log(0): those are the

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from pytest_precision.kernels.accurate import _exp, accurate_math, exp  # noqa: F401 (_exp: called in kernels)
 from pytest_precision.kernels.runtime import LazyKernel, boundary_dtype, interpreting
 from pytest_precision.kinds.triton import needs_triton
 
@@ -35,7 +36,7 @@ SUPPORTED = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def _softmax_forward_kernel(x_ptr, y_ptr, lse_ptr, n_cols, x_stride, y_stride,
-                            LOG: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr):
+                            LOG: tl.constexpr, BLOCK: tl.constexpr, SINGLE: tl.constexpr, ACCURATE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * x_stride
     y_row = y_ptr + row * y_stride
@@ -45,12 +46,12 @@ def _softmax_forward_kernel(x_ptr, y_ptr, lse_ptr, n_cols, x_stride, y_stride,
         x = tl.load(x_row + cols, mask=inside, other=-float("inf")).to(tl.float32)
         m, at = tl.max(x, 0, return_indices=True)
         m_safe = tl.where(m == -float("inf"), 0.0, m)  # a fully masked row keeps s 0, not NaN
-        s = tl.sum(tl.where(cols == at, 0.0, tl.exp(x - m_safe)), 0)
+        s = tl.sum(tl.where(cols == at, 0.0, _exp(x - m_safe, ACCURATE)), 0)
         log_l = _log1p(s)
         if LOG:
             y = (x - m) - log_l
         else:
-            y = tl.exp(x - m) / (1.0 + s)
+            y = tl.div_rn(_exp(x - m, ACCURATE), 1.0 + s)
         tl.store(y_row + cols, y.to(y_ptr.dtype.element_ty), mask=inside)
     else:
         # pass 1, online: running max m and s = sum of exp(x - m) over the blocks seen so far,
@@ -64,9 +65,9 @@ def _softmax_forward_kernel(x_ptr, y_ptr, lse_ptr, n_cols, x_stride, y_stride,
             grows = b_max > m
             m_new = tl.maximum(m, b_max)
             m_safe = tl.where(m_new == -float("inf"), 0.0, m_new)
-            e = tl.exp(x - m_safe)
+            e = _exp(x - m_safe, ACCURATE)
             if grows:  # the max moved into this block: rescale the old sum, the old max's 1 included
-                alpha = tl.exp(m - m_safe)
+                alpha = _exp(m - m_safe, ACCURATE)
                 s = (s + 1.0) * alpha + tl.sum(tl.where(cols == at, 0.0, e), 0)
             else:
                 s = s + tl.sum(e, 0)
@@ -80,7 +81,7 @@ def _softmax_forward_kernel(x_ptr, y_ptr, lse_ptr, n_cols, x_stride, y_stride,
             if LOG:
                 y = (x - m) - log_l
             else:
-                y = tl.exp(x - m) / (1.0 + s)
+                y = tl.div_rn(_exp(x - m, ACCURATE), 1.0 + s)
             tl.store(y_row + offs, y.to(y_ptr.dtype.element_ty), mask=inside)
     tl.store(lse_ptr + row, m + log_l)
 
@@ -89,11 +90,11 @@ def _log1p(s):
     # log(1 + s) to a few ULPs for small s, with core ops only (Goldberg): the rounding of u = 1 + s
     # cancels in log(u) * s / (u - 1). s >= 0 here.
     u = 1.0 + s
-    return tl.where(u == 1.0, s, tl.log(u) * (s / (u - 1.0)))
+    return tl.where(u == 1.0, s, tl.log(u) * tl.div_rn(s, u - 1.0))
 
 
 def _softmax_backward_kernel(y_ptr, dy_ptr, dx_ptr, n_cols, y_stride, dy_stride, dx_stride,
-                             LOG: tl.constexpr, BLOCK: tl.constexpr):
+                             LOG: tl.constexpr, BLOCK: tl.constexpr, ACCURATE: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     # pass 1: softmax needs sum(dy * y), log-softmax sum(dy)
@@ -114,15 +115,15 @@ def _softmax_backward_kernel(y_ptr, dy_ptr, dx_ptr, n_cols, y_stride, dy_stride,
         dy = tl.load(dy_ptr + row * dy_stride + offs, mask=inside, other=0.0).to(tl.float32)
         y = tl.load(y_ptr + row * y_stride + offs, mask=inside, other=0.0).to(tl.float32)
         if LOG:
-            dx = dy - tl.exp(y) * s
+            dx = dy - _exp(y, ACCURATE) * s
         else:
             dx = y * (dy - s)
         tl.store(dx_ptr + row * dx_stride + offs, dx.to(dx_ptr.dtype.element_ty), mask=inside)
 
 
 log1p = LazyKernel(_log1p)
-softmax_forward_kernel = LazyKernel(_softmax_forward_kernel, helpers=[log1p])
-softmax_backward_kernel = LazyKernel(_softmax_backward_kernel)
+softmax_forward_kernel = LazyKernel(_softmax_forward_kernel, helpers=[log1p, exp])
+softmax_backward_kernel = LazyKernel(_softmax_backward_kernel, helpers=[exp])
 
 
 def _block_for(n_cols: int, block: int | None) -> int:
@@ -157,7 +158,8 @@ def softmax_forward(x: torch.Tensor, *, log: bool = False, block: int | None = N
     if n_rows and n_cols:
         b = _block_for(n_cols, block)
         softmax_forward_kernel[(n_rows,)](x2, y, lse, n_cols, x2.stride(0), y.stride(0),
-                                          LOG=log, BLOCK=b, SINGLE=n_cols <= b, num_warps=_num_warps(b))
+                                          LOG=log, BLOCK=b, SINGLE=n_cols <= b, ACCURATE=accurate_math(),
+                                          num_warps=_num_warps(b))
     return y.to(x.dtype).reshape(x.shape), lse.reshape(x.shape[:-1])
 
 
@@ -170,7 +172,7 @@ def softmax_backward(y: torch.Tensor, dy: torch.Tensor, *, log: bool = False, bl
     if n_rows and n_cols:
         b = _block_for(n_cols, block)
         softmax_backward_kernel[(n_rows,)](y2, dy2, dx, n_cols, y2.stride(0), dy2.stride(0), dx.stride(0),
-                                           LOG=log, BLOCK=b, num_warps=_num_warps(b))
+                                           LOG=log, BLOCK=b, ACCURATE=accurate_math(), num_warps=_num_warps(b))
     return dx.to(y.dtype).reshape(y.shape)
 
 

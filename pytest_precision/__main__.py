@@ -1,4 +1,5 @@
-"""``python -m pytest_precision baselines list | show NAME | diff A B | prune [--dry-run]``.
+"""``python -m pytest_precision baselines list | show NAME | diff A B | prune [--dry-run]`` and
+``python -m pytest_precision report merge A.json B.json [-o FILE.md]``.
 
 The baseline directory defaults to ``precision_baseline_dir`` of ``[tool.pytest.ini_options]`` in
 ./pyproject.toml (relative to it), else ``precision_baselines``, as the plugin resolves it.
@@ -76,6 +77,26 @@ def _prune(args, cwd: Path, out) -> int:
     return 0
 
 
+def _merge(args, cwd: Path, out) -> int:
+    from .reporting.merge import MergeError, load_report, render_merged
+
+    paths = [p if p.is_absolute() else cwd / p for p in args.reports]
+    try:
+        reports = [(p, load_report(p)) for p in paths]
+    except MergeError as e:
+        print(e, file=sys.stderr)
+        return 2
+    text = render_merged(reports)
+    if args.output is None:
+        print(text, file=out)
+    else:
+        target = args.output if args.output.is_absolute() else cwd / args.output
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+        print(f"merged {len(reports)} reports into {target}", file=out)
+    return 0
+
+
 def main(argv: list[str] | None = None, cwd: Path | None = None, out=None) -> int:
     try:
         return _main(argv, cwd, out)
@@ -116,8 +137,15 @@ def _main(argv: list[str] | None, cwd: Path | None, out) -> int:
     diff.add_argument("b", type=Path)
     prune = with_dir(actions.add_parser("prune", help="remove the baselines the last --precision-suite run did not use"))
     prune.add_argument("--dry-run", action="store_true", help="list the files, remove nothing")
+    report = sub.add_parser("report", help="report tools")
+    report_actions = report.add_subparsers(dest="action", required=True)
+    merge = report_actions.add_parser("merge", help="reports of several machines (--precision-report) in one table")
+    merge.add_argument("reports", type=Path, nargs="+", metavar="REPORT.json")
+    merge.add_argument("-o", "--output", type=Path, default=None, help="write the Markdown table here, not to stdout")
     args = parser.parse_args(argv)
 
+    if args.command == "report":
+        return _merge(args, cwd, out)
     if getattr(args, "dir", None) is None and args.action != "diff":
         args.dir = default_dir(cwd)
     elif args.action != "diff" and not args.dir.is_absolute():

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from .kinds.registry import clear as clear_targets, forget_project_kinds, parse_ini_kinds
-from .numerics.devices import numerics_key
+from .numerics.devices import numerics_key, pin_xdist_worker
 from .reporting.summary import write_terminal_summary
 from .runner.collection import SuiteCollector, keyword_expressions
 from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,  # noqa: F401 (fixtures)
@@ -64,6 +64,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "precision: a numerical precision check (suite case or user test)")
     config.addinivalue_line("markers", "precision_suite: a case of the built-in suites (--precision-suite)")
     options = RunOptions.from_config(config)
+    pin_xdist_worker(options.device)  # before the fingerprint or any CUDA work of this worker
     config.stash[OPTIONS_KEY] = options
     config.stash[RECORDS_KEY] = []
     if options.device.startswith("cuda"):

@@ -2,6 +2,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+from machine import ON_CPU
 
 from pytest_precision.alignment import required_multiple, tensor_core_misalignments
 
@@ -28,6 +29,26 @@ def test_misaligned_16_bit_matmul_names_op_dims_and_line():
 def test_fp32_without_tf32_has_no_tensor_cores_to_miss():
     assert tensor_core_misalignments(_mm(17, 59, 33, torch.float32)) == []
     assert required_multiple(torch.float32, "cpu") is None
+
+
+def test_fp32_on_cuda_needs_four_elements_only_under_tf32():
+    """Read through torch's fp32_precision settings: also when the legacy getter would raise (TF32
+    set through the new API while allow_tf32 says otherwise)."""
+    from pytest_precision.numerics.configs import tf32_flags
+
+    matmul = torch.backends.cuda.matmul
+    saved = getattr(matmul, "fp32_precision", None)
+    with tf32_flags(False):
+        assert required_multiple(torch.float32, "cuda") is None
+    with tf32_flags(True):
+        assert required_multiple(torch.float32, "cuda") == 4
+        assert required_multiple(torch.float32, "cpu") is None
+    if saved is not None:
+        try:
+            matmul.fp32_precision = "tf32"  # new API only: matmul.allow_tf32 now raises
+            assert required_multiple(torch.float32, "cuda") == 4
+        finally:
+            matmul.fp32_precision = saved
 
 
 def test_multiples_are_sixteen_bytes_of_elements():
@@ -80,7 +101,7 @@ def projected(q, k, v, causal=False, key_padding_mask=None):
     (q[..., :16] @ w.t()).sum()  # a width-100 projection, as a model with hidden size 100 has
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
 """)
-    r = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=bf16,fp32",
+    r = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=bf16,fp32", *ON_CPU,
                            "--precision-update-baselines", "-k", "attention and flash and not padded", "-W",
                            "always::pytest_precision.alignment.TensorCoreAlignmentWarning")
     r.assert_outcomes(passed=18)

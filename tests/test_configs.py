@@ -29,14 +29,108 @@ def test_autocast_restored_also_on_error(cid):
     assert not torch.is_autocast_enabled("cpu")
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 flags are entered on CUDA only")
-def test_tf32_flags_restored_on_error():
-    before = torch.backends.cuda.matmul.allow_tf32
-    with pytest.raises(RuntimeError):
-        with CONFIGS["tf32"].active("cuda"):
-            assert torch.backends.cuda.matmul.allow_tf32
-            raise RuntimeError
-    assert torch.backends.cuda.matmul.allow_tf32 == before
+# ---------------------------------------------------------------- TF32 flags, both of torch's APIs
+# torch's flags are process-wide and exist without CUDA, so the flag logic runs here; each test
+# restores them (the TF32_STATE fixture), whatever it leaves behind.
+
+B = torch.backends
+NEW_API = hasattr(B, "fp32_precision")
+
+
+def _settings():
+    return (B.fp32_precision, B.cuda.matmul.fp32_precision, B.cudnn.fp32_precision, B.cudnn.conv.fp32_precision,
+            B.cudnn.rnn.fp32_precision)
+
+
+@pytest.fixture
+def tf32_state():
+    """torch's TF32 settings as they were before the test, restored after it: the legacy flags
+    (whose setters also write the new settings), then the new settings."""
+    legacy = (B.cuda.matmul.allow_tf32, B.cudnn.allow_tf32, torch.get_float32_matmul_precision())
+    saved = _settings() if NEW_API else None
+    yield
+    B.cuda.matmul.allow_tf32, B.cudnn.allow_tf32 = legacy[:2]
+    torch.set_float32_matmul_precision(legacy[2])
+    if NEW_API:
+        (B.fp32_precision, B.cuda.matmul.fp32_precision, B.cudnn.fp32_precision, B.cudnn.conv.fp32_precision,
+         B.cudnn.rnn.fp32_precision) = saved
+
+
+def _legacy_reads():
+    """What the legacy getters say, or the error they raise."""
+    out = []
+    for read in (lambda: B.cuda.matmul.allow_tf32, lambda: B.cudnn.allow_tf32, torch.get_float32_matmul_precision):
+        try:
+            out.append(read())
+        except RuntimeError as e:
+            out.append(f"raises: {str(e)[:40]}")
+    return out
+
+
+def _user_state(how):
+    """A state a user could have left TF32 in before the run."""
+    if how == "legacy on":
+        B.cuda.matmul.allow_tf32 = True
+        B.cudnn.allow_tf32 = True
+    elif how == "matmul precision high":
+        torch.set_float32_matmul_precision("high")
+    elif how == "new api on":
+        B.cuda.matmul.fp32_precision = "tf32"
+        B.cudnn.conv.fp32_precision = "tf32"
+    elif how == "new api generic":
+        B.fp32_precision = "tf32"
+    elif how == "mixed":  # legacy on, then the new API off: the legacy getter now raises
+        B.cuda.matmul.allow_tf32 = True
+        B.cuda.matmul.fp32_precision = "ieee"
+
+
+STATES = ["default", "legacy on", "matmul precision high", "new api on", "new api generic", "mixed"]
+ALLOWED = {"default": False, "legacy on": True, "matmul precision high": True, "new api on": True,
+           "new api generic": True, "mixed": False}
+
+
+@pytest.mark.skipif(not NEW_API, reason="torch before 2.9 has only the legacy flags")
+@pytest.mark.parametrize("how", STATES)
+def test_tf32_read_in_either_world_and_restored_exactly(tf32_state, how):
+    from pytest_precision.numerics.configs import tf32_flags, tf32_matmul_allowed
+
+    _user_state(how)
+    before, legacy_before = _settings(), _legacy_reads()
+    assert tf32_matmul_allowed() is ALLOWED[how]  # never raises, whichever API set it
+    for enabled in (True, False):
+        with pytest.raises(RuntimeError, match="boom"):
+            with tf32_flags(enabled):
+                assert tf32_matmul_allowed() is enabled
+                assert B.cuda.matmul.fp32_precision == B.cudnn.conv.fp32_precision == ("tf32" if enabled else "ieee")
+                raise RuntimeError("boom")
+        assert _settings() == before
+        assert _legacy_reads() == legacy_before  # as readable (or not) as the user left them
+        assert tf32_matmul_allowed() is ALLOWED[how]
+
+
+def test_tf32_config_enters_the_flags_on_cuda_only(tf32_state):
+    from pytest_precision.numerics.configs import tf32_matmul_allowed
+
+    with CONFIGS["tf32"].active("cuda"):  # the flag logic needs no GPU
+        assert tf32_matmul_allowed()
+    with CONFIGS["fp32"].active("cuda"):
+        assert not tf32_matmul_allowed()
+    with CONFIGS["tf32"].active("cpu"):  # the CPU has no TF32 path: nothing touched
+        assert tf32_matmul_allowed() is False
+    assert not tf32_matmul_allowed()
+
+
+def test_tf32_flags_with_only_the_legacy_api(tf32_state, monkeypatch):
+    """torch before 2.9: allow_tf32 set and restored, also on error."""
+    from pytest_precision.numerics import configs
+
+    monkeypatch.setattr(configs, "_precision_api", lambda: False)
+    before = (B.cuda.matmul.allow_tf32, B.cudnn.allow_tf32)
+    with pytest.raises(RuntimeError, match="boom"):
+        with configs.tf32_flags(True):
+            assert B.cuda.matmul.allow_tf32 and B.cudnn.allow_tf32 and configs.tf32_matmul_allowed()
+            raise RuntimeError("boom")
+    assert (B.cuda.matmul.allow_tf32, B.cudnn.allow_tf32) == before
 
 
 def test_prepare_rounds_inputs_and_gives_the_same_values_exactly():

@@ -162,3 +162,20 @@ def test_unknown_hook_and_unavailable_device_are_refused():
         assert "CUDA is not available" in ddp_skip_reason("cuda")
         with pytest.raises(ValueError, match="CUDA is not available"):
             compare_ddp_hooks(tiny_gpt.SPEC, device="cuda")
+
+
+@pytest.mark.parametrize("device,expected", [("cuda", ["set_device(cuda:1)", "init_process_group(nccl, rank 3)"]),
+                                             ("cpu", ["init_process_group(nccl, rank 3)"])])
+def test_a_rank_sets_its_device_before_the_process_group(monkeypatch, device, expected):
+    """The order NCCL needs (a rank's device current before the group starts), checked by calling
+    the rank's set-up with torch's calls recorded: no GPU or process group needed."""
+    from pytest_precision.training import distributed
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(f"set_device({d})"))
+    monkeypatch.setattr(distributed.dist, "init_process_group",
+                        lambda backend, rank, world_size, timeout: calls.append(f"init_process_group({backend}, rank {rank})"))
+    dev = distributed._join_process_group(3, 4, 12345, device, "nccl", 5.0)
+    assert calls == expected
+    assert dev == (torch.device("cuda", 1) if device == "cuda" else torch.device("cpu"))

@@ -132,6 +132,25 @@ def test_flash_attention_under_autocast_computes_in_the_autocast_dtype():
     assert out.dtype == torch.float16
 
 
+def test_every_head_dim_and_dtype_has_gpu_tiles_and_a_larger_one_is_named():
+    """The GPU's tile table covers every head dim up to its maximum, in every dtype and dot mode
+    (compile_check holds each entry to the cards' limits); a larger head dim is a clear error, not
+    a KeyError at launch."""
+    import triton
+
+    from pytest_precision.kernels import flash_attention as fa
+
+    for d in range(1, fa.MAX_HEAD_DIM + 1):
+        block_d = max(16, triton.next_power_of_2(d))
+        for dtype, ieee in ((torch.float16, False), (torch.bfloat16, False), (torch.float32, False),
+                            (torch.float32, True)):
+            for kernel in ("forward", "dkdv", "dq"):
+                assert (kernel, fa._operands(dtype, ieee), block_d) in fa.TILES, (kernel, dtype, ieee, d)
+    q = torch.zeros(1, 1, 4, fa.MAX_HEAD_DIM + 1, device=DEVICE)
+    with pytest.raises(ValueError, match="head dim 257 over the largest this kernel has tiles for, 256"):
+        fa.flash_attention(q, q, q)
+
+
 # ------------------------------------------------------------------ the interpreter's bf16 traps
 
 @pytest.mark.skipif(CUDA, reason="the trap is the interpreter's; this machine runs the kernels natively")
@@ -270,6 +289,44 @@ def test_metrics_compare_on_the_kernel_path_equals_the_torch_path(monkeypatch):
             else:
                 assert a[key] == b[key], key
         assert repr(fused.worst) == repr(torch_path.worst)  # NaN entries: compare their text
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_error_statistics_of_fp8_tensors_equal_the_torch_path(dtype):
+    """fp8 tensors themselves (not fp32 carriers): widened to fp16 before the kernel, exactly."""
+    from pytest_precision.kernels.error_stats import error_statistics, error_statistics_torch
+
+    ref = torch.randn(700, generator=_gen(7), dtype=torch.float64) * 30
+    out = ref.to(dtype)
+    a = error_statistics(out.to(DEVICE), ref.to(DEVICE), block=64, iters=3)
+    b = error_statistics_torch(out, ref)
+    assert (a.max_ulp, a.argmax_ulp, a.overflow, a.n_finite) == (b.max_ulp, b.argmax_ulp, b.overflow, b.n_finite)
+    assert torch.equal(a.histogram, b.histogram) and a.max_ulp > 0
+
+
+def test_the_fused_path_makes_the_ulp_tensor_only_when_asked(monkeypatch):
+    """Passing cases need none of what the elementwise ULP tensor gives (worst elements, exact
+    p99, counts over a budget): on the kernel's path it is made on first use, and then it is the
+    torch path's."""
+    from pytest_precision.kernels.error_stats import KERNEL_DTYPES, error_statistics
+    from pytest_precision.numerics import metrics
+
+    made = []
+    real = metrics.ulp_distance
+    monkeypatch.setattr(metrics, "ulp_distance", lambda *a, **k: made.append(1) or real(*a, **k))
+    monkeypatch.setattr(metrics, "_FUSED", (error_statistics, frozenset(KERNEL_DTYPES)))
+    monkeypatch.setattr(metrics, "_use_fused", lambda *a: True)
+    ref = torch.randn(16, 64, generator=_gen(9), dtype=torch.float64) * 20
+    out = ref.to(torch.bfloat16)
+    fused = metrics.compare(out.to(DEVICE), ref.to(DEVICE))
+    assert made == [] and fused.max_ulp > 0
+    worst, p99 = fused.worst, fused.p99_ulp
+    assert made == [1]
+    fused.count_over(1.0)
+    assert made == [1]  # made once
+    monkeypatch.setattr(metrics, "_use_fused", lambda *a: False)
+    torch_path = metrics.compare(out.to(DEVICE), ref.to(DEVICE))
+    assert (worst, p99) == (torch_path.worst, torch_path.p99_ulp)
 
 
 # ------------------------------------------------------------------ planted defects, caught by the suites

@@ -185,3 +185,70 @@ def test_training_cases_in_the_reports(pytester):
     terminal = [line for line in result.outlines if line.startswith("| net ")]
     assert len(terminal) == 3 and all(line in md.splitlines() for line in terminal)
     assert "### Training (each config against the fp32 run from the same seed)" in md
+
+
+# ------------------------------------------------------------------ report merge (several machines)
+
+def _merge(cwd, *args):
+    import io
+
+    from pytest_precision.__main__ import main
+
+    out = io.StringIO()
+    return main(["report", "merge", *map(str, args)], cwd=cwd, out=out), out.getvalue()
+
+
+def test_reports_of_two_machines_merge_into_one_table(run, tmp_path):
+    """A real run's report and the same report as another machine would have written it (an H100
+    where one case fails): one row per target, config and machine, the failure on its machine's row."""
+    d, _ = run
+    a = json.loads((d / "out" / "report.json").read_text())
+    b = json.loads(json.dumps(a))
+    b.update(device="cuda", numerics_key="cuda-sm90", fingerprint="NVIDIA H100 80GB HBM3, CUDA 12.8, torch 2.13.0")
+    unit = next(c for c in b["cases"] if c["regime"] == "unit")
+    assert unit["verdict"] == "pass"
+    unit.update(verdict="fail", categories=["regression"])
+    unit["metrics"]["max_ulp"] = 1234.0
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    code, text = _merge(tmp_path, "a.json", "b.json")
+    assert code == 0, text
+    rows = [line for line in text.splitlines() if line.startswith("| naive")]
+    assert len(rows) == 2
+    cpu_row, gpu_row = rows
+    assert "| fp16 " in cpu_row and f"| {a['numerics_key']} (" in cpu_row and "FAIL 10/12" in cpu_row
+    assert "| cuda-sm90 (NVIDIA H100 80GB HBM3) " in gpu_row and "FAIL 11/12" in gpu_row and "regression" in gpu_row
+    assert "| 1.23e+03 " not in cpu_row and "inf" in gpu_row  # each row from its own report
+    assert "- cuda-sm90 (NVIDIA H100 80GB HBM3): b.json, device cuda, torch" in text
+    code, _ = _merge(tmp_path, "a.json", "b.json", "-o", "merged/table.md")
+    assert code == 0 and (tmp_path / "merged" / "table.md").read_text() + "\n" == text  # print adds the newline
+
+
+def test_a_case_only_one_machine_ran_and_training_cases_show_per_machine(tmp_path):
+    tensor = {"suite": "softmax", "target": "t", "config": "fp32", "regime": "r", "max_ulp": 3.0, "max_rel": 1e-7,
+              "sqnr_db": 140.0, "overflow": 0, "underflow": 0, "nan": 0, "passed": True, "categories": []}
+    training = {"suite": "train_step", "target": "tiny_gpt", "config": "amp-fp16", "regime": "trajectory",
+                "passed": False, "categories": ["loss"], "training": {"max_loss_dev": 0.1}}
+    a = build_report([tensor, training], device="cpu", numerics_key="cpu-avx512", fingerprint="Xeon, cpu-avx512",
+                     torch_version="2.13.0", configs=["fp32", "amp-fp16"])
+    b = build_report([training], device="cuda", numerics_key="cuda-sm80", fingerprint="NVIDIA A100, CUDA 12.8",
+                     torch_version="2.13.0", configs=["fp32", "amp-fp16"])
+    (tmp_path / "a.json").write_text(json.dumps(a))
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    code, text = _merge(tmp_path, "a.json", "b.json")
+    assert code == 0
+    rows = [line for line in text.splitlines() if line.startswith("| t ") or line.startswith("| tiny_gpt")]
+    assert len(rows) == 4
+    assert "cpu-avx512 (Xeon)" in rows[0] and "| pass" in rows[0]
+    assert "cuda-sm80 (NVIDIA A100)" in rows[1] and "not run" in rows[1]
+    assert "FAIL 1/1: loss" in rows[2] and "FAIL 1/1: loss" in rows[3]
+
+
+def test_merge_names_the_file_it_cannot_use(tmp_path, capsys):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "old.json").write_text(json.dumps({"report_version": 0, "cases": []}))
+    for name, words in (("bad.json", "not JSON"), ("old.json", "not a pytest-precision report of version 1"),
+                        ("gone.json", "cannot read it")):
+        code, _ = _merge(tmp_path, name)
+        assert code == 2
+        assert f"{name}: {words}" in capsys.readouterr().err

@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+from machine import DEVICE, ON_CPU
 
 from pytest_precision.speed import check_speed, judge_memory, judge_speed, ratio_interval, thin_samples
 from pytest_precision.timing import Timing, measure, synchronized_perf_counter
@@ -110,7 +111,8 @@ def mine(x):
 
 
 def _run(pytester, *args):
-    return pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=fp32",
+    # the CPU's timer and gate (calibration workload, no peak memory), on every machine
+    return pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=fp32", *ON_CPU,
                               "-k", "softmax and unit", *args)
 
 
@@ -220,5 +222,5 @@ def test_bench(benchmark):
     r.assert_outcomes(passed=1)
     data = json.loads((pytester.path / "out.json").read_text())
     info = data["machine_info"]["pytest_precision"]
-    assert info["numerics_key"].startswith("cpu-") and "torch" in info["fingerprint"]
+    assert info["numerics_key"].startswith(f"{DEVICE}-") and "torch" in info["fingerprint"]
     assert data["benchmarks"][0]["options"]["timer"] == "synchronized_perf_counter"

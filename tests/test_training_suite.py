@@ -7,6 +7,7 @@ bias), a batch_fn that does not repeat itself; and a loss computed as log(softma
 precision, pure bf16 with a small learning rate (lost updates, fewer with stochastic rounding),
 DDP's compression hooks."""
 import pytest
+from machine import ON_CPU
 
 # imported here, outside the pytester sessions: a module first imported inside one is dropped from
 # sys.modules when it ends, while the kind registry keeps the kind that uses it, and the DDP ranks'
@@ -67,7 +68,7 @@ def test_builtin_gpt_passes_every_config(pytester):
 
     root = pathlib.Path(__file__).resolve().parents[1]
     pytester.makeini(f"[pytest]\nprecision_baseline_dir = {root / 'baselines'}\n")
-    result = _run(pytester, "-rs")
+    result = _run(pytester, "-rs", *ON_CPU)  # the committed goldens hold the CPU machines' budgets
     result.assert_outcomes(passed=9, skipped=1)  # tf32 is CUDA only
     for config in ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3"):
         result.stdout.fnmatch_lines([f"| tiny_gpt *| {config} *| 8 *| pass *|"])

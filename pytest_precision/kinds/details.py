@@ -23,11 +23,9 @@ ULP_EDGES = (0.0, 0.5, *(float(2 ** k) for k in range(0, 21)))
 MAGNITUDE_EDGES = (0.0, *(float(2 ** k) for k in range(-3, 13)))
 
 
-def ulp_histogram(cmp: Comparison) -> dict | None:
+def ulp_histogram(cmp: Comparison) -> dict:
     """Counts of the elementwise ULP distances in ULP_EDGES bins, and of non-finite ones (a NaN or
     inf facing a finite value). Elements NaN on both sides (an expected NaN) are left out."""
-    if cmp.ulps is None:
-        return None
     u = cmp.ulps.detach().flatten().to(torch.float64).cpu()
     finite = torch.isfinite(u)
     counts = torch.bincount(torch.bucketize(u[finite], torch.tensor(ULP_EDGES, dtype=torch.float64)),
@@ -40,7 +38,7 @@ def error_by_magnitude(cmp: Comparison, logits: torch.Tensor) -> dict | None:
     max-subtracting softmax's error grows with the distance below the row maximum, not with |x|
     (logits around -1000 are as easy as logits around 0), so that is the magnitude binned.
     Only finite logits with a finite ULP distance count."""
-    if cmp.ulps is None or tuple(cmp.ulps.shape) != tuple(logits.shape) or logits.dim() == 0:
+    if tuple(cmp.ulps.shape) != tuple(logits.shape) or logits.dim() == 0:
         return None
     x = logits.detach().to(torch.float64).cpu()
     u = cmp.ulps.detach().to(torch.float64).cpu()

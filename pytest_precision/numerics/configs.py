@@ -15,7 +15,8 @@ import torch
 
 from .formats import format_of
 
-__all__ = ["Config", "CONFIGS", "CONFIG_IDS", "Prepared", "select_configs", "fp8_scale", "fp8_roundtrip", "tf32_flags"]
+__all__ = ["Config", "CONFIGS", "CONFIG_IDS", "Prepared", "select_configs", "fp8_scale", "fp8_roundtrip", "tf32_flags",
+           "tf32_matmul_allowed"]
 
 
 @dataclass(frozen=True)
@@ -124,17 +125,68 @@ class Config:
             yield self
 
 
+# torch's fp32 precision settings (torch 2.9 and later): a tree whose children inherit from their
+# parent while "none". Set through this API, the legacy flags (``allow_tf32``,
+# ``set_float32_matmul_precision``) are left as they were, and reading a legacy flag that disagrees
+# with the new one raises ("a mix of the legacy and new APIs"); the legacy setters write the new
+# settings too. So the flags are read and set here through the new settings only, and exactly
+# those are restored: whichever API a user set them with, it reads as before.
+_MATMUL = ("cuda", "matmul")  # its parents: ("cuda", "all"), then ("generic", "all")
+_CUDNN = (("cuda", "conv"), ("cuda", "rnn"))
+
+
+def _precision_api() -> bool:
+    return hasattr(torch.backends, "fp32_precision") and hasattr(torch.backends.cuda.matmul, "fp32_precision")
+
+
+def _tf32_settings() -> dict[tuple[str, str], object]:
+    """The settings of every node the TF32 flags touch or inherit from."""
+    b = torch.backends
+    return {("generic", "all"): b, ("cuda", "all"): b.cudnn, ("cuda", "matmul"): b.cuda.matmul,
+            ("cuda", "conv"): b.cudnn.conv, ("cuda", "rnn"): b.cudnn.rnn}
+
+
+def _effective(node: tuple[str, str], settings: dict) -> str:
+    """The precision a node runs at: its own setting, else its nearest parent's that is set."""
+    chain = [node, (node[0], "all"), ("generic", "all")]
+    for n in dict.fromkeys(chain):  # ("generic", "all") once
+        value = settings[n].fp32_precision
+        if value != "none":
+            return value
+    return "none"
+
+
+def tf32_matmul_allowed() -> bool:
+    """Whether float32 matmuls on CUDA may use TF32 now, by either API, without ever raising."""
+    if _precision_api():
+        return _effective(_MATMUL, _tf32_settings()) == "tf32"
+    return bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+
+
 @contextlib.contextmanager
 def tf32_flags(enabled: bool) -> Iterator[None]:
-    matmul = torch.backends.cuda.matmul.allow_tf32
-    cudnn = torch.backends.cudnn.allow_tf32
+    """TF32 for CUDA matmuls and cuDNN convolutions and RNNs on (``enabled``) or off, restored on
+    exit, also on error."""
+    if not _precision_api():  # torch before 2.9: only the legacy flags exist
+        matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        try:
+            torch.backends.cuda.matmul.allow_tf32 = enabled
+            torch.backends.cudnn.allow_tf32 = enabled
+            yield
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = matmul
+            torch.backends.cudnn.allow_tf32 = cudnn
+        return
+    settings = _tf32_settings()
+    saved = {node: s.fp32_precision for node, s in settings.items()}
+    value = "tf32" if enabled else "ieee"
     try:
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
+        for node in (_MATMUL, *_CUDNN):  # operator level: nothing a parent says overrides them
+            settings[node].fp32_precision = value
         yield
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = matmul
-        torch.backends.cudnn.allow_tf32 = cudnn
+        for node, s in settings.items():
+            s.fp32_precision = saved[node]
 
 
 CONFIGS: dict[str, Config] = {

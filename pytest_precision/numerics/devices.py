@@ -9,11 +9,13 @@ the SDPA and GEMM kernels.
 """
 from __future__ import annotations
 
+import os
 import platform
+import re
 
 import torch
 
-__all__ = ["numerics_key", "device_class", "machine_name", "fingerprint"]
+__all__ = ["numerics_key", "device_class", "machine_name", "fingerprint", "xdist_worker_device", "pin_xdist_worker"]
 
 
 def numerics_key(device: str) -> str:
@@ -59,3 +61,28 @@ def fingerprint(device: str) -> str:
         parts += [numerics_key(device), "timed on 1 thread"]  # see timing.py
     parts.append(f"torch {torch.__version__}")
     return ", ".join(parts)
+
+
+def xdist_worker_device(worker_id: str | None, device_count: int) -> int | None:
+    """The CUDA device index pytest-xdist worker ``worker_id`` (``gw0``, ``gw1``, ...) runs on:
+    worker N on device N mod ``device_count``, so N workers on N GPUs get one each and more workers
+    share them evenly. None outside xdist (no worker id) or without a device."""
+    if not worker_id or device_count < 1:
+        return None
+    match = re.fullmatch(r"gw(\d+)", worker_id)
+    if match is None:
+        raise ValueError(f"PYTEST_XDIST_WORKER={worker_id!r}: not an xdist worker id (gw0, gw1, ...)")
+    return int(match.group(1)) % device_count
+
+
+def pin_xdist_worker(device: str) -> int | None:
+    """In an xdist worker running on CUDA, make its own GPU the current device (every "cuda"
+    tensor, timing, memory figure and fingerprint then refers to it), before anything else touches
+    CUDA; without it every worker queues on cuda:0 and the speed gate times the contention.
+    Returns the device index, or None where nothing was pinned."""
+    if not device.startswith("cuda") or not torch.cuda.is_available():
+        return None
+    index = xdist_worker_device(os.environ.get("PYTEST_XDIST_WORKER"), torch.cuda.device_count())
+    if index is not None:
+        torch.cuda.set_device(index)
+    return index

@@ -2,6 +2,7 @@
 of overflow, underflow and NaN, plus the worst elements for the message."""
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable
@@ -11,9 +12,19 @@ from tabulate import tabulate
 
 from .formats import format_of, ulp_distance
 
-__all__ = ["Comparison", "compare", "sqnr_db", "WORST_SHOWN", "install_fused_statistics"]
+__all__ = ["Comparison", "Elementwise", "compare", "sqnr_db", "WORST_SHOWN", "install_fused_statistics"]
 
 WORST_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class Elementwise:
+    """What only the elementwise ULP tensor gives: the tensor itself, the exact p99 and the worst
+    elements. Failure messages and reports need it; a passing case without a report does not."""
+
+    ulps: torch.Tensor
+    p99_ulp: float
+    worst: list[dict]
 
 
 @dataclass
@@ -26,13 +37,14 @@ class Comparison:
     the reference is finite (a non-finite output is never shown as 0 off, inf dB or cosine 1).
     ``max_rel`` skips references below the dtype's smallest normal, where relative error says
     nothing.
+    ``ulps``, ``p99_ulp`` and ``worst`` come from the elementwise ULP tensor, made on first use
+    (on CUDA the one-pass kernel gives everything else without it).
     """
 
     shape: tuple[int, ...]
     dtype: str
     numel: int
     max_ulp: float
-    p99_ulp: float
     mean_ulp: float
     max_abs: float
     rms_abs: float  # root mean square of the error: moves little under reordering, a lot under lost precision
@@ -44,13 +56,26 @@ class Comparison:
     nan: int
     missing_nan: int  # reference NaN (defined as NaN, e.g. a fully masked row) but out is not
     flushed_subnormal: int  # out 0 where ref rounds to a nonzero subnormal: reported, not failed
-    worst: list[dict] = field(default_factory=list)
-    ulps: torch.Tensor | None = field(default=None, repr=False)
+    elementwise_fn: Callable[[], Elementwise] = field(repr=False, compare=False, default=None)
+
+    @functools.cached_property
+    def elementwise(self) -> Elementwise:
+        return self.elementwise_fn()
+
+    @property
+    def ulps(self) -> torch.Tensor:
+        return self.elementwise.ulps
+
+    @property
+    def p99_ulp(self) -> float:
+        return self.elementwise.p99_ulp
+
+    @property
+    def worst(self) -> list[dict]:
+        return self.elementwise.worst
 
     def count_over(self, ulp_budget: float) -> int:
         """Elements further than ``ulp_budget`` ULPs from the reference."""
-        if self.ulps is None:
-            return 0
         return int((self.ulps > ulp_budget).sum())
 
     def summary(self) -> dict:
@@ -99,7 +124,6 @@ def compare(
     scale: float = 1.0,
     log_domain: bool = False,
     underflow_floor: float = 0.0,
-    keep_ulps: bool = True,
 ) -> Comparison:
     """Compare ``out`` with ``ref`` (float64 oracle or float32 golden), ULPs counted in ``dtype``.
 
@@ -115,7 +139,7 @@ def compare(
         raise ValueError(f"shape mismatch: output {tuple(out.shape)} vs reference {tuple(ref.shape)}")
     dtype = dtype or out.dtype
     if _use_fused(out, dtype, scale):
-        return _compare_fused(out, ref, dtype, scale, log_domain, underflow_floor, keep_ulps)
+        return _compare_fused(out, ref, dtype, scale, log_domain, underflow_floor)
     fmt = format_of(dtype)
     o = out.detach().to(torch.float64)
     r = ref.detach().to(device=o.device, dtype=torch.float64)
@@ -136,17 +160,16 @@ def compare(
     flushed = (o == 0) & (rs.abs() > fmt.smallest_subnormal / 2) & (rs.abs() < fmt.smallest_normal)
 
     both = torch.isfinite(o) & r_fin
+    lost = bool((r_fin & ~torch.isfinite(o)).any())  # NaN or inf out where the reference is finite
     fo, fr = o[both], r[both]
     fu = ulps[both]
     n_fin = fo.numel()
-    lost = bool((r_fin & ~torch.isfinite(o)).any())  # NaN or inf out where the reference is finite
     if n_fin:
         diff = (fo - fr).abs()
         max_abs = float(diff.max())
         big = fr.abs() >= fmt.smallest_normal * scale
         max_rel = float((diff[big] / fr[big].abs()).max()) if bool(big.any()) else 0.0
         mean_ulp = float(fu.mean())
-        p99_ulp = float(torch.quantile(fu.float(), 0.99)) if n_fin <= 16_000_000 else float(fu.max())
         err = float(torch.linalg.vector_norm(fo - fr))
         rms_abs = err / n_fin ** 0.5
         sig = float(torch.linalg.vector_norm(fr))
@@ -154,28 +177,15 @@ def compare(
         den = float(torch.linalg.vector_norm(fo)) * sig
         cosine = float((fo * fr).sum()) / den if den > 0 else (1.0 if err == 0 else 0.0)
     else:
-        max_abs = rms_abs = max_rel = mean_ulp = p99_ulp = sqnr = cosine = math.nan
+        max_abs = rms_abs = max_rel = mean_ulp = sqnr = cosine = math.nan
     if lost:
         sqnr = cosine = math.nan
-
-    worst = []
     numel = ulps.numel()
-    if numel:
-        k = min(WORST_SHOWN, numel)
-        key = torch.nan_to_num(ulps, nan=math.inf, posinf=math.inf).flatten()
-        vals, idx = torch.topk(key, k)
-        for v, i in zip(vals.tolist(), idx.tolist()):
-            if v == 0:
-                break
-            index = tuple(int(j) for j in torch.unravel_index(torch.tensor(i), tuple(out.shape)))
-            worst.append({"index": index, "out": float(o.flatten()[i]), "ref": float(r.flatten()[i]), "ulp": v})
-
     return Comparison(
         shape=tuple(out.shape),
         dtype=fmt.name,
         numel=numel,
         max_ulp=float(ulps.max()) if numel else 0.0,
-        p99_ulp=p99_ulp,
         mean_ulp=mean_ulp,
         max_abs=max_abs,
         rms_abs=rms_abs,
@@ -187,9 +197,28 @@ def compare(
         nan=int((o_nan & ~r_nan).sum()),
         missing_nan=int((r_nan & ~o_nan).sum()),
         flushed_subnormal=int(flushed.sum()),
-        worst=worst,
-        ulps=ulps if keep_ulps else None,
+        elementwise_fn=functools.partial(_elementwise, ulps, o, r, tuple(out.shape)),
     )
+
+
+def _elementwise(ulps: torch.Tensor, o: torch.Tensor, r: torch.Tensor, shape: tuple) -> Elementwise:
+    """The exact p99 of the finite distances and the WORST_SHOWN largest distances, from the ULP
+    tensor of float64 ``o`` against ``r``."""
+    fu = ulps[torch.isfinite(o) & torch.isfinite(r)]
+    if fu.numel():
+        p99 = float(torch.quantile(fu.float(), 0.99)) if fu.numel() <= 16_000_000 else float(fu.max())
+    else:
+        p99 = math.nan  # nothing finite on both sides: nothing measured
+    worst = []
+    if ulps.numel():
+        key = torch.nan_to_num(ulps, nan=math.inf, posinf=math.inf).flatten()
+        vals, idx = torch.topk(key, min(WORST_SHOWN, ulps.numel()))
+        for v, i in zip(vals.tolist(), idx.tolist()):
+            if v == 0:
+                break
+            index = tuple(int(j) for j in torch.unravel_index(torch.tensor(i), shape))
+            worst.append({"index": index, "out": float(o.flatten()[i]), "ref": float(r.flatten()[i]), "ulp": v})
+    return Elementwise(ulps, p99, worst)
 
 
 # A one-pass implementation of compare's statistics for CUDA tensors: (function, dtypes it takes).
@@ -211,48 +240,32 @@ def _use_fused(out: torch.Tensor, dtype: torch.dtype, scale: float) -> bool:
     return dtype in _FUSED[1]
 
 
-def _compare_fused(out, ref, dtype, scale, log_domain, underflow_floor, keep_ulps) -> Comparison:
+def _compare_fused(out, ref, dtype, scale, log_domain, underflow_floor) -> Comparison:
     """``compare`` from the fused statistics: the same numbers as the torch path. The ULP tensor
-    (worst elements, exact p99, count_over) is still made when ``keep_ulps``; without it p99 is the
-    top of its power-of-two histogram bucket and the worst element is the max."""
+    (worst elements, exact p99, count_over) is made only when something asks for it."""
     error_statistics = _FUSED[0]
     fmt = format_of(dtype)
     st = error_statistics(out, ref, dtype, scale=scale, log_domain=log_domain, underflow_floor=underflow_floor)
-    o = out.detach().to(torch.float64)
-    r = ref.detach().to(device=o.device, dtype=torch.float64)
-    ulps = ulp_distance(o / scale, r / scale, dtype, log_domain=log_domain) if keep_ulps else None
     max_abs, max_rel, mean_ulp = st.max_abs, st.max_rel, st.mean_ulp
-    rms_abs = math.sqrt(st.sum_sq_err / st.n_finite) if st.n_finite else math.nan
     if st.n_finite:
         err, sig = math.sqrt(st.sum_sq_err), math.sqrt(st.sum_sq_ref)
+        rms_abs = err / math.sqrt(st.n_finite)
         sqnr = sqnr_db(sig, err)
         den = math.sqrt(st.sum_sq_out) * sig
         cosine = st.sum_out_ref / den if den > 0 else (1.0 if err == 0 else 0.0)
-        if ulps is not None:
-            fu = ulps[torch.isfinite(o) & torch.isfinite(r)]
-            p99 = float(torch.quantile(fu.float(), 0.99)) if fu.numel() <= 16_000_000 else float(fu.max())
-        else:
-            p99 = st.quantile_bound(0.99)
     else:  # nothing finite on both sides: nothing measured (as the torch path)
-        sqnr = cosine = p99 = max_abs = rms_abs = max_rel = mean_ulp = math.nan
-    if bool((torch.isfinite(r) & ~torch.isfinite(o)).any()):
+        sqnr = cosine = max_abs = rms_abs = max_rel = mean_ulp = math.nan
+    if bool((torch.isfinite(ref) & ~torch.isfinite(out)).any()):
         sqnr = cosine = math.nan
-    worst = []
-    if st.numel:
-        if ulps is not None:
-            key = torch.nan_to_num(ulps, nan=math.inf, posinf=math.inf).flatten()
-            vals, idx = torch.topk(key, min(WORST_SHOWN, st.numel))
-            picks = list(zip(vals.tolist(), idx.tolist()))
-        else:
-            picks = [(st.max_ulp, st.argmax_ulp)]
-        for v, i in picks:
-            if v == 0:
-                break
-            index = tuple(int(j) for j in torch.unravel_index(torch.tensor(i), tuple(out.shape)))
-            worst.append({"index": index, "out": float(o.flatten()[i]), "ref": float(r.flatten()[i]), "ulp": v})
+
+    def elementwise() -> Elementwise:
+        o = out.detach().to(torch.float64)
+        r = ref.detach().to(device=o.device, dtype=torch.float64)
+        return _elementwise(ulp_distance(o / scale, r / scale, dtype, log_domain=log_domain), o, r, tuple(out.shape))
+
     return Comparison(
-        shape=tuple(out.shape), dtype=fmt.name, numel=st.numel, max_ulp=st.max_ulp, p99_ulp=p99,
-        mean_ulp=mean_ulp, max_abs=max_abs, rms_abs=rms_abs, max_rel=max_rel, sqnr_db=sqnr, cosine=cosine,
-        overflow=st.overflow, underflow=st.underflow, nan=st.nan, missing_nan=st.missing_nan,
-        flushed_subnormal=st.flushed_subnormal, worst=worst, ulps=ulps,
+        shape=tuple(out.shape), dtype=fmt.name, numel=st.numel, max_ulp=st.max_ulp, mean_ulp=mean_ulp,
+        max_abs=max_abs, rms_abs=rms_abs, max_rel=max_rel, sqnr_db=sqnr, cosine=cosine, overflow=st.overflow,
+        underflow=st.underflow, nan=st.nan, missing_nan=st.missing_nan, flushed_subnormal=st.flushed_subnormal,
+        elementwise_fn=elementwise,
     )

@@ -165,7 +165,9 @@ class SuiteItem(pytest.Item):
             self._time(options, baseline, outcome, record)
         if options.trace or (options.audit and case.regime == case.kind.audit_regime):
             self._trace(options, outcome, record)
-        record.update(outcome.report_details(), nodeid=self.nodeid)
+        record["nodeid"] = self.nodeid
+        if options.details:
+            record.update(outcome.report_details())
         self.outcome = outcome
         failure = None if outcome.passed else PrecisionFailure(outcome.message(self.nodeid, baseline.update_command))
         return record, failure

@@ -36,6 +36,9 @@ class RunOptions:
     parallel: str | None = None  # why this process's timings share the CPU by design (xdist workers)
     audit: bool = False  # audit the dtypes each op ran in, per target and config (--precision-audit)
     timeout: float = DEFAULT_TIMEOUT  # seconds a suite case may run (ini precision_timeout; 0: no limit)
+    # a report or plots asked for: each case's record carries its detail (histograms, budgets,
+    # headline), which needs the elementwise ULP tensors that a passing case otherwise never makes
+    details: bool = False
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "RunOptions":
@@ -78,7 +81,9 @@ class RunOptions:
         return cls(device, configs, BaselineStore(root), update, run_suite, default_device, ini_targets,
                    speed=not config.getoption("precision_no_speed"), speed_threshold=threshold,
                    trace=bool(config.getoption("precision_trace")), audit=bool(config.getoption("precision_audit")),
-                   parallel=_parallel(config), timeout=timeout)
+                   parallel=_parallel(config), timeout=timeout,
+                   details=any(config.getoption(o) for o in ("precision_report", "precision_report_md",
+                                                             "precision_plots")))
 
     @functools.cached_property
     def fingerprint(self) -> str:

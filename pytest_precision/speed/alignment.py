@@ -17,6 +17,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..explain.tracing import user_frame
+from ..numerics.configs import tf32_matmul_allowed
 
 __all__ = ["Misalignment", "TensorCoreAlignmentWarning", "TensorCoreLint", "tensor_core_misalignments",
            "required_multiple", "warn_misalignments"]
@@ -36,8 +37,7 @@ def required_multiple(dtype: torch.dtype, device_type: str) -> int | None:
         return 8
     if dtype in _FP8:
         return 16
-    if dtype == torch.float32 and device_type == "cuda" and (
-            torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"):
+    if dtype == torch.float32 and device_type == "cuda" and tf32_matmul_allowed():
         return 4
     return None
 

@@ -146,6 +146,19 @@ def _resolve(path: str):
     return obj
 
 
+def _join_process_group(rank: int, world_size: int, port: int, device: str, backend: str, timeout_s: float) -> torch.device:
+    """This rank's device, made current before the process group starts: torch's NCCL group takes
+    the current device as the rank's device for what it sets up before a tensor says otherwise
+    (barriers, communicators), so a rank that set its device only afterwards could set those up on
+    cuda:0, beside rank 0."""
+    dev = torch.device(device, rank % torch.cuda.device_count()) if device == "cuda" else torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    return dev
+
+
 def _rank_main(rank, world_size, port, device, backend, fns, seed, hooks, workdir, timeout_s):
     """One rank: the uncompressed run, then one run per hook; rank 0 saves the gradients."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -156,12 +169,8 @@ def _rank_main(rank, world_size, port, device, backend, fns, seed, hooks, workdi
         model_fn, loss_fn = (_resolve(path) if path else None for path in fns)
         # the parent's spec minus what the ranks do not run: the loss is computed as the spec computes it
         spec = TrainSpec(model_fn, lambda p: None, lambda i: None, steps=1, seed=seed, loss_fn=loss_fn)
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         stage = f"init_process_group({backend})"
-        dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
-        dev = torch.device(device, rank % torch.cuda.device_count()) if device == "cuda" else torch.device("cpu")
-        if dev.type == "cuda":
-            torch.cuda.set_device(dev)
+        dev = _join_process_group(rank, world_size, port, device, backend, timeout_s)
         stage = f"loading batch_fn({rank})'s batch"
         batch = _to_device(torch.load(os.path.join(workdir, f"batch{rank}.pt"), weights_only=True), dev)
         grads = {}
