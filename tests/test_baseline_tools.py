@@ -129,3 +129,13 @@ def test_training_baselines_show_and_diff(tmp_path):
     meta_path.write_text(json.dumps(meta, indent=2, sort_keys=True))
     code, out = _cli("baselines", "diff", str(tmp_path / "a"), str(tmp_path / "b"), cwd=tmp_path)
     assert out == f"{name}/amp-fp16 [cpu-avx2] trajectory max_loss_deviation {old!r} -> 0.5\n" and code == 1
+
+
+def test_budget_fields_are_the_budgets():
+    """``show`` and ``diff`` tell a tensor budget from a training one by its fields: all of Budget's."""
+    import dataclasses
+
+    from pytest_precision.baselines.tools import BUDGET_FIELDS
+    from pytest_precision.numerics.budgets import Budget
+
+    assert set(BUDGET_FIELDS) == {f.name for f in dataclasses.fields(Budget)}

@@ -284,10 +284,10 @@ def test_metrics_compare_on_the_kernel_path_equals_the_torch_path(monkeypatch):
         fused = metrics.compare(out.to(DEVICE), r.to(DEVICE), dtype, **kw)
         a, b = fused.summary(), torch_path.summary()
         for key in a:
-            if key in ("sqnr_db", "cosine", "mean_ulp"):
-                assert a[key] == pytest.approx(b[key], rel=1e-6), key
+            if key in ("sqnr_db", "cosine", "mean_ulp", "rms_abs"):  # sums in another order
+                assert a[key] == pytest.approx(b[key], rel=1e-6, nan_ok=True), key
             else:
-                assert a[key] == b[key], key
+                assert a[key] == b[key] or (math.isnan(a[key]) and math.isnan(b[key])), key
         assert repr(fused.worst) == repr(torch_path.worst)  # NaN entries: compare their text
 
 

@@ -20,7 +20,7 @@ __all__ = ["BUDGET_FIELDS", "baseline_names", "read_meta", "list_lines", "show_l
 
 SUFFIXES = (".npz", ".json")
 # compared by diff, in this order: the limits, then the counts allowed
-BUDGET_FIELDS = ("max_ulp", "max_abs", "overflow", "underflow", "nan", "missing_nan")
+BUDGET_FIELDS = ("max_ulp", "mean_ulp", "max_abs", "rms_abs", "overflow", "underflow", "nan", "missing_nan")  # numerics.budgets.Budget
 
 
 def baseline_names(root: Path) -> list[str]:
