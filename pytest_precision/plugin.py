@@ -37,6 +37,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--precision-audit", action="store_true",
                     help="print, per target and config, the dtype each op really ran in, and flag matmuls "
                          "left in fp32 under autocast, softmax/norms/losses in 16 bits and explicit 16-bit casts")
+    group.addoption("--precision-strict-budgets", action="store_true",
+                    help="a machine with no regression budget of its own fails its cases instead of being judged "
+                         "by the widest budget of other machines (scaled by its peer error)")
     group.addoption("--precision-speed-threshold", metavar="PERCENT",
                     help="fail a case this much slower than its recorded median, when clear of the noise "
                          "(default: 10 on CUDA, 20 on CPU)")

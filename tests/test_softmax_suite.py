@@ -383,13 +383,29 @@ def mine(x):
     passed.stdout.fnmatch_lines(["*1 case(s) had no budget recorded for*"])
 
 
-def test_no_budget_for_the_device_type_names_what_is_there(pytester):
+def test_a_first_run_on_another_device_type_borrows_from_any_machine_unless_strict(pytester):
+    """Goldens recorded only on another device type (CPU goldens on a first GPU run, here the
+    reverse): the widest budget of any machine judges, scaled by this machine's peer error, and
+    both the case and the summary say so; --precision-strict-budgets fails the case instead."""
     import torch
     isa = f"cpu-{torch.backends.cpu.get_cpu_capability().lower()}"
     _setup(pytester, CORRECT)
     _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "unit").assert_outcomes(passed=1)
     _rekey_budgets(pytester.path / "precision_baselines" / "softmax" / "mine" / "unit" / "fp32.json", {isa: "cuda-sm90"})
-    result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
-    result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([f"*fp32.json: no accepted budget for '{isa}' nor any cpu machine (has: cuda-sm90); "
-                                 "accept with: pytest --precision-suite*"])
+    borrowed = _run(pytester, "--precision-configs=fp32", "-k", "unit")
+    borrowed.assert_outcomes(passed=1)
+    borrowed.stdout.fnmatch_lines(["*1 case(s) had no budget recorded for*judged by the widest recorded for other machines "
+                                   "(1 of them by machines of another device type, no cpu machine having one)*"])
+    # a planted regression is still caught by the borrowed budget
+    _setup(pytester, CORRECT.replace("(e / e.sum(-1, keepdim=True))", "(e / e.sum(-1, keepdim=True) * (1 + 2 ** -21))"))
+    caught = _run(pytester, "--precision-configs=fp32", "-k", "unit")
+    caught.assert_outcomes(failed=1)
+    caught.stdout.fnmatch_lines(["*FAIL*regression*", "*no budget recorded for cpu-*: judged by the widest recorded for "
+                                 "cuda-sm90 (no cpu machine has one: a first run on this device type)*"])
+    _setup(pytester, CORRECT)
+    strict = _run(pytester, "--precision-configs=fp32", "-k", "unit", "--precision-strict-budgets")
+    strict.assert_outcomes(failed=1)
+    strict.stdout.fnmatch_lines([f"*fp32.json: no accepted budget for '{isa}' (strict budgets: none borrowed) "
+                                 "(has: cuda-sm90); accept with: pytest --precision-suite*"])
+
+

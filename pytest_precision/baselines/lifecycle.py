@@ -10,7 +10,9 @@ the training kind's metric entries in ``pytest_precision.training.baseline``.
 
 Accepted budgets are keyed by the numerics key of the machine (``numerics.devices``: device type
 and CPU ISA or GPU compute capability), then by output name. A machine with no budget of its own
-is judged by the widest budget recorded for its device type, and the result says so.
+is judged by the widest budget recorded for its device type, or when its type has none (a first
+run on a GPU of goldens recorded on CPUs) by the widest of any machine, and the result says so;
+a strict check (``--precision-strict-budgets``) borrows nothing.
 
 Nothing is written without the update flag, and nothing is written by ``check`` itself: under the
 flag it *prepares* the write, and whoever knows the case's verdict (the suite's runner, the
@@ -37,9 +39,15 @@ __all__ = ["BaselineCheck", "BaselineResult", "BaselineEntry", "TensorOutput", "
 SINGLE = "reference"  # the array name when a case has one output
 
 
-def budget_sources(recorded: dict, key: str) -> list[str]:
-    """The numerics keys whose budgets judge this machine: its own, else every one of its device type."""
-    return [key] if key in recorded else sorted(k for k in recorded if device_class(k) == device_class(key))
+def budget_sources(recorded: dict, key: str, strict: bool = False) -> list[str]:
+    """The numerics keys whose budgets judge this machine: its own, else (unless ``strict``) every
+    one of its device type, else every one recorded. A borrowed budget is scaled by this machine's
+    peer error where the entry can (``BaselineEntry.budget_from``), so the reference stored on a
+    CPU still judges a GPU's result through the error a correct op has on each."""
+    if key in recorded or strict:
+        return [key] if key in recorded else []
+    same_type = sorted(k for k in recorded if device_class(k) == device_class(key))
+    return same_type or sorted(recorded)
 
 
 @dataclass
@@ -57,6 +65,7 @@ class BaselineResult:
     updated: str | None = None  # "old -> new" line when the baseline was (re)written
     note: str | None = None
     absent: str | None = None
+    borrowed_across_devices: bool = False  # the borrowed budgets are of another device type
     refused: str | None = None
     refused_line: str | None = None
 
@@ -314,6 +323,7 @@ class BaselineCheck:
     device: str
     update: bool
     update_command: str
+    strict: bool = False  # a machine without a budget of its own fails rather than borrow one
     pending: list[PendingWrite] = field(default_factory=list, init=False, repr=False)
     committed: bool = field(default=False, init=False)  # a prepared golden was written
 
@@ -361,10 +371,11 @@ class BaselineCheck:
         key = self.budget_key
         recorded = base.meta.get("budgets", {})
         result = BaselineResult()
-        sources = budget_sources(recorded, key)
+        sources = budget_sources(recorded, key, self.strict)
         if not sources:
+            scope = " (strict budgets: none borrowed)" if self.strict else ""
             return BaselineResult(error=(
-                f"{base.json_path}: no accepted budget for '{key}' nor any {device_class(key)} machine (has: "
+                f"{base.json_path}: no accepted budget for '{key}'{scope} (has: "
                 f"{', '.join(recorded) or 'none'}); accept with: {self.update_command}"))
         budgets = {}
         for name in entry.names:
@@ -374,11 +385,14 @@ class BaselineCheck:
             except (KeyError, TypeError, ValueError) as e:
                 return BaselineResult(error=f"{base.json_path}: corrupt budget for '{name}' under "
                                             f"{', '.join(sources)} ({e!r})")
-        if sources != [key]:
-            result.note = (f"no budget recorded for {key}: judged by the widest recorded for "
-                           f"{', '.join(sources)}{entry.borrowed_clause()}; record this machine's with: "
-                           f"{self.update_command}")
         entry.judge(base, budgets, result)
+        if sources != [key]:  # after judging: what the entry did with borrowed budgets is known then
+            result.borrowed_across_devices = all(device_class(k) != device_class(key) for k in sources)
+            other = (f" (no {device_class(key)} machine has one: a first run on this device type)"
+                     if result.borrowed_across_devices else "")
+            result.note = (f"no budget recorded for {key}: judged by the widest recorded for "
+                           f"{', '.join(sources)}{other}{entry.borrowed_clause()}; record this machine's with: "
+                           f"{self.update_command}")
         return result
 
     def _prepare(self, entry: BaselineEntry) -> BaselineResult:

@@ -101,7 +101,8 @@ class Outcome:
         return {"suite": self.suite, "kind": self.kind, "target": self.target, "config": self.config,
                 "regime": self.regime, **self.evidence.record_fields(self), "passed": self.passed,
                 "categories": self.categories, "baseline_update": self.baseline.updated,
-                "baseline_refused": self.baseline.refused_line, "borrowed_budget": self.baseline.note is not None}
+                "baseline_refused": self.baseline.refused_line, "borrowed_budget": self.baseline.note is not None,
+                "borrowed_across_devices": self.baseline.borrowed_across_devices}
 
     def report_details(self) -> dict:
         b = self.baseline

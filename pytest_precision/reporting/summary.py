@@ -91,8 +91,12 @@ def borrowed_budgets_line(records: list[dict], key: str) -> str | None:
     n = sum(1 for r in records if r.get("borrowed_budget"))
     if not n:
         return None
-    return (f"{n} case(s) had no budget recorded for {key} and were judged by the widest recorded for other "
-            f"{device_class(key)} machines; record this machine's with --precision-update-baselines")
+    across = sum(1 for r in records if r.get("borrowed_across_devices"))
+    whose = (f"other {device_class(key)} machines" if not across else
+             f"other machines ({across} of them by machines of another device type, no {device_class(key)} "
+             "machine having one)")
+    return (f"{n} case(s) had no budget recorded for {key} and were judged by the widest recorded for {whose}; "
+            "record this machine's with --precision-update-baselines (--precision-strict-budgets fails them instead)")
 
 
 def write_terminal_summary(tr, options, records: list[dict]) -> None:

@@ -133,7 +133,8 @@ class SuiteItem(pytest.Item):
         case = self.case
         baseline = BaselineCheck(options.store, case.baseline_key, case.config_id, options.device, options.update,
                                  options.update_command(suite_item=self.keyword_expression,
-                                                        config_id=getattr(case.config, "base", case.config.id)))
+                                                        config_id=getattr(case.config, "base", case.config.id)),
+                                 strict=options.strict_budgets)
         try:
             with time_limit(*case_limit(self, options.timeout)):
                 record, failure = self._run(options, baseline)

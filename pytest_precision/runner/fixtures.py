@@ -72,7 +72,7 @@ class GoldenFixture:
         __tracebackhide__ = True  # the failure is the message, not this frame
         g = self._golden
         if name is not None:  # several goldens in one test
-            g = BaselineCheck(g.store, f"{g.key}/{name}", g.config_id, g.device, g.update, g.update_command)
+            g = BaselineCheck(g.store, f"{g.key}/{name}", g.config_id, g.device, g.update, g.update_command, g.strict)
             self._checks.append(g)
         res = g.check_output(out, reference, inputs=inputs, dtype=dtype, log_domain=log_domain)
         self.results.append(res)
@@ -126,7 +126,8 @@ def golden(request):
     session = request.config.stash[OPTIONS_KEY]
     key, config_id = _test_key(request)
     cmd = session.update_command(nodeid=request.node.nodeid)
-    fixture = GoldenFixture(BaselineCheck(session.store, key, config_id, session.device, session.update, cmd),
+    fixture = GoldenFixture(BaselineCheck(session.store, key, config_id, session.device, session.update, cmd,
+                                          strict=session.strict_budgets),
                             request.node.nodeid)
     yield fixture
     report = request.node.stash.get(CALL_REPORT, None)

@@ -33,6 +33,7 @@ class RunOptions:
     speed: bool = True  # time every suite case and gate it (off with --precision-no-speed)
     speed_threshold: float = 0.2  # a fraction: 0.1 is 10 % slower
     trace: bool = False  # trace every suite case op by op (--precision-trace)
+    strict_budgets: bool = False  # no budget borrowed from other machines (--precision-strict-budgets)
     parallel: str | None = None  # why this process's timings share the CPU by design (xdist workers)
     audit: bool = False  # audit the dtypes each op ran in, per target and config (--precision-audit)
     timeout: float = DEFAULT_TIMEOUT  # seconds a suite case may run (ini precision_timeout; 0: no limit)
@@ -80,7 +81,8 @@ class RunOptions:
             raise pytest.UsageError(f"precision_timeout = {raw_timeout}: give seconds (0: no limit)") from None
         return cls(device, configs, BaselineStore(root), update, run_suite, default_device, ini_targets,
                    speed=not config.getoption("precision_no_speed"), speed_threshold=threshold,
-                   trace=bool(config.getoption("precision_trace")), audit=bool(config.getoption("precision_audit")),
+                   trace=bool(config.getoption("precision_trace")),
+                   strict_budgets=bool(config.getoption("precision_strict_budgets")), audit=bool(config.getoption("precision_audit")),
                    parallel=_parallel(config), timeout=timeout,
                    details=any(config.getoption(o) for o in ("precision_report", "precision_report_md",
                                                              "precision_plots")))

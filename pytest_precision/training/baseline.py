@@ -179,7 +179,9 @@ class TrajectoryEntry(BaselineEntry):
     names = (OUTPUT,)
 
     def borrowed_clause(self) -> str:
-        return f", its fp32 reference held to theirs within {CROSS_KEY_RTOL:g}"
+        if self.reference_compared:
+            return f", its fp32 reference held to theirs within {CROSS_KEY_RTOL:g}"
+        return ", its fp32 reference not compared (no machine of its device type recorded one)"
 
     def __init__(self, config: TrainConfig, run: Trajectory, ref: Trajectory, metrics: TrainMetrics, batch0,
                  seed: int, budget_key: str):
@@ -187,6 +189,7 @@ class TrajectoryEntry(BaselineEntry):
         self.budget_key = budget_key
         self.input_checksum = _inputs_checksum(ref, batch0)
         self.reference = fp32_reference(ref)
+        self.reference_compared = False  # judge: whether a machine of this device type recorded one
 
     def arrays(self) -> dict[str, torch.Tensor]:
         return {"fp32_loss": torch.tensor(self.ref.losses), "loss": torch.tensor(self.run.losses),
@@ -229,6 +232,8 @@ class TrajectoryEntry(BaselineEntry):
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
         recorded = base.meta.get("budgets", {})
         own = recorded.get(self.budget_key)
+        same_type = [k for k, rec in recorded.items() if isinstance(rec, dict) and device_class(k) == device_class(self.budget_key)]
+        self.reference_compared = bool(same_type)
         if isinstance(own, dict):
             problem = fp32_moved(self.reference, own, SAME_KEY_RTOL, self.budget_key)
         else:  # no key of its own: within the wider tolerance of every machine of its kind
