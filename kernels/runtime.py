@@ -26,6 +26,7 @@ import contextlib
 import contextvars
 import os
 import types
+from unittest import mock
 from dataclasses import dataclass, field
 
 from pytest_precision.kinds.triton import (INTERPRET_HINT, interpret_requested, interpreting, triton_installed,
@@ -35,19 +36,10 @@ __all__ = ["triton_installed", "interpret_requested", "interpreting", "upcast_do
            "builtin_enabled", "LazyKernel", "INTERPRET_HINT", "Launch", "compile_only", "COMPILE_OPTIONS"]
 
 
-@contextlib.contextmanager
 def _mode_env(interpret: bool):
     """TRITON_INTERPRET as triton was imported with, around jitting and launching our kernels
     (triton reads it there too), restored afterwards."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
+    return mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1" if interpret else "0"})
 
 
 # Compile options of every kernel launch on a GPU, pinned rather than left to triton's defaults:

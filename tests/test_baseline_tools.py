@@ -1,5 +1,6 @@
 """python -m pytest_precision baselines list | show | diff | prune, on copies of the project's goldens."""
 import io
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -51,6 +52,11 @@ def test_diff_names_files_budgets_and_tensors_on_one_side(tmp_path):
         ref = np.array(z["reference"])
     ref[0, 0] += 1e-3
     np.savez_compressed(b / SMALL / "fp32.npz", reference=ref)
+    # as an update writes it: the JSON carries the checksum of its .npz (a pair written apart is an error)
+    meta_path = b / SMALL / "fp32.json"
+    meta = json.loads(meta_path.read_text())
+    meta["npz_sha256"] = hashlib.sha256((b / SMALL / "fp32.npz").read_bytes()).hexdigest()
+    meta_path.write_text(json.dumps(meta))
 
     assert diff_lines(a, b) == [
         f"{SMALL}/bf16 only in {a}",

@@ -128,7 +128,8 @@ def test_printed_update_commands_select_exactly_their_case(pytester):
     result = pytester.runpytest("--precision-suite", "--precision-configs=fp32", "--precision-no-speed",
                                 "-p", "no:cacheprovider", "-k", "torch.softmax-fp32-unit")
     result.assert_outcomes(failed=2)  # softmax[torch.softmax-fp32-unit] and safe_softmax[...]: no goldens yet
-    commands = re.findall(r"write it with: (pytest .*)$", result.stdout.str(), re.MULTILINE)
+    # each once (under CI pytest's short summary repeats the whole message)
+    commands = list(dict.fromkeys(re.findall(r"write it with: (pytest .*)$", result.stdout.str(), re.MULTILINE)))
     assert len(commands) == 2, result.stdout.str()
     for command in commands:
         kind = "safe_softmax" if "k 'safe_softmax" in command else "softmax"
@@ -156,7 +157,8 @@ def test_softmax(precision_config, golden, label):
 """)
     result = pytester.runpytest("--precision-configs=fp32", "-p", "no:cacheprovider")
     result.assert_outcomes(failed=3)
-    commands = re.findall(r"write it with: (pytest .*)$", result.stdout.str(), re.MULTILINE)
+    # each once (under CI pytest's short summary repeats the whole message)
+    commands = list(dict.fromkeys(re.findall(r"write it with: (pytest .*)$", result.stdout.str(), re.MULTILINE)))
     assert len(commands) == 3
     for command in commands:
         fixed = _shell(command + " --precision-configs=fp32", pytester.path)

@@ -12,11 +12,11 @@ the reason, where Triton cannot run, instead of failing; under the interpreter i
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import importlib.util
 import os
 import sys
+from unittest import mock
 
 __all__ = ["INTERPRET_HINT", "needs_triton", "uses_triton", "triton_installed", "interpret_requested",
            "interpreting", "unavailable", "skip_reason", "interpreted", "interpreter_defects", "interpreter_excuse"]
@@ -81,20 +81,6 @@ def interpreted(fn, device: str) -> bool:
     return uses_triton(fn) and not device.startswith("cuda")
 
 
-@contextlib.contextmanager
-def _interpret_env():
-    """TRITON_INTERPRET=1 while jitting and launching: triton reads it there too."""
-    old = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = old
-
-
 @functools.lru_cache(maxsize=1)
 def interpreter_defects() -> tuple[str, ...]:
     """The bfloat16 defects of this process's Triton interpreter, each as its evidence (empty when
@@ -107,7 +93,8 @@ def interpreter_defects() -> tuple[str, ...]:
     import torch
 
     found = []
-    with _interpret_env(), np.errstate(all="ignore"):
+    # TRITON_INTERPRET=1 while jitting and launching: triton reads it there too
+    with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}), np.errstate(all="ignore"):
         from . import triton_canary
 
         x = torch.tensor([1.0048828125, 1.828e-40, 3.0, -1.0048828125], dtype=torch.float32)
