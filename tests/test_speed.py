@@ -224,3 +224,19 @@ def test_bench(benchmark):
     info = data["machine_info"]["pytest_precision"]
     assert info["numerics_key"].startswith(f"{DEVICE}-") and "torch" in info["fingerprint"]
     assert data["benchmarks"][0]["options"]["timer"] == "synchronized_perf_counter"
+
+
+def test_false_alarm_benchmark_counts_each_verdict_against_its_scenario():
+    """The benchmark's arithmetic on a report as the plugin writes it (the sessions themselves are
+    what ``python -m pytest_precision.speed.false_alarms`` runs)."""
+    from pytest_precision.speed.false_alarms import _rate, _speed_statuses
+
+    report = {"cases": [{"config": "fp32", "regime": r, "timing": {"speed_status": s, "speed_ratio": x}}
+                        for r, s, x in (("unit", "pass", 1.0), ("len1", "slower", 1.6), ("len1000", "noisy", 1.3))]
+              + [{"config": "fp32", "regime": "hypothesis", "timing": None}]}
+    statuses = _speed_statuses(report)
+    assert statuses == [("pass", 1.0, "fp32-unit"), ("slower", 1.6, "fp32-len1"), ("noisy", 1.3, "fp32-len1000")]
+    row = {"timed": 3, "pass": 1, "noisy": 1, "shared": 0, "slower": 1}
+    assert _rate({**row, "expected": "pass"}) == "false alarms 1/3 (33.3 %)"
+    assert _rate({**row, "expected": "fail"}) == "caught 1/3 (33.3 %)"
+    assert _rate({**row, "expected": "report"}) == "reported 1/3, failed 1"

@@ -89,8 +89,8 @@ def _session(project: Path, configs: str, repeats: int, *extra: str) -> dict:
     return json.loads(report.read_text())
 
 
-def _speed_statuses(report: dict) -> list[tuple[str, float | None]]:
-    return [(c["timing"]["speed_status"], c["timing"]["speed_ratio"]) for c in report["cases"]
+def _speed_statuses(report: dict) -> list[tuple[str, float | None, str]]:
+    return [(c["timing"]["speed_status"], c["timing"]["speed_ratio"], f"{c['config']}-{c['regime']}") for c in report["cases"]
             if c.get("timing") and c["timing"].get("speed_status")]
 
 
@@ -106,10 +106,13 @@ def run(configs: str, scenarios=SCENARIOS) -> list[dict]:
             started = time.monotonic()
             with _neighbour(load == "busy"):
                 statuses = _speed_statuses(_session(project, configs, repeats, *extra))
-            count = {s: sum(1 for t, _ in statuses if t == s) for s in ("pass", "noisy", "shared", "slower")}
-            ratios = sorted(r for _, r in statuses if r is not None)
+            count = {s: sum(1 for t, _, _ in statuses if t == s) for s in ("pass", "noisy", "shared", "slower")}
+            ratios = sorted(r for _, r, _ in statuses if r is not None)
+            # the cases whose verdict is not the scenario's: false alarms, or slowdowns missed
+            wrong = [f"{case} {t} {r:.2f} x" for t, r, case in statuses
+                     if (t == "slower") != (expected == "fail") and r is not None]
             rows.append({"scenario": name, "expected": expected, "timed": len(statuses), **count,
-                         "median_ratio": ratios[len(ratios) // 2] if ratios else None,
+                         "median_ratio": ratios[len(ratios) // 2] if ratios else None, "wrong": wrong,
                          "seconds": time.monotonic() - started})
     return rows
 
@@ -127,12 +130,16 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_precision.speed.false_alarms", description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default="fp32,bf16,fp16", help="configs of the softmax suite to time (default: %(default)s)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--rounds", type=int, default=1, help="run the scenarios this many times (default: %(default)s)")
     args = parser.parse_args(argv)
     from tabulate import tabulate
-    rows = run(args.configs)
+    rows = [row for _ in range(args.rounds) for row in run(args.configs)]
     print(tabulate([[r["scenario"], r["timed"], r["pass"], r["noisy"], r["shared"], r["slower"],
                      "-" if r["median_ratio"] is None else f"{r['median_ratio']:.2f}", _rate(r)] for r in rows],
                    headers=["scenario", "timed", "pass", "noisy", "shared", "failed", "median x", "verdict"], tablefmt="github"))
+    for r in rows:
+        if r["wrong"] and r["expected"] != "report":
+            print(f"{r['scenario']}: {'failed' if r['expected'] == 'pass' else 'not failed'}: {', '.join(r['wrong'])}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
