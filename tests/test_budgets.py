@@ -101,3 +101,19 @@ def test_the_typical_budget_is_never_below_half_the_peers(tmp_path, monkeypatch)
     assert r.budgets["reference"].mean_ulp == pytest.approx(max(1.5 * r.comparisons["reference"].mean_ulp + 0.25,
                                                                 0.5 * peer.mean_ulp))
     assert math.isfinite(r.budgets["reference"].mean_ulp)
+
+
+def test_a_golden_where_nothing_was_measured_does_not_fail_every_later_run():
+    """Nothing finite on both sides (an empty output, a reference NaN everywhere the output is):
+    the errors are NaN, the budgets are the floors, and the same result passes again; a NaN limit
+    already stored is not limited, whatever the order of the machines."""
+    for out, ref in ((torch.zeros(0, 8), torch.zeros(0, 8, dtype=torch.float64)),
+                     (torch.full((4,), math.nan), torch.full((4,), math.nan, dtype=torch.float64))):
+        accepted = compare(out, ref, torch.float32)
+        assert math.isnan(accepted.mean_ulp) and math.isnan(accepted.rms_abs)
+        for budget in (regression_budget(accepted), regression_budget(accepted, abs_floor_value=1e-9)):
+            assert violations(accepted, budget) == []
+            assert not any(isinstance(v, float) and math.isnan(v) for v in budget.as_dict().values())
+    stored = [Budget(math.nan, mean_ulp=math.nan), Budget(3.0, mean_ulp=1.0)]
+    assert Budget.widest(stored) == Budget.widest(stored[::-1])
+    assert Budget.widest(stored).max_ulp is None and Budget.widest(stored).mean_ulp is None

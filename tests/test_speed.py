@@ -240,3 +240,27 @@ def test_false_alarm_benchmark_counts_each_verdict_against_its_scenario():
     assert _rate({**row, "expected": "pass"}) == "false alarms 1/3 (33.3 %)"
     assert _rate({**row, "expected": "fail"}) == "caught 1/3 (33.3 %)"
     assert _rate({**row, "expected": "report"}) == "reported 1/3, failed 1"
+
+
+def test_speed_is_not_recorded_next_to_a_busy_neighbour(monkeypatch):
+    """A record taken on a busy machine would let every later slowdown pass: under update it is
+    not written, and the case says why; an idle machine's is."""
+    from pytest_precision.speed import gate
+    from pytest_precision.speed.timing import Timing
+
+    class Golden:
+        update = True
+        written = []
+
+        def record_speed(self, fingerprint, entry):
+            self.written.append(fingerprint)
+            return True
+
+    said = {}
+    for load, status in ((1.0, "unrecorded"), (0.01, "recorded")):
+        monkeypatch.setattr(gate, "measure", lambda bench, device, load=load: Timing((1e-5,) * 20, (1e-6,) * 7, load))
+        check = gate.check_speed(lambda: None, "cpu", Golden(), 0.2, "cpu-test", bench=lambda: None)
+        assert check.verdict.status == status, check.verdict.describe()
+        said[status] = check.verdict.describe()
+    assert Golden.written == ["cpu-test"]
+    assert said["unrecorded"].startswith("speed not recorded (a busy machine: other processes used 1.00 cores)")

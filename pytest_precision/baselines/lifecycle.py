@@ -385,7 +385,10 @@ class BaselineCheck:
             except (KeyError, TypeError, ValueError) as e:
                 return BaselineResult(error=f"{base.json_path}: corrupt budget for '{name}' under "
                                             f"{', '.join(sources)} ({e!r})")
-        entry.judge(base, budgets, result)
+        try:
+            entry.judge(base, budgets, result)
+        except (KeyError, TypeError, ValueError) as e:  # a hand-edited budget of the wrong type
+            return BaselineResult(error=f"{base.json_path}: corrupt budget under {', '.join(sources)} ({e!r})")
         if sources != [key]:  # after judging: what the entry did with borrowed budgets is known then
             result.borrowed_across_devices = all(device_class(k) != device_class(key) for k in sources)
             other = (f" (no {device_class(key)} machine has one: a first run on this device type)"

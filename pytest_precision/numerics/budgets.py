@@ -22,6 +22,7 @@ variant and checked on every other.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 
 from .metrics import Comparison
@@ -72,9 +73,10 @@ class Budget:
 
     @classmethod
     def widest(cls, budgets: "list[Budget]") -> "Budget":
-        """Each limit at its loosest across ``budgets`` (None, not limited, is loosest)."""
+        """Each limit at its loosest across ``budgets`` (None, not limited, is loosest; a NaN limit,
+        from a golden accepted before nothing-measured read as NaN, counts as None, in any order)."""
         def loosest(values):
-            return None if any(v is None for v in values) else max(values)
+            return None if any(v is None or math.isnan(v) for v in values) else max(values)
         return cls(loosest([b.max_ulp for b in budgets]), *(max(getattr(b, k) for b in budgets) for k in COUNTS),
                    max_abs=loosest([b.max_abs for b in budgets]), mean_ulp=loosest([b.mean_ulp for b in budgets]),
                    rms_abs=loosest([b.rms_abs for b in budgets]))
@@ -94,6 +96,12 @@ class Budget:
                        rms_abs=at_least(self.rms_abs, fraction * peer.rms_abs))
 
 
+def _measured(value: float) -> float:
+    """An accepted error, 0 where nothing was measured (NaN: no element finite on both sides), so
+    the floors set the budget rather than a NaN limit that nothing can meet."""
+    return 0.0 if math.isnan(value) else value
+
+
 def abs_floor(ref_max_abs: float, dtype_mantissa_bits: int, ulps: float = ULP_FLOOR) -> float:
     """A floor of ``ulps`` ULPs of the dtype at the reference's largest magnitude."""
     return ulps * ref_max_abs * 2.0 ** -dtype_mantissa_bits
@@ -104,8 +112,8 @@ def peer_budget(peer: Comparison, factor: float = PEER_FACTOR, floor: float = UL
     """k x the peer's error plus a floor: on ULPs, or on max abs when ``abs_floor_value`` is given."""
     counts = (peer.overflow, peer.underflow, peer.nan, peer.missing_nan)
     if abs_floor_value is not None:
-        return Budget(None, *counts, max_abs=factor * peer.max_abs + abs_floor_value)
-    return Budget(factor * peer.max_ulp + floor, *counts)
+        return Budget(None, *counts, max_abs=factor * _measured(peer.max_abs) + abs_floor_value)
+    return Budget(factor * _measured(peer.max_ulp) + floor, *counts)
 
 
 def regression_budget(accepted: Comparison, slack: float = REGRESSION_SLACK, floor: float = ULP_FLOOR, *,
@@ -118,9 +126,10 @@ def regression_budget(accepted: Comparison, slack: float = REGRESSION_SLACK, flo
     sits below them."""
     counts = (accepted.overflow, accepted.underflow, accepted.nan, accepted.missing_nan)
     if abs_floor_value is not None:
-        return Budget(None, *counts, max_abs=max(slack * accepted.max_abs + abs_floor_value, reorder_max),
-                      rms_abs=max(slack * accepted.rms_abs, reorder_rms))
-    return Budget(slack * accepted.max_ulp + floor, *counts, mean_ulp=slack * accepted.mean_ulp + MEAN_ULP_FLOOR)
+        return Budget(None, *counts, max_abs=max(slack * _measured(accepted.max_abs) + abs_floor_value, reorder_max),
+                      rms_abs=max(slack * _measured(accepted.rms_abs), reorder_rms))
+    return Budget(slack * _measured(accepted.max_ulp) + floor, *counts,
+                  mean_ulp=slack * _measured(accepted.mean_ulp) + MEAN_ULP_FLOOR)
 
 
 _COUNT_WORDS = {"overflow": "overflow", "underflow": "underflow", "nan": "NaN", "missing_nan": "NaN expected but missing"}
@@ -136,10 +145,10 @@ def violations(cmp: Comparison, budget: Budget) -> list[tuple[str, str]]:
     if budget.max_ulp is not None and not cmp.max_ulp <= budget.max_ulp:  # also catches NaN
         n = cmp.count_over(budget.max_ulp)
         out.append(("accuracy", f"max ULP {cmp.max_ulp:.4g} > budget {budget.max_ulp:.4g} ({n} of {cmp.numel} elements over)"))
-    if budget.max_abs is not None and not cmp.max_abs <= budget.max_abs:
-        out.append(("accuracy", f"max abs {cmp.max_abs:.4g} > budget {budget.max_abs:.4g}"))
-    if budget.mean_ulp is not None and not cmp.mean_ulp <= budget.mean_ulp:
-        out.append(("accuracy", f"mean ULP {cmp.mean_ulp:.4g} > budget {budget.mean_ulp:.4g}"))
-    if budget.rms_abs is not None and not cmp.rms_abs <= budget.rms_abs:
-        out.append(("accuracy", f"RMS abs {cmp.rms_abs:.4g} > budget {budget.rms_abs:.4g}"))
+    # the errors over elements finite on both sides are NaN when there are none: nothing measured,
+    # and the counts above judge the elements lost
+    for key, word in (("max_abs", "max abs"), ("mean_ulp", "mean ULP"), ("rms_abs", "RMS abs")):
+        got, allowed = getattr(cmp, key), getattr(budget, key)
+        if allowed is not None and not math.isnan(got) and not got <= allowed:
+            out.append(("accuracy", f"{word} {got:.4g} > budget {allowed:.4g}"))
     return out

@@ -108,7 +108,8 @@ class RunOptions:
 
 def _parallel(config: pytest.Config) -> str | None:
     workers = getattr(config, "workerinput", {}).get("workercount")
-    return None if workers is None else f"timed by one of {workers} pytest-xdist workers sharing the CPU"
+    # one worker (-n 1) shares the CPU with no other
+    return None if workers is None or workers < 2 else f"timed by one of {workers} pytest-xdist workers sharing the CPU"
 
 
 def _check_writable(root: Path) -> None:

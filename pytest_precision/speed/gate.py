@@ -193,8 +193,10 @@ def check_speed(make_bench, device: str, golden, threshold: float, fingerprint: 
     bench = bench if bench is not None else make_bench()
     timing = measure(bench, device)
     peak = _peak_bytes(bench, device)
-    if golden.update and parallel:  # a record taken while workers share the CPU would judge every later run
-        return SpeedCheck(SpeedComparison("unrecorded", timing, threshold, fingerprint=fingerprint, shared=parallel), peak)
+    busy = timing.neighbour_load is not None and timing.neighbour_load > BUSY_NEIGHBOURS
+    if golden.update and (parallel or busy):  # a record taken on a shared CPU would judge every later run
+        why = parallel or f"a busy machine: other processes used {timing.neighbour_load:.2f} cores"
+        return SpeedCheck(SpeedComparison("unrecorded", timing, threshold, fingerprint=fingerprint, shared=why), peak)
     if golden.update:
         entry = {"median_s": timing.median, "spread": timing.spread, "samples": thin_samples(timing.samples),
                  "calibration": thin_samples(timing.calibration) if timing.calibration else [], "peak_bytes": peak}

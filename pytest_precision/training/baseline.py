@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from ..baselines.lifecycle import BaselineEntry, BaselineResult
+from ..baselines.lifecycle import BaselineEntry, BaselineResult, budget_sources
 from ..baselines.store import Baseline, checksum
 from ..numerics.budgets import REGRESSION_SLACK
 from ..numerics.devices import device_class
@@ -210,7 +210,7 @@ class TrajectoryEntry(BaselineEntry):
         return {**self.reference, "input_checksum": self.input_checksum}
 
     def inconsistency(self, base: Baseline, key: str, command: str) -> str | None:
-        old = _older_format(base, "min_grad_sqnr_db", command)
+        old = _older_format(base, key, "min_grad_sqnr_db", command)
         if old:
             return old
         mine = base.meta.get("budgets", {}).get(key)
@@ -300,7 +300,7 @@ class DDPEntry(BaselineEntry):
         return {"dtypes": {OUTPUT: _dtype_name(self.config)}}
 
     def inconsistency(self, base: Baseline, key: str, command: str) -> str | None:
-        return _older_format(base, "max_underflow_rate", command, dict)
+        return _older_format(base, key, "max_underflow_rate", command, dict)
 
     def budget_from(self, name: str, records: list[dict], borrowed: bool) -> dict:
         budgets = [r["budget"] for r in records]
@@ -327,10 +327,13 @@ class DDPEntry(BaselineEntry):
                 f"{100 * max(b['max_underflow_rate'].values(), default=0.0):.1f} %, overflow <= {b['overflow']}")
 
 
-def _older_format(base: Baseline, field: str, command: str, kind: type | None = None) -> str | None:
-    """A sentence when some key's budget lacks ``field`` (or holds it as another type): a golden
-    accepted before the training budgets took their present form."""
-    for key, record in sorted(base.meta.get("budgets", {}).items()):
+def _older_format(base: Baseline, this_key: str, field: str, command: str, kind: type | None = None) -> str | None:
+    """A sentence when the budget of a key that judges ``this_key`` lacks ``field`` (or holds it as
+    another type): a golden accepted before the training budgets took their present form. Other
+    machines' old records are theirs to re-accept: they do not stop this one."""
+    recorded = base.meta.get("budgets", {})
+    for key in budget_sources(recorded, this_key):
+        record = recorded[key]
         budget = ((record or {}).get("outputs", {}).get(OUTPUT) or {}).get("budget") if isinstance(record, dict) else None
         if isinstance(budget, dict) and (field not in budget or (kind is not None and not isinstance(budget[field], kind))):
             return (f"{base.json_path}: the budget recorded for {key} is of an earlier format (no {field} per "
