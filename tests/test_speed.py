@@ -116,7 +116,15 @@ def _run(pytester, *args):
                               "-k", "softmax and unit", *args)
 
 
-def test_gate_records_then_fires_on_a_planted_slowdown(pytester):
+@pytest.fixture
+def idle_machine(monkeypatch):
+    """The sessions these tests run in-process see an idle machine: under ``pytest -n`` the other
+    worker is a busy neighbour, next to which the gate records no speed."""
+    from pytest_precision.speed import timing
+    monkeypatch.setattr(timing.NEIGHBOURS, "load", lambda: 0.0)
+
+
+def test_gate_records_then_fires_on_a_planted_slowdown(pytester, idle_machine):
     pytester.makeconftest(SLOW_TARGET.format(sleep=0))
     pytester.makeini("[pytest]\n")
     first = _run(pytester)
@@ -168,7 +176,7 @@ def mine(x):
 """
 
 
-def test_memory_regression_on_cuda(pytester):
+def test_memory_regression_on_cuda(pytester, idle_machine):
     import torch
     if not torch.cuda.is_available():
         pytest.skip("peak memory is measured on CUDA only (torch.cuda.max_memory_allocated); no GPU here")
@@ -186,7 +194,7 @@ def test_memory_regression_on_cuda(pytester):
     r.stdout.fnmatch_lines(["*softmax[[]mine-fp32-unit[]]: FAIL *memory*peak memory * MiB > * MiB allowed*"])
 
 
-def test_under_xdist_a_slowdown_is_reported_and_speed_is_not_recorded(pytester):
+def test_under_xdist_a_slowdown_is_reported_and_speed_is_not_recorded(pytester, idle_machine):
     pytest.importorskip("xdist")
     pytester.makeconftest(SLOW_TARGET.format(sleep=0))
     pytester.makeini("[pytest]\n")
