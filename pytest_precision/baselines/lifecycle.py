@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..numerics.budgets import Budget, abs_floor, regression_budget, violations
+from ..numerics.budgets import MACHINE_SPREAD, Budget, abs_floor, regression_budget, violations
 from ..numerics.devices import device_class, machine_name, numerics_key
 from ..numerics.formats import format_of
 from ..numerics.metrics import Comparison, compare
@@ -208,7 +208,7 @@ class TensorOutputs(BaselineEntry):
         self.input_checksum = checksum(inputs) if inputs is not None else None
         self.seed, self.input_spec = seed, input_spec
         self._refs = {n: o.reference.detach().to(torch.float32).cpu() for n, o in outputs.items()}
-        self.scales: dict[str, float] = {}  # output -> the factor a borrowed budget grew by
+        self.peer_scale: dict[str, float] = {}  # output -> how much more this machine's peer errs (borrowed budgets)
 
     def arrays(self) -> dict[str, torch.Tensor]:
         return self._refs
@@ -258,24 +258,31 @@ class TensorOutputs(BaselineEntry):
 
     def budget_from(self, name: str, records: list[dict], borrowed: bool) -> Budget:
         """Borrowed budgets are scaled by how much more this machine's peer errs than the peer
-        did where each was accepted (its summation order is this machine's too), never down."""
+        did where each was accepted (its summation order is this machine's too), and at least by
+        the spread measured between machines (``MACHINE_SPREAD``): never down."""
         o = self.outputs[name]
         largest_key, typical_key = ("max_abs", "rms_abs") if o.abs_budget else ("max_ulp", "mean_ulp")
         budgets = []
         for record in records:
             budget = Budget.from_dict(record["budget"])
-            stored = record.get("peer")
-            if borrowed and o.peer is not None and isinstance(stored, dict):
-                largest = _ratio(getattr(o.peer, largest_key), stored.get(largest_key))
-                typical = _ratio(getattr(o.peer, typical_key), stored.get(typical_key))
-                budget = budget.scaled(largest, typical)
-                self.scales[name] = max(self.scales.get(name, 1.0), largest, typical)
+            if borrowed:
+                stored = record.get("peer")
+                largest = typical = 1.0
+                if o.peer is not None and isinstance(stored, dict):
+                    largest = _ratio(getattr(o.peer, largest_key), stored.get(largest_key))
+                    typical = _ratio(getattr(o.peer, typical_key), stored.get(typical_key))
+                self.peer_scale[name] = max(self.peer_scale.get(name, 1.0), largest, typical)
+                budget = budget.scaled(max(largest, MACHINE_SPREAD["largest"]), max(typical, MACHINE_SPREAD["typical"]))
             budgets.append(budget)
         return Budget.widest(budgets)
 
     def borrowed_clause(self) -> str:
-        grown = max(self.scales.values(), default=1.0)
-        return f", scaled by this machine's peer error (up to {grown:.3g} x)" if grown > 1.0 else ""
+        grown = max(self.peer_scale.values(), default=1.0)
+        spread = (f"the spread between machines ({MACHINE_SPREAD['largest']:.3g} x the largest error, "
+                  f"{MACHINE_SPREAD['typical']:.3g} x the typical)")
+        if grown > max(MACHINE_SPREAD.values()):
+            return f", scaled by this machine's peer error (up to {grown:.3g} x) or {spread}"
+        return f", scaled by {spread}"
 
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
         for name, o in self.outputs.items():
