@@ -24,22 +24,16 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
 import types
-from unittest import mock
 from dataclasses import dataclass, field
 
-from pytest_precision.kinds.triton import (INTERPRET_HINT, interpret_requested, interpreting, triton_installed,
+from pytest_precision.kinds.triton import (INTERPRET_HINT, interpret_env, interpret_requested, interpreting, triton_installed,
                                            unavailable)
 
 __all__ = ["triton_installed", "interpret_requested", "interpreting", "upcast_dot", "boundary_dtype", "unavailable",
            "builtin_enabled", "LazyKernel", "INTERPRET_HINT", "Launch", "compile_only", "COMPILE_OPTIONS"]
 
 
-def _mode_env(interpret: bool):
-    """TRITON_INTERPRET as triton was imported with, around jitting and launching our kernels
-    (triton reads it there too), restored afterwards."""
-    return mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1" if interpret else "0"})
 
 
 # Compile options of every kernel launch on a GPU, pinned rather than left to triton's defaults:
@@ -136,7 +130,7 @@ class LazyKernel:
                 # does not need them, so losing them here passes every CPU test
                 fn.__annotations__ = dict(self.fn.__annotations__)
                 fn.__kwdefaults__ = self.fn.__kwdefaults__
-            with _mode_env(mode):
+            with interpret_env(mode):
                 self._jitted[mode] = triton.jit(fn)
         return self._jitted[mode]
 
@@ -157,6 +151,6 @@ class LazyKernel:
             # the interpreter runs on numpy, which warns on inf - inf and log(0): those are the
             # intended IEEE results here (masked rows), not mistakes
             import numpy as np
-            with _mode_env(True), np.errstate(all="ignore"):
+            with interpret_env(True), np.errstate(all="ignore"):
                 return launch(*args, **kwargs)
         return interpreted

@@ -18,7 +18,7 @@ import os
 import sys
 from unittest import mock
 
-__all__ = ["INTERPRET_HINT", "needs_triton", "uses_triton", "triton_installed", "interpret_requested",
+__all__ = ["INTERPRET_HINT", "interpret_env", "needs_triton", "uses_triton", "triton_installed", "interpret_requested",
            "interpreting", "unavailable", "skip_reason", "interpreted", "interpreter_defects", "interpreter_excuse"]
 
 INTERPRET_HINT = "set TRITON_INTERPRET=1 before starting pytest to run them on the CPU under Triton's interpreter"
@@ -81,6 +81,12 @@ def interpreted(fn, device: str) -> bool:
     return uses_triton(fn) and not device.startswith("cuda")
 
 
+def interpret_env(interpret: bool):
+    """TRITON_INTERPRET set around jitting and launching a kernel (triton reads it there too, not
+    only at import), restored afterwards."""
+    return mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1" if interpret else "0"})
+
+
 @functools.lru_cache(maxsize=1)
 def interpreter_defects() -> tuple[str, ...]:
     """The bfloat16 defects of this process's Triton interpreter, each as its evidence (empty when
@@ -93,8 +99,7 @@ def interpreter_defects() -> tuple[str, ...]:
     import torch
 
     found = []
-    # TRITON_INTERPRET=1 while jitting and launching: triton reads it there too
-    with mock.patch.dict(os.environ, {"TRITON_INTERPRET": "1"}), np.errstate(all="ignore"):
+    with interpret_env(True), np.errstate(all="ignore"):
         from . import triton_canary
 
         x = torch.tensor([1.0048828125, 1.828e-40, 3.0, -1.0048828125], dtype=torch.float32)

@@ -101,6 +101,12 @@ def _accepted(m: TrainMetrics) -> dict:
             "first_nonfinite_step": m.first_nonfinite[0] if m.first_nonfinite else None}
 
 
+def _per_name(budgets: list[dict], key: str, pick) -> dict:
+    """A per-parameter limit at ``pick`` across budgets (a parameter some lack: the others')."""
+    names = {n for b in budgets for n in b[key]}
+    return {n: pick(b[key][n] for b in budgets if n in b[key]) for n in names}
+
+
 def _widest(budgets: list[dict]) -> dict:
     def least(key):
         return min(b[key] for b in budgets)
@@ -108,16 +114,12 @@ def _widest(budgets: list[dict]) -> dict:
     def most(key):
         return max(b[key] for b in budgets)
 
-    def per_name(key, pick):
-        names = {n for b in budgets for n in b[key]}
-        return {n: pick(b[key][n] for b in budgets if n in b[key]) for n in names}
-
     firsts = [b.get("first_nonfinite_step") for b in budgets if b.get("first_nonfinite_step") is not None]
-    return {"max_loss_deviation": most("max_loss_deviation"), "min_grad_sqnr_db": per_name("min_grad_sqnr_db", min),
+    return {"max_loss_deviation": most("max_loss_deviation"), "min_grad_sqnr_db": _per_name(budgets, "min_grad_sqnr_db", min),
             "min_worst_grad_sqnr_db": least("min_worst_grad_sqnr_db"), "min_param_sqnr_db": least("min_param_sqnr_db"),
             "max_grad_norm_log_ratio": most("max_grad_norm_log_ratio"), "max_update_log_ratio": most("max_update_log_ratio"),
-            "max_underflow_rate": per_name("max_underflow_rate", max),
-            "max_update_lost_rate": per_name("max_update_lost_rate", max),
+            "max_underflow_rate": _per_name(budgets, "max_underflow_rate", max),
+            "max_update_lost_rate": _per_name(budgets, "max_update_lost_rate", max),
             "skipped_steps": most("skipped_steps"), "first_nonfinite_step": min(firsts) if firsts else None}
 
 
@@ -232,14 +234,13 @@ class TrajectoryEntry(BaselineEntry):
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
         recorded = base.meta.get("budgets", {})
         own = recorded.get(self.budget_key)
-        same_type = [k for k, rec in recorded.items() if isinstance(rec, dict) and device_class(k) == device_class(self.budget_key)]
+        same_type = sorted(k for k, rec in recorded.items()
+                           if isinstance(rec, dict) and device_class(k) == device_class(self.budget_key))
         self.reference_compared = bool(same_type)
         if isinstance(own, dict):
             problem = fp32_moved(self.reference, own, SAME_KEY_RTOL, self.budget_key)
         else:  # no key of its own: within the wider tolerance of every machine of its kind
-            problem = next(filter(None, (fp32_moved(self.reference, rec, CROSS_KEY_RTOL, k)
-                                         for k, rec in sorted(recorded.items())
-                                         if isinstance(rec, dict) and device_class(k) == device_class(self.budget_key))),
+            problem = next(filter(None, (fp32_moved(self.reference, recorded[k], CROSS_KEY_RTOL, k) for k in same_type)),
                            None)
         if problem:
             result.problems.append(("regression", problem))
@@ -304,10 +305,8 @@ class DDPEntry(BaselineEntry):
 
     def budget_from(self, name: str, records: list[dict], borrowed: bool) -> dict:
         budgets = [r["budget"] for r in records]
-        names = {n for b in budgets for n in b["max_underflow_rate"]}
         return {"min_grad_sqnr_db": min(b["min_grad_sqnr_db"] for b in budgets),
-                "max_underflow_rate": {n: max(b["max_underflow_rate"][n] for b in budgets if n in b["max_underflow_rate"])
-                                       for n in names},
+                "max_underflow_rate": _per_name(budgets, "max_underflow_rate", max),
                 "overflow": max(b["overflow"] for b in budgets)}
 
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
