@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from .kinds.registry import clear as clear_targets, forget_project_kinds, parse_ini_kinds
+from .kinds.triton import forget_launch_failures
 from .numerics.devices import numerics_key, pin_xdist_worker
 from .reporting.summary import write_terminal_summary
 from .runner.collection import SuiteCollector, keyword_expressions
@@ -19,7 +20,10 @@ WORKER_RECORDS = "precision_records"  # xdist workeroutput key
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("precision", "numerical precision checks (pytest-precision)")
     group.addoption("--precision-suite", action="store_true",
-                    help="run the built-in suites on the registered targets (torch's ops when none)")
+                    help="run the suites on the registered targets (the built-in targets when none is registered)")
+    group.addoption("--precision-builtins", action="store_true",
+                    help="also run the built-in targets (torch's ops, the project's Triton kernels, tiny_gpt) beside "
+                         "the registered ones, for comparison (with nothing registered they run anyway)")
     group.addoption("--precision-update-baselines", action="store_true",
                     help="write golden baselines (atomically) and print old vs new budgets")
     group.addoption("--precision-configs", metavar="ID,ID",
@@ -58,7 +62,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """ini kinds before the conftests, whose targets may be of those kinds."""
     try:
-        parse_ini_kinds(early_config.getini("precision_kinds"))
+        parse_ini_kinds(early_config.getini("precision_kinds"), str(early_config.rootpath))
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
 
@@ -90,6 +94,7 @@ def _install_fused_statistics() -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     clear_targets()  # registrations belong to one session (pytester runs several in one process)
     forget_project_kinds()
+    forget_launch_failures()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -168,6 +168,10 @@ class AttentionInputs:
     key_padding_mask: torch.Tensor | None
     q_scale: float
     seed: int
+    # how ``causal`` aligns the mask when S_q != S_k: top-left (key j masked for query i when j > i,
+    # torch's is_causal) or bottom-right (j > i + S_k - S_q, torch's causal_lower_right: a single
+    # query attends to every key, as in decoding)
+    causal_alignment: str = "top-left"
 
     @property
     def gqa(self) -> bool:

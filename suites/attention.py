@@ -7,31 +7,38 @@ Target contract (kind ``attention``)::
 
 ``q`` is (B, H, S_q, D); ``k`` and ``v`` are (B, H_kv, S_k, D) with H_kv dividing H (grouped-query
 attention: query head h uses key/value head h // (H / H_kv)); ``out`` is (B, H, S_q, D) in q's
-dtype. ``causal`` masks key j for query i when j > i (top-left aligned, as torch's ``is_causal``).
-``key_padding_mask`` is (B, S_k) bool, True where a key is padding; a target whose signature has
-no ``key_padding_mask`` is skipped on the padded regime with that reason. Scores are scaled by
-1/sqrt(D).
+dtype. ``causal`` masks key j for query i when j > i (top-left aligned, as torch's ``is_causal``),
+or when j > i + S_k - S_q for a target that declares ``causal="bottom-right"`` (torch's
+``causal_lower_right``; decoding). ``key_padding_mask`` is (B, S_k) bool, True where a key is
+padding; a target whose signature has no ``key_padding_mask`` is skipped on the padded regime with
+that reason. Scores are scaled by 1/sqrt(D). What else a target supports it declares at
+registration (``AttentionKind.declarations``); the cases outside are skipped with the reason.
 
 Each case has three outputs, as FlashAttention's tests: the target, the float64 oracle on the
 rounded inputs, and a peer (eager math attention in the same config). The forward error must be
 at most 2 x the peer's plus a floor, the gradients of q, k and v (autograd with a fixed random
 grad_out) at most 3 x the peer's plus a floor (``error_floor``), all as max abs error; overflow, underflow and NaN
-are counted on the output and every gradient. The SDPA backend (``+math``, ``+flash`` and, on
-CUDA, ``+efficient``, ``+cudnn``) is forced around the target's call.
+are counted on the output and every gradient. For a target that reaches SDPA, the backend
+(``+math``, ``+flash`` and, on CUDA, ``+efficient``, ``+cudnn``) is forced around its call; a
+target that does not (a first call watched, or ``sdpa=False`` declared) runs once, unsuffixed.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from pytest_precision.kinds.base import Case, Kind, OutputRule, Regime, Variant
+from torch.overrides import TorchFunctionMode
+
+from pytest_precision.kinds.base import NO_VARIANT, Case, Kind, OutputRule, Regime, Variant, declared_flag
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
 from pytest_precision.kinds.target import Target, TargetError
-from pytest_precision.kinds.triton import uses_triton
+from pytest_precision.kinds.triton import triton_error, uses_triton
 from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR
 from pytest_precision.numerics.formats import format_of
 from pytest_precision.strategies import AttentionInputs, build_attention_inputs
@@ -59,11 +66,6 @@ class SdpaBackend(Variant):
 
     def context(self):
         return sdpa_kernel(_BACKENDS[self.backend])
-
-    def skip_reason(self, target: Target) -> str | None:
-        if self.backend != "math" and uses_triton(target.fn):
-            return "SDPA backends do not apply to a Triton kernel; its cases run once, under +math"
-        return None
 
     def unavailable(self, error: TargetError, case: Case) -> str | None:
         if "No available kernel" in str(error) or "No viable backend" in str(error):
@@ -103,22 +105,23 @@ def _expand_kv(q, t):
     return t if t.shape[1] == q.shape[1] else t.repeat_interleave(q.shape[1] // t.shape[1], dim=1)
 
 
-def attention_scores(q, k, causal: bool = False, key_padding_mask=None):
-    """q k^T / sqrt(D), -inf where a key is masked for a query."""
+def attention_scores(q, k, causal: bool = False, key_padding_mask=None, lower_right: bool = False):
+    """q k^T / sqrt(D), -inf where a key is masked for a query (causal: top-left aligned, or
+    bottom-right with ``lower_right``)."""
     s = (q @ _expand_kv(q, k).transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1]))
     sq, sk = s.shape[-2:]
     allowed = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
     if causal:
-        allowed = allowed.tril()
+        allowed = allowed.tril(diagonal=sk - sq if lower_right else 0)
     allowed = allowed[None, None]
     if key_padding_mask is not None:
         allowed = allowed & ~key_padding_mask[:, None, None, :].to(q.device)
     return s.masked_fill(~allowed, float("-inf"))
 
 
-def reference_attention(q, k, v, causal: bool = False, key_padding_mask=None):
+def reference_attention(q, k, v, causal: bool = False, key_padding_mask=None, lower_right: bool = False):
     """Eager math attention: the oracle in float64, the peer in the config's dtype."""
-    return torch.softmax(attention_scores(q, k, causal, key_padding_mask), dim=-1) @ _expand_kv(q, v)
+    return torch.softmax(attention_scores(q, k, causal, key_padding_mask, lower_right), dim=-1) @ _expand_kv(q, v)
 
 
 def error_floor(top: float, dtype: torch.dtype, logit_top: float) -> float:
@@ -138,6 +141,68 @@ def sdpa(q, k, v, causal: bool = False, key_padding_mask=None):
                                           enable_gqa=k.shape[1] != q.shape[1])
 
 
+class _SdpaWatch(TorchFunctionMode):
+    """Notes whether a call reaches F.scaled_dot_product_attention (at torch's Python API, where a
+    target's choice of SDPA shows, before any backend is picked)."""
+
+    def __init__(self):
+        super().__init__()
+        self.reached = False
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is F.scaled_dot_product_attention:
+            self.reached = True
+        return func(*args, **(kwargs or {}))
+
+
+_REACHES_SDPA: dict = {}  # target callable -> whether its first call reached SDPA
+
+
+def reaches_sdpa(target: Target, device: str) -> bool:
+    """Whether the SDPA backend variants apply to ``target``: what it declared (``sdpa=``), else
+    what one call on the unit regime's inputs (in a dtype it declared) dispatched. A Triton
+    kernel does not; a call that raises for another reason keeps every backend (its cases fail
+    with the error)."""
+    declared = target.declared.get("sdpa")
+    if declared is not None:
+        return declared
+    if uses_triton(target.fn):
+        return False
+    key = (target.fn, device, tuple(sorted(map(str, target.declared.items()))))
+    if key not in _REACHES_SDPA:
+        a = REGIMES["unit"].inputs()
+        dtype = (target.declared.get("dtypes") or (torch.float32,))[0]
+        head_dims = target.declared.get("head_dims")
+        d = a.q.shape[-1] if head_dims is None or head_dims(a.q.shape[-1]) else \
+            next((n for n in (16, 32, 64, 128, 8, 256) if head_dims(n)), a.q.shape[-1])
+        q, k, v = (torch.randn(*t.shape[:-1], d, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+                   for t in (a.q, a.k, a.v))
+        watch = _SdpaWatch()
+        try:
+            with torch.no_grad(), watch:
+                target.fn(q, k, v, causal=False)
+            _REACHES_SDPA[key] = watch.reached
+        except Exception as e:  # a Triton kernel that cannot launch here is not SDPA either
+            _REACHES_SDPA[key] = watch.reached or triton_error(e) is None
+    return _REACHES_SDPA[key]
+
+
+def _head_dims(name: str, value) -> "Callable[[int], bool]":
+    if callable(value):
+        return value
+    try:
+        allowed = frozenset(int(n) for n in ((value,) if isinstance(value, (int, str)) else value))
+    except (TypeError, ValueError):
+        raise ValueError(f"target {name!r}: head_dims={value!r}: expected head dims (ints) or a function of the "
+                         "head dim returning True where supported") from None
+
+    def supported(d: int) -> bool:
+        return d in allowed
+
+    supported.description = ", ".join(map(str, sorted(allowed)))
+    return supported
+
+
 def _accepts_padding(fn) -> bool:
     try:
         params = inspect.signature(fn).parameters
@@ -154,6 +219,57 @@ class AttentionKind(Kind):
     table = ABS_ERROR_TABLE  # judged on absolute error: attention outputs cross zero
     forward_output = "out"
     grad_inputs = ("q", "k", "v")
+    declarations = {
+        **Kind.declarations,
+        "sdpa": "True/False: whether it calls scaled_dot_product_attention (the SDPA backend variants apply); "
+                "default: watched on a first call",
+        "head_dims": "the head dims it supports (ints, or a function of the head dim); default: every",
+        "grouped_query": "False: k and v must have q's number of heads; default True",
+        "padding": "False: no key_padding_mask; default: whether its signature has the keyword",
+        "cross_lengths": "False: only S_q == S_k; default True",
+        "causal": "'top-left' (default, torch's is_causal), 'bottom-right' (torch's causal_lower_right, decoding) "
+                  "or None (no causal masking)",
+    }
+
+    def normalise_declaration(self, name, key, value):
+        if key in ("sdpa", "grouped_query", "padding", "cross_lengths"):
+            return declared_flag(name, key, value)
+        if key == "head_dims":
+            return _head_dims(name, value)
+        if key == "causal":
+            if value in (None, False, "none", "None", "false"):
+                return None
+            if value not in ("top-left", "bottom-right"):
+                raise ValueError(f"target {name!r}: causal={value!r}: expected 'top-left', 'bottom-right' or None")
+            return value
+        return super().normalise_declaration(name, key, value)
+
+    def unsupported(self, case: Case, a: AttentionInputs | None = None) -> str | None:
+        reason = super().unsupported(case, a)
+        if reason or a is None:
+            return reason
+        declared = case.target.declared
+        head_dims, d = declared.get("head_dims"), a.q.shape[-1]
+        if head_dims is not None and not head_dims(d):
+            listed = getattr(head_dims, "description", None)
+            return f"declares head dims {listed}; this regime has {d}" if listed else \
+                f"its head_dims declaration excludes head dim {d}"
+        if a.gqa and not declared.get("grouped_query", True):
+            return f"declares grouped_query=False; this regime has {a.q.shape[1]} query heads over {a.k.shape[1]} key heads"
+        if a.q.shape[-2] != a.k.shape[-2] and not declared.get("cross_lengths", True):
+            return f"declares cross_lengths=False; this regime has S_q {a.q.shape[-2]} != S_k {a.k.shape[-2]}"
+        if a.causal and declared.get("causal", "top-left") is None:
+            return "declares causal=None; this regime is causal"
+        if a.key_padding_mask is not None and not declared.get("padding", _accepts_padding(case.target.fn)):
+            return "the padded regime needs a key_padding_mask keyword (see the attention contract)"
+        return None
+
+    def for_target(self, case: Case, a: AttentionInputs) -> AttentionInputs:
+        alignment = case.target.declared.get("causal") or "top-left"
+        return a if alignment == a.causal_alignment else dataclasses.replace(a, causal_alignment=alignment)
+
+    def target_variants(self, target: Target, device: str) -> list[Variant]:
+        return self.variants(device) if reaches_sdpa(target, device) else [NO_VARIANT]
 
     def default_targets(self) -> list[Target]:
         """SDPA, and the project's Triton flash attention where it can run (kernels/builtin.py)."""
@@ -166,13 +282,6 @@ class AttentionKind(Kind):
         names = ["math", "flash"] if device == "cpu" else list(_BACKENDS)
         return [SdpaBackend(n) for n in names]
 
-    def skip_reason(self, case: Case) -> str | None:
-        reason = super().skip_reason(case)
-        if reason is None and case.regime == "padded" and not _accepts_padding(case.target.fn):
-            reason = (f"{case.target.name}: the padded regime needs a key_padding_mask keyword (see the attention "
-                      "contract)")
-        return reason
-
     def floating_inputs(self, a: AttentionInputs) -> dict[str, torch.Tensor]:
         return {"q": a.q, "k": a.k, "v": a.v}
 
@@ -180,23 +289,26 @@ class AttentionKind(Kind):
         kwargs = {"causal": a.causal}
         if a.key_padding_mask is not None:
             kwargs["key_padding_mask"] = a.key_padding_mask.to(device)
+        if getattr(fn, "__self__", None) is self and a.causal_alignment == "bottom-right":  # the oracle and peer
+            kwargs["lower_right"] = True
         return fn(values["q"], values["k"], values["v"], **kwargs)
 
     def expected_shape(self, values, a: AttentionInputs):
         return tuple(a.q.shape)
 
-    def reference(self, q, k, v, causal=False, key_padding_mask=None):
-        return reference_attention(q, k, v, causal, key_padding_mask)
+    def reference(self, q, k, v, causal=False, key_padding_mask=None, lower_right=False):
+        return reference_attention(q, k, v, causal, key_padding_mask, lower_right)
 
-    def peer(self, q, k, v, causal=False, key_padding_mask=None):
-        return reference_attention(q, k, v, causal, key_padding_mask)
+    def peer(self, q, k, v, causal=False, key_padding_mask=None, lower_right=False):
+        return reference_attention(q, k, v, causal, key_padding_mask, lower_right)
 
     def output_rule(self, case, name, out, peer, ref, exact, a) -> OutputRule:
         rule = super().output_rule(case, name, out, peer, ref, exact, a)
         finite = ref[torch.isfinite(ref)]
         top = float(finite.abs().max()) if finite.numel() else 0.0
         with torch.no_grad():
-            scores = attention_scores(exact["q"], exact["k"], a.causal, a.key_padding_mask)
+            scores = attention_scores(exact["q"], exact["k"], a.causal, a.key_padding_mask,
+                                      a.causal_alignment == "bottom-right")
             logit_top = float(scores[torch.isfinite(scores)].abs().max())
         rule.underflow_floor = top * 2.0 ** -format_of(rule.dtype).mantissa_bits  # zeros below this are cancellation
         rule.peer_factor = PEER_FACTOR if name == "out" else GRAD_PEER_FACTOR

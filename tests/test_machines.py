@@ -73,7 +73,7 @@ def my_attention(q, k, v, causal=False, key_padding_mask=None):
     return (p @ v.float()).to(q.dtype)
 """
 ARGS = ["--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider", "-q",
-        "--precision-configs=fp32,bf16", "-k", "(my_softmax or my_attention+math) and not hypothesis"]
+        "--precision-configs=fp32,bf16", "-k", "(my_softmax or my_attention) and not hypothesis"]
 
 
 def _pytest(cwd: Path, env: dict, *args: str) -> subprocess.CompletedProcess:

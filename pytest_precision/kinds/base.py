@@ -42,7 +42,7 @@ from ..speed.timing import Bench
 from .outcome import Evidence, Outcome, baseline_problems
 from .target import Target, TargetError
 from .tables import TENSOR_TABLE, SummaryTable
-from .triton import interpreted, interpreter_excuse, skip_reason as triton_skip_reason
+from .triton import first_launch_failure, interpreted, interpreter_excuse, skip_reason as triton_skip_reason, triton_error
 
 __all__ = ["Kind", "Case", "Regime", "DrawnRegime", "Variant", "NO_VARIANT", "OutputRule", "Measurement",
            "TensorEvidence", "skip"]
@@ -234,6 +234,35 @@ class TensorEvidence(Evidence):
         return lines
 
 
+_DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
+                "half": torch.float16, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp64": torch.float64,
+                "float64": torch.float64}
+
+
+def declared_dtypes(name: str, value: Any) -> tuple[torch.dtype, ...]:
+    """A ``dtypes`` declaration as torch dtypes (one dtype, or several; torch's or their names)."""
+    items = value if isinstance(value, (list, tuple, set, frozenset)) else (value,)
+    out = []
+    for item in items:
+        dtype = _DTYPE_NAMES.get(item.lower().removeprefix("torch.")) if isinstance(item, str) else item
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"target {name!r}: dtypes={value!r}: {item!r} is not a dtype (torch.float16, 'fp16', "
+                             f"'bf16', 'fp32')")
+        out.append(dtype)
+    if not out:
+        raise ValueError(f"target {name!r}: dtypes=() leaves nothing to run")
+    return tuple(out)
+
+
+def declared_flag(name: str, key: str, value: Any) -> bool:
+    """A yes/no declaration (ini lines spell it true/false)."""
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.lower() in ("true", "yes", "1")
+    if not isinstance(value, bool):
+        raise ValueError(f"target {name!r}: {key}={value!r}: expected True or False")
+    return value
+
+
 class Kind:
     """One kind of target (module docstring). Subclasses set the identity and override the hooks;
     ``run``, ``bench_call`` and ``trace_call`` are the template methods the runner calls."""
@@ -251,6 +280,14 @@ class Kind:
     peer_name: str = "torch's op"
     forward_output: str = "reference"  # the forward output's name (the golden's array name)
     grad_inputs: tuple[str, ...] = ()  # inputs whose gradients are outputs, named "d" + input
+    # what a target may declare it supports at registration (register(..., **declared)): name ->
+    # meaning, for errors and docs; the kind normalises each (``declare``) and skips the cases
+    # outside (``unsupported``)
+    declarations: dict[str, str] = {
+        "dtypes": "the input dtypes it takes (torch dtypes, or 'fp32', 'fp16', 'bf16'); configs feeding another are "
+                  "skipped",
+        "forward_only": "True: it has no backward; only the forward output is judged",
+    }
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -270,8 +307,44 @@ class Kind:
             raise TypeError(f"target {name!r}: {fn!r} is not callable")
 
     def default_targets(self) -> list[Target]:
-        """The targets run when none of this kind is registered (torch's op, the project's kernels)."""
+        """The built-in targets: run when nothing is registered, or with --precision-builtins."""
         return []
+
+    def declare(self, name: str, declared: dict) -> dict:
+        """What target ``name`` declared at registration, checked and normalised; TypeError or
+        ValueError naming the target and what it may declare."""
+        unknown = sorted(set(declared) - set(self.declarations))
+        if unknown:
+            known = ", ".join(self.declarations) or "nothing"
+            raise TypeError(f"target {name!r} ({self.name}): unknown declaration {', '.join(map(repr, unknown))}; a "
+                            f"{self.name} target may declare {known}")
+        return {key: self.normalise_declaration(name, key, value) for key, value in declared.items()}
+
+    def normalise_declaration(self, name: str, key: str, value: Any) -> Any:
+        """One declaration's value, normalised (kinds override it for their own keys)."""
+        if key == "dtypes":
+            return declared_dtypes(name, value)
+        if key == "forward_only":
+            return declared_flag(name, key, value)
+        return value
+
+    def unsupported(self, case: Case, inputs: Any = None) -> str | None:
+        """Why ``case`` lies outside what its target declared (``inputs``: the regime's, or None
+        for what the config alone decides), or None."""
+        dtypes = case.target.declared.get("dtypes")
+        fed = getattr(case.config, "input_dtype", None)
+        if dtypes is not None and fed is not None and fed not in dtypes:
+            return (f"declares dtypes {', '.join(str(d).removeprefix('torch.') for d in dtypes)}; "
+                    f"{case.config.id} feeds it {str(fed).removeprefix('torch.')}")
+        return None
+
+    def for_target(self, case: Case, inputs: Any) -> Any:
+        """The regime's inputs as the case's target reads them (attention: its causal alignment)."""
+        return inputs
+
+    def case_grad_inputs(self, case: Case) -> tuple[str, ...]:
+        """The inputs whose gradients the case judges: none for a forward-only target."""
+        return () if case.target.declared.get("forward_only") else self.grad_inputs
 
     # ---- the matrix ----------------------------------------------------------------------------
 
@@ -281,6 +354,10 @@ class Kind:
 
     def variants(self, device: str) -> list[Variant]:
         return [NO_VARIANT]
+
+    def target_variants(self, target: Target, device: str) -> list[Variant]:
+        """The variants that apply to ``target`` (a target no variant reaches runs once, unsuffixed)."""
+        return self.variants(device)
 
     def regime_names(self) -> tuple[str, ...]:
         return (*self.regimes, *((self.drawn.name,) if self.drawn else ()))
@@ -407,10 +484,16 @@ class Kind:
         reason = self.skip_reason(case)
         if reason:
             skip(reason)
+        reason = self.unsupported(case)
+        if reason:
+            skip(f"{case.target.name}: {reason}")
         if self.drawn is not None and case.regime == self.drawn.name:
             return self._attack(case)
         regime = self.regimes[case.regime]
-        inputs = regime.inputs()
+        inputs = self.for_target(case, regime.inputs())
+        reason = self.unsupported(case, inputs)
+        if reason:
+            skip(f"{case.target.name}: {reason}")
         m = self.measure(case, inputs, grad_seed=regime.seed + 1)
         result = baseline.check_outputs(m.golden, inputs=self.checksum_input(inputs), seed=regime.seed,
                                         input_spec=self.input_spec(regime, inputs))
@@ -420,7 +503,7 @@ class Kind:
             if excuse:
                 xfail(excuse)
             if m.lost or "underflow" in outcome.categories:
-                outcome.fault = self._locate_fault(case, m, inputs, regime.seed + 1)
+                outcome.fault = self._locate_fault(case, m, inputs, regime.seed + 1, outcome)
         return outcome
 
     def measure(self, case: Case, inputs: Any, grad_seed: int = 0) -> Measurement:
@@ -428,7 +511,7 @@ class Kind:
         prepared = {n: case.config.prepare(t, case.device) for n, t in self.floating_inputs(inputs).items()}
         values = {n: p.value for n, p in prepared.items()}
         exact = {n: p.exact for n, p in prepared.items()}
-        refs = self._reference_outputs(exact, inputs, grad_seed)
+        refs = self._reference_outputs(exact, inputs, grad_seed, self.case_grad_inputs(case))
         try:
             with watch_launches() as launches:
                 mine = self.call(case, case.target.fn, values, inputs, grad_seed)
@@ -463,13 +546,14 @@ class Kind:
         ``grad_inputs``, the gradients under a seeded upstream gradient. Anything it raises, and any
         break of the output contract, is a TargetError naming the target, config and regime."""
         where = where or case.where
-        leaves = {n: v.detach().clone().requires_grad_(True) if n in self.grad_inputs else v for n, v in values.items()}
+        grads = self.case_grad_inputs(case)
+        leaves = {n: v.detach().clone().requires_grad_(True) if n in grads else v for n, v in values.items()}
         try:
             with case.config.active(case.device), case.variant.context():
                 out = self.invoke(fn, leaves, inputs, case.device)
                 if check:
                     self.validate(case, out, values, inputs, where)
-                if self.grad_inputs:
+                if grads:
                     # copied into place rather than cast with .to(): the audit flags Python-level
                     # 16-bit casts as the user's, and this one is the harness's
                     grad_out = torch.empty_like(out).copy_(self._grad_out(out.shape, grad_seed))
@@ -480,9 +564,15 @@ class Kind:
             shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in values.items())
             raise TargetError(f"{where}: out of memory ({e}); inputs {shapes}") from e
         except Exception as e:
-            raise TargetError(f"{where} raised {type(e).__name__}: {e}") from e
+            hint = triton_error(e)
+            if hint is None:
+                raise TargetError(f"{where} raised {type(e).__name__}: {e}") from e
+            first = first_launch_failure(case.target.name, case.name)
+            if first is not None:  # said once, in the first case's failure
+                skip(f"{case.target.name}: its Triton kernel cannot launch here (see {first})")
+            raise TargetError(f"{where}: {hint}") from None
         outputs = {self.forward_output: out.detach()}
-        for n in self.grad_inputs:
+        for n in grads:
             if leaves[n].grad is None:
                 raise TargetError(f"{where}: no gradient reached {n} (is the output detached?)")
             outputs[f"d{n}"] = leaves[n].grad.detach()
@@ -492,14 +582,15 @@ class Kind:
     def _grad_out(shape, seed: int) -> torch.Tensor:
         return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
-    def _reference_outputs(self, exact: dict[str, torch.Tensor], inputs: Any, grad_seed: int) -> dict[str, torch.Tensor]:
+    def _reference_outputs(self, exact: dict[str, torch.Tensor], inputs: Any, grad_seed: int,
+                           grads: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """The oracle: ``reference`` in float64 on the rounded inputs, with the same upstream gradient."""
-        leaves = {n: t.detach().clone().requires_grad_(n in self.grad_inputs) for n, t in exact.items()}
+        leaves = {n: t.detach().clone().requires_grad_(n in grads) for n, t in exact.items()}
         out = self.invoke(self.reference, leaves, inputs, "cpu")
         refs = {self.forward_output: out.detach()}
-        if self.grad_inputs:
+        if grads:
             out.backward(self._grad_out(out.shape, grad_seed))
-            refs.update({f"d{n}": leaves[n].grad for n in self.grad_inputs})
+            refs.update({f"d{n}": leaves[n].grad for n in grads})
         return refs
 
     def _outcome(self, case: Case, m: Measurement, result: BaselineResult,
@@ -514,18 +605,33 @@ class Kind:
         outcome.problems += baseline_problems(result)
         return outcome
 
-    def _locate_fault(self, case: Case, m: Measurement, inputs: Any, grad_seed: int):
+    def _locate_fault(self, case: Case, m: Measurement, inputs: Any, grad_seed: int, outcome: Outcome):
         """Re-run the target traced under the config, beside the same callable on the float64
         inputs without autocast or variant, and name the first op that lost the value."""
         fp64 = replace(case, config=CONFIGS["fp32"], variant=NO_VARIANT)
         exact = {n: t.to(case.device) for n, t in m.exact.items()}
-        return first_fault(lambda: self.call(case, case.target.fn, m.values, inputs, grad_seed),
-                           lambda: self.call(fp64, case.target.fn, exact, inputs, grad_seed, check=False))
+        why_not: list[str] = []
+
+        def reference():
+            try:
+                return self.call(fp64, case.target.fn, exact, inputs, grad_seed, check=False)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # a skip or NotImplementedError from a target limited to low precision
+                why_not.append(f"{type(e).__name__}: {getattr(e, 'msg', None) or e}".splitlines()[0])
+                raise RuntimeError(why_not[0]) from None
+
+        fault = first_fault(lambda: self.call(case, case.target.fn, m.values, inputs, grad_seed), reference)
+        if why_not:  # the verdict stands; only the explanation is missing
+            cause = why_not[0].removeprefix("TargetError: ")
+            outcome.details.append(f"no float64 trace to compare with: the target did not run on the float64 inputs "
+                                   f"({cause}); the verdict above stands")
+        return fault
 
     def _attack(self, case: Case) -> Outcome:
         """The drawn regime: Hypothesis searches for inputs on which the target breaks its peer
         budget or counts, steered toward the largest error, and shrinks what it finds."""
-        from hypothesis import given, settings
+        from hypothesis import given, reject, settings
         from hypothesis import target as steer
 
         from ..strategies import PROFILE
@@ -538,7 +644,10 @@ class Kind:
         @settings(settings.get_profile(PROFILE), max_examples=self.drawn.examples, database=None, deadline=None)
         @given(self.draw(case))
         def attack(example):
-            m = self.measure(case, self.drawn_inputs(example))
+            inputs = self.for_target(case, self.drawn_inputs(example))
+            if self.unsupported(case, inputs):  # outside what the target declared: not an example
+                reject()
+            m = self.measure(case, inputs)
             error = m.oracle[self.forward_output].max_ulp
             if "m" not in worst or error > worst["m"].oracle[self.forward_output].max_ulp:
                 worst["m"] = m
@@ -564,7 +673,8 @@ class Kind:
             outcome.add("oracle", "hypothesis", f"Hypothesis found a failing input of shape {shape}")
             outcome.details = self.describe_drawn(example, case)
             if any(c.nan or c.overflow or c.underflow for c in m.oracle.values()):  # where the shrunk input lost it
-                outcome.fault = self._locate_fault(case, m, self.drawn_inputs(example), 0)
+                outcome.fault = self._locate_fault(case, m, self.for_target(case, self.drawn_inputs(example)), 0,
+                                                   outcome)
         return outcome
 
     def bench_call(self, case: Case) -> Bench | None:
@@ -573,7 +683,9 @@ class Kind:
         and a Triton kernel under the interpreter runs at the interpreter's speed)."""
         if case.regime not in self.regimes or interpreted(case.target.fn, case.device) or self.skip_reason(case):
             return None
-        inputs = self.regimes[case.regime].inputs()
+        inputs = self.for_target(case, self.regimes[case.regime].inputs())
+        if self.unsupported(case, inputs):
+            return None
         values = {n: case.config.prepare(t, case.device).value for n, t in self.floating_inputs(inputs).items()}
 
         @contextlib.contextmanager
@@ -588,7 +700,9 @@ class Kind:
         if case.regime not in self.regimes or self.skip_reason(case):
             return None
         regime = self.regimes[case.regime]
-        inputs = regime.inputs()
+        inputs = self.for_target(case, regime.inputs())
+        if self.unsupported(case, inputs):
+            return None
         values = {n: case.config.prepare(t, case.device).value for n, t in self.floating_inputs(inputs).items()}
         return lambda: self.call(case, case.target.fn, values, inputs, regime.seed + 1)
 

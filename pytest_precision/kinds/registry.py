@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import re
+import sys
 from importlib.metadata import entry_points
 from typing import Any, Callable
 
@@ -146,8 +147,11 @@ def forget_project_kinds() -> None:
     _PROJECT.clear()
 
 
-def parse_ini_kinds(lines: list[str]) -> list[Kind]:
-    """Kinds from ini lines ``package.module:KIND``."""
+def parse_ini_kinds(lines: list[str], rootdir: str | None = None) -> list[Kind]:
+    """Kinds from ini lines ``package.module:KIND``; a module beside the ini file imports too (read
+    before any conftest, so before pytest puts the rootdir on sys.path)."""
+    if rootdir is not None and any(line.split("#", 1)[0].strip() for line in lines) and rootdir not in sys.path:
+        sys.path.insert(0, rootdir)  # as pytest's default (prepend) import mode does for a rootdir conftest
     out = []
     for raw in lines:
         line = raw.split("#", 1)[0].strip()
@@ -171,9 +175,12 @@ def parse_ini_kinds(lines: list[str]) -> list[Kind]:
 _REGISTRY: dict[str, Target] = {}
 
 
-def register(name: str, fn: Callable | None = None, *, kind: str = "softmax"):
+def register(name: str, fn: Callable | None = None, *, kind: str = "softmax", **declared):
     """Register ``fn`` as a target called ``name``; without ``fn``, a decorator. The name follows
-    the rule of names (module docstring); ValueError says why it does not."""
+    the rule of names (module docstring); ValueError says why it does not. ``declared``: what the
+    target supports (``dtypes``, ``forward_only``, ``sdpa``; per kind: ``Kind.declarations``):
+    cases outside are skipped with that reason; an unknown or malformed one is a TypeError or
+    ValueError naming the target."""
     problem = name_problem(name)
     if problem:
         raise ValueError(f"target name {problem} (it names the target's baseline directory and its -k expression)")
@@ -184,6 +191,7 @@ def register(name: str, fn: Callable | None = None, *, kind: str = "softmax"):
 
     def add(f: Callable) -> Callable:
         k.check_target(name, f)
+        supports = k.declare(name, declared)
         old = _REGISTRY.get(name)
         if old is not None and old.kind != kind:
             raise ValueError(f"target {name!r} is already registered as a {old.kind} target (by {old.origin}); a name "
@@ -195,7 +203,7 @@ def register(name: str, fn: Callable | None = None, *, kind: str = "softmax"):
         if clash is not None:
             raise ValueError(f"target names {name!r} and {clash.name!r} would share baseline files (file systems and "
                              "pytest's -k tell names apart without case): give one another name")
-        _REGISTRY[name] = Target(name, f, kind, origin=getattr(f, "__module__", "?") or "?")
+        _REGISTRY[name] = Target(name, f, kind, origin=getattr(f, "__module__", "?") or "?", declared=supports)
         return f
 
     return add(fn) if fn is not None else add

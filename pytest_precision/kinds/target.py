@@ -1,7 +1,8 @@
-"""A target: a user's callable (or training spec) registered under a name and a kind."""
+"""A target: a user's callable (or training spec) registered under a name and a kind, with what it
+declared it supports (``register(name, fn, kind=..., dtypes=..., ...)``; see ``Kind.declarations``)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Target", "TargetError"]
@@ -13,6 +14,8 @@ class Target:
     fn: Any  # a callable in the kind's convention; a TrainSpec for train_step
     kind: str
     origin: str = "register()"
+    # what the target declared at registration, as the kind normalised it (Kind.declare)
+    declared: dict = field(default_factory=dict, compare=False)
 
 
 class TargetError(Exception):

@@ -18,10 +18,38 @@ import os
 import sys
 from unittest import mock
 
-__all__ = ["INTERPRET_HINT", "interpret_env", "needs_triton", "uses_triton", "triton_installed", "interpret_requested",
+__all__ = ["INTERPRET_HINT", "triton_error", "first_launch_failure", "forget_launch_failures", "interpret_env", "needs_triton", "uses_triton", "triton_installed", "interpret_requested",
            "interpreting", "unavailable", "skip_reason", "interpreted", "interpreter_defects", "interpreter_excuse"]
 
 INTERPRET_HINT = "set TRITON_INTERPRET=1 before starting pytest to run them on the CPU under Triton's interpreter"
+
+
+def triton_error(error: BaseException) -> str | None:
+    """What to do, when ``error`` is Triton finding no device to launch a kernel on (a Triton
+    kernel called on a CPU machine without the interpreter: "0 active drivers"), else None."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    in_triton = tb is not None and "triton" in tb.tb_frame.f_code.co_filename.replace("\\", "/").split("/")
+    if not (isinstance(error, RuntimeError) and "active drivers" in str(error) and in_triton):
+        return None
+    return (f"a Triton kernel cannot launch here: there is no GPU and Triton's interpreter is off; {INTERPRET_HINT} "
+            "(or mark the target with pytest_precision.needs_triton to have its cases skipped where Triton cannot run)")
+
+
+_LAUNCH_FAILURES: dict[str, str] = {}  # target name -> the case that reported it cannot launch Triton here
+
+
+def first_launch_failure(target: str, case: str) -> str | None:
+    """The case that already failed because ``target``'s Triton kernel cannot launch here (its
+    later cases are skipped, pointing there), or None after noting ``case`` as that case."""
+    first = _LAUNCH_FAILURES.setdefault(target, case)
+    return None if first == case else first
+
+
+def forget_launch_failures() -> None:
+    """A new session reports a failing launch again (pytester runs several in one process)."""
+    _LAUNCH_FAILURES.clear()
 
 
 def needs_triton(fn):

@@ -8,9 +8,13 @@ when the case passed every check but the golden's own; otherwise it is "not acce
 """
 from __future__ import annotations
 
+import sysconfig
 from pathlib import Path
 
 import pytest
+from _pytest._code import Traceback
+
+from .. import suites as _suites_pkg
 
 from ..baselines.lifecycle import BaselineCheck
 from ..baselines.store import file_component, name_problem
@@ -25,7 +29,8 @@ from ..speed.gate import check_speed
 from .options import OPTIONS_KEY, RECORDS_KEY, RunOptions
 from .timelimit import CaseTimeout, case_limit, time_limit
 
-__all__ = ["SuiteCollector", "SuiteItem", "suite_targets", "suites", "keyword_expressions", "crash_reason"]
+__all__ = ["SuiteCollector", "SuiteItem", "suite_targets", "suites", "keyword_expressions", "crash_reason",
+           "users_traceback"]
 
 LINT_SEEN_KEY = pytest.StashKey[set]()  # (target, op, dims) the alignment lint has warned about
 
@@ -39,14 +44,19 @@ def suites() -> dict[str, list[Kind]]:
 
 
 def suite_targets(suite_kinds: list[Kind], options: RunOptions) -> list[Target]:
-    """Registered (and ini) targets of the suite's kinds, in registration order; the kinds' default
-    targets when there are none (torch's ops before the project's kernels)."""
+    """The suite's targets: the registered (and ini) ones of its kinds, in registration order. The
+    built-in targets (torch's ops before the project's kernels) run when nothing at all is
+    registered, or beside the registered ones with --precision-builtins: a project's run is its
+    own targets, in the suites of their kinds only."""
     names = {k.name for k in suite_kinds}
-    mine = [t for t in registered() + options.ini_targets if t.kind in names]
-    if mine:
+    every = registered() + options.ini_targets
+    mine = [t for t in every if t.kind in names]
+    if every and not options.builtins:
         return mine
-    defaults = [t for k in suite_kinds for t in k.default_targets()]
-    return sorted(defaults, key=lambda t: t.origin != "built-in")
+    taken = {(t.kind, t.name) for t in mine}
+    defaults = sorted((t for k in suite_kinds for t in k.default_targets() if (t.kind, t.name) not in taken),
+                      key=lambda t: t.origin != "built-in")
+    return mine + defaults
 
 
 class SuiteCollector(pytest.Collector):
@@ -65,7 +75,7 @@ class SuiteCollector(pytest.Collector):
             for target in targets:
                 kind = by_name[target.kind]
                 for config in kind.configs(options.configs):
-                    for variant in kind.variants(options.device):
+                    for variant in kind.target_variants(target, options.device):
                         for regime in kind.regime_names():
                             case = Case(kind, target, config, variant, regime, options.device)
                             problem = name_problem(case.config_id)
@@ -111,6 +121,28 @@ def crash_reason(error: BaseException) -> str:
     else:
         text = f"{type(error).__name__}: {error}"
     return text.splitlines()[0] if text else type(error).__name__
+
+
+_HARNESS = tuple(str(Path(p).resolve()) for p in (Path(__file__).parents[1], *_suites_pkg.__path__))
+_LIBRARIES = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                                                     sysconfig.get_paths()["stdlib"]})
+
+
+def users_traceback(error: BaseException) -> str:
+    """What a target raised, as the frames of the user's code (and the frame that raised, when a
+    library raised it): the harness's frames and libraries' inner frames say nothing to the user."""
+    info = pytest.ExceptionInfo.from_exception(error)
+    entries = list(info.traceback)
+    if not entries:
+        return str(info.getrepr(style="short", chain=False))
+
+    def users(entry) -> bool:
+        path = str(Path(entry.path).resolve()) if str(entry.path) else ""
+        return bool(path) and not path.startswith(_HARNESS) and not path.startswith(_LIBRARIES)
+
+    kept = [e for e in entries[:-1] if users(e)] + [entries[-1]]
+    info.traceback = Traceback(kept)
+    return str(info.getrepr(style="short", chain=False, funcargs=False, showlocals=False))
 
 
 class SuiteItem(pytest.Item):
@@ -235,7 +267,7 @@ class SuiteItem(pytest.Item):
             return f"{self.nodeid}: {excinfo.value}"
         if isinstance(excinfo.value, TargetError):
             cause = excinfo.value.__cause__
-            tb = "" if cause is None else "\n" + str(super().repr_failure(pytest.ExceptionInfo.from_exception(cause)))
+            tb = "" if cause is None else "\n" + users_traceback(cause)
             return f"{self.nodeid}: {excinfo.value}{tb}"
         return super().repr_failure(excinfo, style)
 

@@ -30,6 +30,7 @@ class RunOptions:
     run_suite: bool
     default_device: str
     ini_targets: list[Target] = field(default_factory=list)
+    builtins: bool = False  # the built-in targets beside registered ones (--precision-builtins)
     speed: bool = True  # time every suite case and gate it (off with --precision-no-speed)
     speed_threshold: float = 0.2  # a fraction: 0.1 is 10 % slower
     trace: bool = False  # trace every suite case op by op (--precision-trace)
@@ -83,7 +84,7 @@ class RunOptions:
                    speed=not config.getoption("precision_no_speed"), speed_threshold=threshold,
                    trace=bool(config.getoption("precision_trace")),
                    strict_budgets=bool(config.getoption("precision_strict_budgets")), audit=bool(config.getoption("precision_audit")),
-                   parallel=_parallel(config), timeout=timeout,
+                   parallel=_parallel(config), timeout=timeout, builtins=bool(config.getoption("precision_builtins")),
                    details=any(config.getoption(o) for o in ("precision_report", "precision_report_md",
                                                              "precision_plots")))
 
@@ -98,6 +99,8 @@ class RunOptions:
             parts.append(nodeid)
         else:
             parts += ["--precision-suite", "-k", suite_item or ""]
+            if self.builtins:
+                parts.append("--precision-builtins")
         if config_id:
             parts.append(f"--precision-configs={config_id}")
         if self.device != self.default_device:
