@@ -87,6 +87,9 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
     _regime("sharp40", "q scaled by 40: near one-hot attention, scores past fp16's exp range", {**_BASE, "q_scale": 40.0}),
     _regime("long", "8 queries over 512 keys", dict(batch=1, heads=1, kv_heads=1, q_len=8, k_len=512, head_dim=16)),
     _regime("causal", "causal mask", {**_BASE, "causal": True}),
+    # S_q < S_k with a causal mask: where the alignment shows (top-left: query i sees keys up to i;
+    # bottom-right, declared by decoding kernels: up to i + S_k - S_q)
+    _regime("causal-cross", "causal, 8 queries over 24 keys", {**_BASE, "q_len": 8, "k_len": 24, "causal": True}),
     _regime("padded", "key padding, batch 2, grouped-query heads (4 q heads, 2 kv heads)",
             dict(batch=2, heads=4, kv_heads=2, q_len=8, k_len=24, head_dim=16, padding=True)),
     _regime("hd59", "head dim 59, irregular lengths 17 x 29", dict(batch=1, heads=1, kv_heads=1, q_len=17, k_len=29, head_dim=59),

@@ -147,11 +147,17 @@ def forget_project_kinds() -> None:
     _PROJECT.clear()
 
 
+def _importable_from(rootdir: str | None, lines: list[str]) -> None:
+    """Modules beside the ini file import, as pytest's default (prepend) import mode makes them for
+    a rootdir conftest: without a conftest, or before one is imported, the rootdir is not on sys.path."""
+    if rootdir is not None and rootdir not in sys.path and any(line.split("#", 1)[0].strip() for line in lines):
+        sys.path.insert(0, rootdir)
+
+
 def parse_ini_kinds(lines: list[str], rootdir: str | None = None) -> list[Kind]:
     """Kinds from ini lines ``package.module:KIND``; a module beside the ini file imports too (read
     before any conftest, so before pytest puts the rootdir on sys.path)."""
-    if rootdir is not None and any(line.split("#", 1)[0].strip() for line in lines) and rootdir not in sys.path:
-        sys.path.insert(0, rootdir)  # as pytest's default (prepend) import mode does for a rootdir conftest
+    _importable_from(rootdir, lines)
     out = []
     for raw in lines:
         line = raw.split("#", 1)[0].strip()
@@ -222,18 +228,23 @@ INI_ORIGIN = "ini precision_targets"
 _INI_SPEC = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_.]*")
 
 
-def parse_ini_targets(lines: list[str]) -> list[Target]:
-    """Targets from ini lines ``package.module:function kind`` (kind defaults to softmax), each
-    named by its ``package.module:function``. Anything importing one raises is a ValueError
+def parse_ini_targets(lines: list[str], rootdir: str | None = None) -> list[Target]:
+    """Targets from ini lines ``package.module:function kind [key=value ...]`` (kind defaults to
+    softmax; ``key=value``: what it declares, as ``register``'s keywords, lists comma-separated),
+    each named by its ``package.module:function``. Anything importing one raises is a ValueError
     naming its line."""
+    _importable_from(rootdir, lines)
     out = []
     for raw in lines:
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
         parts = line.split()
+        declared = [p for p in parts[1:] if "=" in p]
+        parts = [p for p in parts if "=" not in p]
         if len(parts) > 2 or not _INI_SPEC.fullmatch(parts[0]) or len(parts[0]) > 100:
-            raise ValueError(f"precision_targets: cannot read {raw!r}; expected 'package.module:function kind'")
+            raise ValueError(f"precision_targets: cannot read {raw!r}; expected 'package.module:function kind "
+                             "[key=value ...]'")
         spec, kind_name = parts[0], (parts[1] if len(parts) == 2 else "softmax")
         try:
             kind = get_kind(kind_name)
@@ -247,10 +258,20 @@ def parse_ini_targets(lines: list[str]) -> list[Target]:
             raise ValueError(f"precision_targets: {line!r}: importing {spec} raised {type(e).__name__}: {e}") from e
         try:
             kind.check_target(spec, obj)
-        except TypeError as e:
+            supports = kind.declare(spec, dict(_ini_declaration(d) for d in declared))
+        except (TypeError, ValueError) as e:
             raise ValueError(f"precision_targets: {e}") from None
-        out.append(Target(spec, obj, kind_name, origin=INI_ORIGIN))
+        out.append(Target(spec, obj, kind_name, origin=INI_ORIGIN, declared=supports))
     return out
+
+
+def _ini_declaration(token: str) -> tuple[str, Any]:
+    """``key=value`` of an ini target line: ``a,b`` is a list, integers are integers, ``none``
+    is None; the kind reads the rest (``true``, ``fp16``)."""
+    key, _, value = token.partition("=")
+    items = [int(v) if v.strip().lstrip("-").isdigit() else v.strip() for v in value.split(",")]
+    one = items[0] if len(items) == 1 else tuple(items)
+    return key.strip(), (None if one in ("none", "None") else one)
 
 
 def target_names_problem(targets: list[Target]) -> str | None:

@@ -55,7 +55,7 @@ class RunOptions:
         try:
             configs = select_configs(spec)
             # imported only when the suite runs: a target module's import is not every run's business
-            ini_targets = parse_ini_targets(config.getini("precision_targets")) if run_suite else []
+            ini_targets = parse_ini_targets(config.getini("precision_targets"), str(config.rootpath)) if run_suite else []
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
         threshold = config.getoption("precision_speed_threshold")
