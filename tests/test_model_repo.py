@@ -272,3 +272,44 @@ def test_an_ini_target_declares_its_limits_on_its_line(pytester):
     result = _run(pytester, "--precision-configs=fp32,fp16", "-k", "unit or hd59", "-rs")
     result.stdout.fnmatch_lines(["*mykernels:eager: declares head dims 16, 32; this regime has 59*",
                                  "*mykernels:eager: declares dtypes float16; fp32 feeds it float32*"])
+
+
+# ---- 3: the drawn regime's search and shrink end in their time ------------------------------
+
+def test_a_slow_failing_target_is_caught_within_the_drawn_regimes_time(pytester):
+    pytester.makeconftest("""
+import time
+import torch
+import pytest_precision
+from pytest_precision.kinds.base import DrawnRegime
+from pytest_precision.suites.softmax import SoftmaxKind
+
+
+class QuickSoftmax(SoftmaxKind):
+    suite = "quick_softmax"
+    regimes = {}
+    drawn = DrawnRegime("hypothesis", examples=30, seconds=2.0)
+
+    def __init__(self):
+        super().__init__(log=False)
+        self.name = self.suite
+
+
+pytest_precision.register_kind(QuickSoftmax())
+
+
+@pytest_precision.register("slow_naive", kind="quick_softmax")
+def slow_naive(x):
+    with open("calls.txt", "a") as f:
+        f.write("call\\n")
+    time.sleep(0.3)  # an interpreted kernel's pace
+    e = x.exp()  # no max subtraction
+    return e / e.sum(-1, keepdim=True)
+""")
+    result = _run(pytester, "--precision-configs=fp16")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*quick_softmax[[]slow_naive-fp16-hypothesis[]]: FAIL*",
+                                 "*Hypothesis found (after shrinking) logits of shape*"])
+    # 2 s at 0.3 s a call: about 7 calls, and the two of the first-fault re-run (unbounded: 24)
+    calls = len((pytester.path / "calls.txt").read_text().splitlines())
+    assert calls <= 14, calls

@@ -25,7 +25,9 @@ one conformance check over every kind.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
+import time
 import zlib
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, ContextManager
@@ -91,6 +93,10 @@ class DrawnRegime:
 
     name: str = "hypothesis"
     examples: int = 30
+    # seconds for the search and the shrink together: a slow target (a Triton kernel under the
+    # interpreter takes 0.1 to 1 s a call) would otherwise shrink for minutes; past it the failure
+    # found so far is reported as it stands (less shrunk), and a search without one ends
+    seconds: float = 20.0
 
 
 class Variant:
@@ -232,6 +238,20 @@ class TensorEvidence(Evidence):
                 lines.append("    worst elements:")
                 lines += ["      " + row for row in o.worst_table().splitlines()]
         return lines
+
+
+def _example_key(example: Any) -> Any:
+    """A drawn example as a hashable value (tensors by shape, dtype and bits)."""
+    if isinstance(example, torch.Tensor):
+        t = example.detach().cpu().contiguous()
+        return ("tensor", tuple(t.shape), str(t.dtype), t.view(-1).view(torch.uint8).numpy().tobytes())
+    if dataclasses.is_dataclass(example):
+        return tuple(_example_key(getattr(example, f.name)) for f in dataclasses.fields(example))
+    if isinstance(example, (list, tuple)):
+        return tuple(_example_key(e) for e in example)
+    if isinstance(example, dict):
+        return tuple((k, _example_key(v)) for k, v in sorted(example.items()))
+    return repr(example)
 
 
 _DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
@@ -632,11 +652,14 @@ class Kind:
         """The drawn regime: Hypothesis searches for inputs on which the target breaks its peer
         budget or counts, steered toward the largest error, and shrinks what it finds."""
         from hypothesis import given, reject, settings
+        from hypothesis.errors import Unsatisfiable
         from hypothesis import target as steer
 
         from ..strategies import PROFILE
 
         worst: dict[str, Any] = {}
+        failing: set = set()  # the failing examples seen, so that they fail again once time is up
+        deadline = time.perf_counter() + self.drawn.seconds
 
         class Falsified(AssertionError):
             pass
@@ -644,22 +667,33 @@ class Kind:
         @settings(settings.get_profile(PROFILE), max_examples=self.drawn.examples, database=None, deadline=None)
         @given(self.draw(case))
         def attack(example):
-            inputs = self.for_target(case, self.drawn_inputs(example))
-            if self.unsupported(case, inputs):  # outside what the target declared: not an example
-                reject()
-            m = self.measure(case, inputs)
-            error = m.oracle[self.forward_output].max_ulp
-            if "m" not in worst or error > worst["m"].oracle[self.forward_output].max_ulp:
-                worst["m"] = m
-            steer(min(error, 1e300) if error == error else 1e300, label="max ULP")
-            if any(violations(m.oracle[n], m.peer_budget[n]) for n in m.oracle):
-                worst.update(m=m, example=example)
+            key = _example_key(example)
+            if time.perf_counter() > deadline:  # time is up: only what already failed fails (Hypothesis replays it)
+                failed = key in failing
+            else:
+                inputs = self.for_target(case, self.drawn_inputs(example))
+                if self.unsupported(case, inputs):  # outside what the target declared: not an example
+                    reject()
+                m = self.measure(case, inputs)
+                error = m.oracle[self.forward_output].max_ulp
+                if "m" not in worst or error > worst["m"].oracle[self.forward_output].max_ulp:
+                    worst["m"] = m
+                steer(min(error, 1e300) if error == error else 1e300, label="max ULP")
+                failed = any(violations(m.oracle[n], m.peer_budget[n]) for n in m.oracle)
+                if failed:
+                    worst.update(m=m, example=example)
+                    failing.add(key)
+            if failed:  # one place: Hypothesis tells failures apart by where they are raised
                 raise Falsified()
 
         try:
             attack()
         except Falsified:
             pass
+        except Unsatisfiable:
+            skip(f"{case.target.name}: every drawn input lies outside what it declared")
+        if "m" not in worst:
+            skip(f"{case.target.name}: no drawn input was judged within {self.drawn.seconds:g} s")
         m = worst["m"]
         if worst.get("example") is not None:
             excuse = interpreter_excuse(m.launches)
