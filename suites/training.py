@@ -52,6 +52,7 @@ from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainC
                                        TrainSpec, Trajectory, check_determinism, compare_trajectories, exact_first_step,
                                        prepare_training, run_training)
 from pytest_precision.training.baseline import TrajectoryEntry, rates_line
+from pytest_precision.training.compare import speedup_text
 from pytest_precision.training.distributed import ddp_skip_reason
 from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND, first_step_floor_db,
                                               grad_norm_band, later_step_floor_db)
@@ -93,7 +94,9 @@ class TrainingEvidence(Evidence):
                 "param_sqnr_db": m.param_sqnr_db, "max_underflow_rate": urate, "underflow_param": uname,
                 "max_update_lost_rate": lrate, "update_lost_param": lname, "update_ratio": m.update_ratio,
                 "skipped_steps": list(m.skipped), "first_nonfinite": list(m.first_nonfinite) if m.first_nonfinite else None,
-                "step_time_s": m.step_time_s, "fp32_step_time_s": m.fp32_step_time_s}
+                "step_time_s": m.step_time_s, "fp32_step_time_s": m.fp32_step_time_s,
+                "step_time_spread": _finite_or_none(m.step_time_spread),
+                "fp32_step_time_spread": _finite_or_none(m.fp32_step_time_spread)}
 
     def record_fields(self, outcome) -> dict:
         return {"training": self.summary()}
@@ -139,9 +142,17 @@ class TrainingEvidence(Evidence):
         return lines
 
 
+def _finite_or_none(v: float) -> float | None:
+    return v if v is not None and math.isfinite(v) else None
+
+
 def _opt(v) -> str:
     """A metric a row may not have (a DDP case has no loss trajectory): "-"."""
     return "-" if v is None else fmt(float(v))
+
+
+def _with_spread(step: float, spread: float | None) -> str:
+    return format_seconds(step) + ("" if spread is None else f" \u00b1{100 * spread:.0f} %")
 
 
 def _rate(rate: float, param: str) -> str:
@@ -170,13 +181,15 @@ class TrainingTable(SummaryTable):
             verdict = "pass" if r["passed"] else "FAIL " + ",".join(r["categories"])
             step, fp32_step = t.get("step_time_s"), t.get("fp32_step_time_s")
             timed = step is not None and math.isfinite(step) and step > 0
-            speedup = f"{fp32_step / step:.2f} x" if timed and fp32_step and r["config"] != "fp32" else "-"
+            spread = t.get("step_time_spread")
+            speedup = "-" if r["config"] == "fp32" or not timed else \
+                speedup_text(step, spread, fp32_step, t.get("fp32_step_time_spread"))
             worst = t.get("worst_grad_sqnr_db")
             sqnr = _opt(t["grad_sqnr_db"]) + ("" if worst is None else f", {_opt(worst)}")
             rows.append((r["target"], r["config"], t["steps"], _opt(t["max_loss_deviation"]), sqnr,
                          _opt(t["param_sqnr_db"]), _rate(t["max_underflow_rate"], t["underflow_param"]),
                          _rate(t["max_update_lost_rate"], t["update_lost_param"]), len(t["skipped_steps"]),
-                         format_seconds(step) if timed else "-", speedup, verdict))
+                         _with_spread(step, spread) if timed else "-", speedup, verdict))
         return tabulate(rows, headers=self.HEADERS, tablefmt="github")
 
 

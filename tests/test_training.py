@@ -425,3 +425,12 @@ def test_ddp_golden_catches_a_regression(tmp_path):
     assert problems[0][1].startswith("gradient SQNR 40 dB < budget")
     assert problems[1][1].startswith("gradient-underflow rate 30.0 % in w > budget")
     assert problems[2][1] == "overflow 2 > 0 allowed"
+
+
+def test_training_speedups_are_shown_only_clear_of_the_steps_spread():
+    from pytest_precision.training.compare import speedup_text
+
+    assert speedup_text(0.010, 0.05, 0.020, 0.05) == "2.00 x"  # twice as fast, steps within 5 %
+    assert speedup_text(0.010, 0.30, 0.012, 0.30) == "noise"  # 1.2 x inside a 30 % spread
+    assert speedup_text(0.010, None, 0.020, 0.05) == "noise"  # a spread not measured: nothing to tell
+    assert speedup_text(float("nan"), 0.05, 0.020, 0.05) == "-"

@@ -120,6 +120,7 @@ REPORT_SCHEMA: dict = {
                                  "skipped_steps": {"type": "array", "items": _COUNT},
                                  "first_nonfinite": {"anyOf": [{"type": "null"}, {"type": "array"}]},
                                  "step_time_s": _NUMBER_OR_NULL, "fp32_step_time_s": _NUMBER_OR_NULL,
+                                 "step_time_spread": _NUMBER_OR_NULL, "fp32_step_time_spread": _NUMBER_OR_NULL,
                                  "ddp": {"type": "object", "description": "DDP cases: the hook's gradients against uncompressed DDP"}}},
                 "training_detail": {"type": "object", "description": "per-step losses, deviations, gradient norms, loss scales; per-parameter rates"},
                 "error_by_magnitude": {"anyOf": [{"type": "null"}, {

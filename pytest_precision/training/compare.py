@@ -131,6 +131,8 @@ class TrainMetrics:
     fp32_losses: list[float]
     step_time_s: float  # median wall time of a step, the first (warm-up) left out
     fp32_step_time_s: float
+    step_time_spread: float = math.nan  # half the interquartile range of the steps' times, relative to the median
+    fp32_step_time_spread: float = math.nan
     groups: dict[str, list[str]] = field(default_factory=dict)  # group label -> parameter names
     truth: str = "float64"  # what the rates were judged against
     underflow_elements: dict[str, int] = field(default_factory=dict)  # significant gradients per parameter
@@ -221,6 +223,7 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
         update_ratio=ratio, skipped=run.skipped, scales=run.scales, scales_used=run.scales_used,
         first_nonfinite=run.first_nonfinite, grad_norms=run.grad_norms, fp32_grad_norms=ref.grad_norms,
         losses=run.losses, fp32_losses=ref.losses, step_time_s=_median_step(run), fp32_step_time_s=_median_step(ref),
+        step_time_spread=step_spread(run), fp32_step_time_spread=step_spread(ref),
         groups=groups, truth=truth if exact is not None or first is None else "the fp32 run (no float64 step)",
         underflow_elements=loss.elements, update_elements=lost_elements)
 
@@ -238,6 +241,31 @@ def _cosine(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float
 def _median_step(t: Trajectory) -> float:
     times = t.step_times[1:] or t.step_times
     return float(torch.tensor(times).median()) if times else math.nan
+
+
+def step_spread(t: Trajectory) -> float:
+    """How much a step's time moves between steps: half the interquartile range over the median
+    (the first, warm-up step left out); NaN with fewer than 4 steps to tell."""
+    times = t.step_times[1:]
+    if len(times) < 4:
+        return math.nan
+    q1, q2, q3 = torch.tensor(times, dtype=torch.float64).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64))
+    return float((q3 - q1) / 2 / q2) if q2 > 0 else math.nan
+
+
+def speedup_text(step: float | None, spread: float | None, fp32_step: float | None, fp32_spread: float | None) -> str:
+    """fp32's step time over this one's, where the difference is clear of the steps' spread:
+    "1.31 x"; "noise" where it is within twice their combined spread (a CPU runner's steps move
+    tens of percent between runs), "-" where there is nothing to compare."""
+    if not (step and fp32_step and math.isfinite(step) and math.isfinite(fp32_step) and step > 0 and fp32_step > 0):
+        return "-"
+    ratio = fp32_step / step
+    spreads = [s for s in (spread, fp32_spread) if s is not None]
+    if len(spreads) < 2 or not all(math.isfinite(s) for s in spreads):
+        return "noise"
+    if abs(math.log(ratio)) <= 2 * math.hypot(*spreads):
+        return "noise"
+    return f"{ratio:.2f} x"
 
 
 def mantissa_eps(dtype: torch.dtype) -> float:
