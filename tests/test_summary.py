@@ -38,3 +38,14 @@ def test_timed_and_cuda_runs_add_speed_and_memory_against_fp32():
     lines = render_summary(cuda, ["fp32", "bf16"]).splitlines()
     assert "peak memory" in lines[0] and "saved vs fp32" in lines[0]
     assert "| 1 MiB " in lines[3] and "75 %" in lines[3] and "| 0 %" in lines[2]
+
+
+def test_a_busy_machines_loads_are_one_sentence_with_their_range():
+    from pytest_precision.reporting.summary import speed_lines
+
+    busy = "a busy machine: other processes used {:.2f} cores; only a slowdown past 2.0 x fails there"
+    records = [{"target": "t", "config": "fp32", "regime": f"r{i}", "speed_status": "shared", "speed_ratio": 1.3,
+                "speed_shared": busy.format(load)} for i, load in enumerate((1.30, 1.35, 1.33))]
+    (line,) = speed_lines(records, "cpu")
+    assert line.count("a busy machine") == 1
+    assert "other processes used 1.30 to 1.35 cores; only a slowdown past 2.0 x fails there" in line

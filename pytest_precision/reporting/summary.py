@@ -3,6 +3,8 @@ one; training has its own), the borrowed-budget and speed notes, traces and audi
 run's records, merged across xdist workers."""
 from __future__ import annotations
 
+import re
+
 from ..kinds.registry import get_kind
 from ..kinds.tables import HEADERS, TENSOR_TABLE, SummaryTable
 from ..numerics.devices import device_class, numerics_key
@@ -37,6 +39,27 @@ def render_summary(records: list[dict], config_order: list[str] | None = None) -
     return TENSOR_TABLE.render([r for r in records if _table_of(r) is TENSOR_TABLE], config_order)
 
 
+_LOAD = re.compile(r"used (\d+(?:\.\d+)?) cores")
+
+
+def _collapse_loads(reasons) -> list[str]:
+    """One sentence per reason, the neighbours' loads of a busy machine as their range (each case
+    measured its own: "used 1.30 to 1.35 cores")."""
+    loads: dict[str, list[float]] = {}
+    for reason in reasons:
+        m = _LOAD.search(reason)
+        key = _LOAD.sub("used {} cores", reason) if m else reason
+        loads.setdefault(key, []).extend([float(m.group(1))] if m else [])
+    out = []
+    for key, values in loads.items():
+        if not values:
+            out.append(key)
+            continue
+        low, high = min(values), max(values)
+        out.append(key.replace("{}", f"{low:.2f}" if low == high else f"{low:.2f} to {high:.2f}"))
+    return sorted(out)
+
+
 def speed_lines(records: list[dict], fingerprint: str) -> list[str]:
     """Cases with no speed record for this device, and slower-but-noisy cases, in a line each."""
     lines = []
@@ -50,7 +73,7 @@ def speed_lines(records: list[dict], fingerprint: str) -> list[str]:
         lines.append(f"slower but within the noise (not failed): {', '.join(noisy)}")
     shared = [r for r in records if r.get("speed_status") == "shared"]
     if shared:
-        why = sorted({r.get("speed_shared") or "a shared machine" for r in shared})
+        why = _collapse_loads(r.get("speed_shared") or "a shared machine" for r in shared)
         named = [f"{r['target']}-{r['config']}-{r['regime']} {r['speed_ratio']:.2f} x" for r in shared[:8]]
         more = f" and {len(shared) - 8} more" if len(shared) > 8 else ""
         lines.append(f"{len(shared)} case(s) slower but not failed ({'; '.join(why)}); rerun them serially on an idle "
