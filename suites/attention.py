@@ -271,6 +271,25 @@ class AttentionKind(Kind):
         alignment = case.target.declared.get("causal") or "top-left"
         return a if alignment == a.causal_alignment else dataclasses.replace(a, causal_alignment=alignment)
 
+    def hint(self, case: Case, m, a: AttentionInputs) -> str | None:
+        """A causal case with S_q != S_k that fails but matches the other alignment: say so."""
+        if not a.causal or a.q.shape[-2] == a.k.shape[-2]:
+            return None
+        other = "top-left" if a.causal_alignment == "bottom-right" else "bottom-right"
+        with torch.no_grad():
+            ref = reference_attention(m.exact["q"], m.exact["k"], m.exact["v"], True, a.key_padding_mask,
+                                      other == "bottom-right")
+        out = m.outputs["out"].detach().to("cpu", torch.float64)
+        both = torch.isfinite(ref) & torch.isfinite(out)
+        if bool((torch.isfinite(ref) != torch.isfinite(out)).any()) or not bool(both.any()):
+            return None
+        budget = m.peer_budget["out"].max_abs
+        error = float((out[both] - ref[both]).abs().max())
+        if budget is None or error > budget:
+            return None
+        return (f"the output matches a {other} causal mask (max abs {error:.3g} within the budget {budget:.3g}): if "
+                f"that is the target's alignment, declare it at registration (causal=\"{other}\")")
+
     def target_variants(self, target: Target, device: str) -> list[Variant]:
         return self.variants(device) if reaches_sdpa(target, device) else [NO_VARIANT]
 

@@ -362,6 +362,11 @@ class Kind:
         """The regime's inputs as the case's target reads them (attention: its causal alignment)."""
         return inputs
 
+    def hint(self, case: Case, m: "Measurement", inputs: Any) -> str | None:
+        """A line for a failing case's message when the kind can tell what the target may have
+        meant (attention: the other causal alignment), else None."""
+        return None
+
     def case_grad_inputs(self, case: Case) -> tuple[str, ...]:
         """The inputs whose gradients the case judges: none for a forward-only target."""
         return () if case.target.declared.get("forward_only") else self.grad_inputs
@@ -522,6 +527,9 @@ class Kind:
             excuse = interpreter_excuse(m.launches)
             if excuse:
                 xfail(excuse)
+            hint = self.hint(case, m, inputs)
+            if hint:
+                outcome.details.append(hint)
             if m.lost or "underflow" in outcome.categories:
                 outcome.fault = self._locate_fault(case, m, inputs, regime.seed + 1, outcome)
         return outcome
