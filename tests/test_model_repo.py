@@ -4,7 +4,6 @@ user reads."""
 import os
 import subprocess
 import sys
-import textwrap
 
 import pytest
 from machine import ON_CPU
