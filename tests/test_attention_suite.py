@@ -82,11 +82,11 @@ def test_sdpa_passes_every_config_and_backend(pytester):
     """The CPU's SDPA backends, on every machine (a CUDA machine has others, and lists the kernels)."""
     pytester.makeini("[pytest]\n")
     result = _accept_then_run(pytester, *ON_CPU, "-k", NOT_KERNELS)
-    result.assert_outcomes(passed=120, skipped=20)  # 6 configs x {math, flash} x 10 regimes; tf32 skipped
+    result.assert_outcomes(passed=132, skipped=22)  # 6 configs x {math, flash} x 11 regimes; tf32 skipped
     result.stdout.fnmatch_lines(["*precision summary, absolute error*", "*| target *| config *| *cases | max abs *| RMS abs *"])
     for config in ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8-e4m3"):
         for backend in ("math", "flash"):
-            result.stdout.fnmatch_lines([f"*| torch.sdpa *| {config}+{backend} *| *10 | *pass*"])
+            result.stdout.fnmatch_lines([f"*| torch.sdpa *| {config}+{backend} *| *11 | *pass*"])
 
 
 def test_correct_eager_and_online_softmax_pass(pytester):
@@ -96,7 +96,7 @@ def test_correct_eager_and_online_softmax_pass(pytester):
     pytester.makeini("[pytest]\n")
     result = _accept_then_run(pytester, "--precision-configs=fp32,fp16,bf16")
     # neither calls SDPA: each runs once per config and regime, not once per SDPA backend
-    result.assert_outcomes(passed=2 * 3 * 10)
+    result.assert_outcomes(passed=2 * 3 * 11)
     assert "+math" not in result.stdout.str() and "+flash" not in result.stdout.str()
 
 
@@ -128,7 +128,7 @@ def test_online_softmax_without_rescale_is_caught(pytester):
 def test_causal_mask_off_by_one_is_caught(pytester):
     pytester.makeconftest(EAGER.format(SCALE="/ math.sqrt(q.shape[-1])", OFF_BY_ONE=True))
     result = _run(pytester, "--precision-configs=fp32", "-k", "causal")
-    result.assert_outcomes(failed=2)  # causal (16 long) and causal136 (past the common block sizes)
+    result.assert_outcomes(failed=3)  # causal (16 long), causal-cross and causal136 (past the common block sizes)
     result.stdout.fnmatch_lines(["*attention[[]eager-fp32-causal[]]: FAIL accuracy*(oracle: out: max abs * > budget *"])
     result.stdout.fnmatch_lines(["*attention[[]eager-fp32-causal136[]]: FAIL accuracy*(oracle: out: max abs * > budget *"])
     # the non-causal regimes are unaffected by the defect

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 from _pytest._code import Traceback
 
-from .. import suites as _suites_pkg
 
 from ..baselines.lifecycle import BaselineCheck
 from ..baselines.store import file_component, name_problem
@@ -123,7 +122,6 @@ def crash_reason(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
-_HARNESS = tuple(str(Path(p).resolve()) for p in (Path(__file__).parents[1], *_suites_pkg.__path__))
 _LIBRARIES = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
                                                      sysconfig.get_paths()["stdlib"]})
 
@@ -137,8 +135,10 @@ def users_traceback(error: BaseException) -> str:
         return str(info.getrepr(style="short", chain=False))
 
     def users(entry) -> bool:
+        if str(entry.frame.f_globals.get("__name__", "")).startswith("pytest_precision."):  # the harness, its kinds
+            return False
         path = str(Path(entry.path).resolve()) if str(entry.path) else ""
-        return bool(path) and not path.startswith(_HARNESS) and not path.startswith(_LIBRARIES)
+        return bool(path) and not path.startswith(_LIBRARIES)
 
     kept = [e for e in entries[:-1] if users(e)] + [entries[-1]]
     info.traceback = Traceback(kept)
