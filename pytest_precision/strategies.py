@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from hypothesis import settings, strategies as st
 
+from .kinds.triton import interpreting
 from .numerics.formats import format_of
 from .numerics.inputs import seeded_normal
 
@@ -223,10 +224,20 @@ def build_attention_inputs(*, seed: int, batch: int, heads: int, kv_heads: int, 
 
 
 def register_profile(name: str = PROFILE) -> str:
-    """Register the profile the suites use: derandomised under CI (same examples every run), no
-    deadline when a GPU may be timed (first calls compile kernels). Returns its name."""
+    """Register the Hypothesis profile ``name`` (by default ``"pytest-precision"``, which the
+    suites use) and return its name: derandomised under CI (the same examples every run), and no
+    deadline where calls are slow for reasons other than the code under test: CUDA (first calls
+    compile kernels) and Triton's interpreter (``TRITON_INTERPRET=1``, or triton imported in
+    interpreter mode: a kernel launch takes seconds there).
+
+    Registering does not load it: a ``@given`` test of your own runs under Hypothesis's current
+    profile (its 200 ms deadline by default) unless it opts in, with
+    ``settings.load_profile(PROFILE)`` or ``@settings(settings.get_profile(PROFILE))``. Called
+    once on import, on top of the profile loaded then (Hypothesis's default unless a conftest
+    loaded another first); call it again if the environment changes afterwards.
+    """
     kw: dict = {"derandomize": bool(os.environ.get("CI")), "print_blob": True}
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() or interpreting():
         kw["deadline"] = None
     settings.register_profile(name, **kw)
     return name
