@@ -124,7 +124,7 @@ def test_profile_drops_the_deadline_under_the_interpreter_and_cuda(monkeypatch):
     monkeypatch.setattr(strategies, "settings", rec)
     for cuda, interpreter in ((False, False), (False, True), (True, False)):
         monkeypatch.setattr(strategies.torch.cuda, "is_available", lambda: cuda)
-        monkeypatch.setattr(strategies, "interpreting", lambda: interpreter)
+        monkeypatch.setattr(strategies, "_interpreting", lambda: interpreter)
         strategies.register_profile(f"p-{cuda}-{interpreter}")
     assert "deadline" not in rec.profiles["p-False-False"]  # Hypothesis's own 200 ms
     assert rec.profiles["p-False-True"]["deadline"] is None
@@ -132,12 +132,14 @@ def test_profile_drops_the_deadline_under_the_interpreter_and_cuda(monkeypatch):
 
 
 def test_profile_reads_triton_interpret_from_the_environment():
-    """In a fresh process (this one imported triton in interpreter mode already)."""
+    """In a fresh process, from Hypothesis's default profile (on CI Hypothesis loads its own ci
+    profile, which has no deadline, and the profile registered on top of it inherits that)."""
     import os
     import subprocess
     import sys
 
-    code = ("import torch; from hypothesis import settings; from pytest_precision.strategies import PROFILE; "
+    code = ("import torch; from hypothesis import settings; settings.load_profile('default'); "
+            "from pytest_precision.strategies import PROFILE; "
             "print(torch.cuda.is_available(), settings.get_profile(PROFILE).deadline)")
     seen = {}
     for value in ("1", "0"):
@@ -167,9 +169,12 @@ def test_opted_in(i):
 def test_users_given_tests_opt_in_to_the_profile(pytester, monkeypatch):
     """What the README says: importing the strategies registers the profile but does not load it,
     so a user's @given test keeps Hypothesis's 200 ms deadline under the interpreter unless it
-    opts in; --hypothesis-profile works once a conftest.py has imported the strategies."""
+    opts in; --hypothesis-profile works once a conftest.py has imported the strategies. The
+    conftest loads Hypothesis's default profile first, as off CI (on CI Hypothesis loads its own
+    ci profile, which has no deadline)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    pytester.makeconftest("import pytest_precision.strategies  # noqa: F401\n")
+    pytester.makeconftest("from hypothesis import settings\nsettings.load_profile('default')\n"
+                          "import pytest_precision.strategies  # noqa: E402,F401\n")
     pytester.makepyfile(test_slow=SLOW_GIVEN_TESTS)
     r = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     r.assert_outcomes(passed=1, failed=1)
