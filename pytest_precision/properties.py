@@ -2,6 +2,11 @@
 measured error, its budget and the core comparison's statistics, and steers Hypothesis toward
 the worst case with ``hypothesis.target()`` when called inside a ``@given`` test.
 
+One argument rule: the output under test comes first, then the inputs it came from
+(``softmax_order_preserved(probs, logits)``); a property that calls the function itself takes the
+function first, then its inputs (``softmax_shift_invariant(softmax, x)``). Calls that look
+swapped raise a ValueError or TypeError naming the helper and the argument.
+
     @given(logits(torch.float16))
     def test_my_softmax(x):
         softmax_rows_sum_to_one(my_softmax(x), x).assert_ok()
@@ -14,9 +19,10 @@ from typing import Callable
 
 import torch
 from hypothesis import currently_in_test_context, target
+from hypothesis.errors import InvalidArgument
 
 from .kinds.outcome import PrecisionFailure
-from .numerics.formats import format_of, ulp_distance
+from .numerics.formats import FORMATS, format_of, ulp
 from .numerics.inputs import seeded_normal
 from .numerics.metrics import Comparison, compare
 
@@ -66,10 +72,24 @@ class PropertyResult:
 Verdict = PropertyResult  # its earlier name
 
 
+def _steer(value: float, label: str) -> None:
+    """hypothesis.target() under ``label``; Hypothesis refuses a label twice in one example, so
+    the k-th call of a helper within an example takes "label (k)", the same in every example."""
+    for k in range(1, 65):
+        try:
+            target(value, label=label if k == 1 else f"{label} ({k})")
+            return
+        except InvalidArgument:
+            continue
+
+
 def _verdict(name: str, error: float, budget: float, unit: str, detail: str = "",
-             comparison: Comparison | None = None) -> PropertyResult:
+             comparison: Comparison | None = None, score: float | None = None) -> PropertyResult:
+    """``score``: what Hypothesis should climb, when not the error itself (a ratio to a budget
+    that differs from row to row)."""
     if currently_in_test_context():
-        target(min(error, _TARGET_CAP) if not math.isnan(error) else _TARGET_CAP, label=name)
+        s = error if score is None else score
+        _steer(min(s, _TARGET_CAP) if not math.isnan(s) else _TARGET_CAP, name)
     return PropertyResult(name, bool(error <= budget), error, budget, unit, detail, comparison)
 
 
@@ -78,65 +98,312 @@ def _compare_dtype(t: torch.Tensor) -> torch.dtype:
 
 
 def _live_rows(logits: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor:
-    """Rows that are not fully masked (those are NaN by the documented rule)."""
+    """Rows with a defined softmax: not fully masked and free of +inf and NaN logits. The others
+    are NaN by IEEE arithmetic (-inf - -inf, inf - inf), which is the documented rule."""
     if logits is None:
         return torch.ones(probs.shape[:-1], dtype=torch.bool, device=probs.device)
-    return ~torch.isneginf(logits).all(dim=-1)
+    bad = torch.isnan(logits) | torch.isposinf(logits)
+    return ~torch.isneginf(logits).all(dim=-1) & ~bad.any(dim=-1)
+
+
+# ---- argument checks -------------------------------------------------------------------------
+
+def _looks_like_probs(t: torch.Tensor) -> bool:
+    """Every row in [0, 1] summing to 1 within 0.1 (fp8's rounding stays inside that); rows that
+    are all NaN are left out, since a fully masked row's softmax is NaN."""
+    if not t.is_floating_point() or t.numel() == 0 or t.dim() == 0:
+        return False
+    t64 = t.detach().to(torch.float64).reshape(-1, t.shape[-1])
+    t64 = t64[~torch.isnan(t64).all(-1)]
+    if t64.numel() == 0 or torch.isnan(t64).any():
+        return False
+    return bool(((t64 >= 0) & (t64 <= 1)).all() and ((t64.sum(-1) - 1).abs() <= 0.1).all())
+
+
+def _impossible_probs(t: torch.Tensor) -> tuple[bool, str]:
+    """Values no softmax can output at any rounding: negatives (exp and the division keep the
+    sign) and infinities. Values just above 1 can come from multiplying by a rounded 1/sum."""
+    t64 = t.detach().to(torch.float64)
+    bad = (t64 < 0) | torch.isinf(t64) | (t64 > 1.01)
+    if not bool(bad.any()):
+        return False, ""
+    fin = t64[~torch.isnan(t64)]
+    return True, f"values outside [0, 1] (min {float(fin.min()):.4g}, max {float(fin.max()):.4g})"
+
+
+def _looks_like_log_probs(t: torch.Tensor) -> bool:
+    """A log_softmax output: every value <= 0, some below 0, each row's logsumexp 0."""
+    if not t.is_floating_point() or t.numel() == 0 or t.shape[-1] < 2:
+        return False
+    t64 = t.detach().to(torch.float64).reshape(-1, t.shape[-1])
+    t64 = t64[~torch.isnan(t64).any(-1)]
+    if t64.numel() == 0 or not bool((t64 <= 0).all()) or not bool((t64 < 0).any()):
+        return False
+    return bool((torch.logsumexp(t64, -1).abs() <= 1e-2).all())
+
+
+def _check_probs(helper: str, probs: torch.Tensor, logits: torch.Tensor | None) -> None:
+    """Raise when ``probs`` and ``logits`` look swapped, or when ``probs`` is a log_softmax output.
+
+    A swap is called only when both hold: ``logits`` looks like softmax output *and* ``probs``
+    holds values no softmax can produce. A softmax that goes out of range on ordinary logits is
+    therefore still reported by the property as a violation, not hidden behind this error.
+    """
+    if not isinstance(probs, torch.Tensor) or (logits is not None and not isinstance(logits, torch.Tensor)):
+        raise TypeError(f"{helper}: `probs` and `logits` must be tensors (the softmax output first, then the "
+                        f"logits), got {type(probs).__name__} and {type(logits).__name__}")
+    if logits is not None and probs.shape != logits.shape:
+        raise ValueError(f"{helper}: `probs` has shape {tuple(probs.shape)} and `logits` {tuple(logits.shape)}: "
+                         "pass the softmax output and the logits it was computed from")
+    if _looks_like_log_probs(probs):
+        raise ValueError(f"{helper}: `probs` looks like log-probabilities (every value <= 0, each row's logsumexp "
+                         "is 0): pass the softmax output, not log_softmax's")
+    if logits is not None:
+        impossible, what = _impossible_probs(probs)
+        if impossible and _looks_like_probs(logits):
+            raise ValueError(f"{helper}: `probs` has {what} while `logits` looks like softmax output (rows in "
+                             "[0, 1] summing to 1): the arguments look swapped; pass the softmax output first, "
+                             "then the logits")
+
+
+def _check_callable(helper: str, name: str, fn, first_input) -> None:
+    if not callable(fn):
+        hint = " (the arguments look swapped)" if callable(first_input) else ""
+        raise TypeError(f"{helper}: `{name}` must be the function under test, got a {type(fn).__name__}{hint}: "
+                        "pass the function first, then its inputs")
 
 
 # ---- softmax ---------------------------------------------------------------------------------
 
-def softmax_rows_sum_to_one(probs: torch.Tensor, logits: torch.Tensor | None = None, *,
-                            ulp_budget: float | None = None) -> PropertyResult:
-    """Each row of ``probs`` sums (in float64) to 1 within ``ulp_budget`` ULPs of probs' dtype at 1.0.
+def _unit_roundoff(dtype: torch.dtype) -> float:
+    return 2.0 ** -(format_of(dtype).mantissa_bits + 1)
 
-    Default budget: half an ULP per element plus one (each rounded probability contributes at
-    most half an ULP of itself, which is at most half an ULP of 1). Fully masked rows of
-    ``logits`` are skipped (they are NaN by rule).
+
+def _nearest(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ``t`` rounded to the nearest value of ``dtype`` (ties to even), as float64.
+
+    torch converts float64 to 16 bits through float32, rounding twice (1 + 2^-8 + 2^-30 becomes
+    1.0 in bf16, not 1 + 2^-7); here the spacing at |t| is a power of two, so t / spacing is
+    exact and one round() is the correct rounding.
     """
+    step = ulp(t, dtype)
+    return torch.where(torch.isfinite(t), torch.round(t / step) * step, t)
+
+
+def _finer(a: torch.dtype, b: torch.dtype) -> bool:
+    return format_of(a).mantissa_bits > format_of(b).mantissa_bits
+
+
+def _sum_chain(n: int) -> int:
+    """Longest chain of additions in a sum of n terms, which bounds its rounding error (chain x u
+    for positive terms): the whole row when short; else a quarter of it (every SIMD and GPU
+    reduction keeps at least 4 partial sums) plus 20 (up to 16 leftover elements added one by
+    one, and 4 levels combining the partial sums)."""
+    return max(min(n - 1, math.ceil(n / 4) + 20), 0)
+
+
+def _sum_budget(probs: torch.Tensor, logits: torch.Tensor | None, dtype: torch.dtype,
+                work: torch.dtype) -> tuple[torch.Tensor, str]:
+    """Per row, how far from 1 a correct softmax's row sum can be (float64, absolute)."""
+    n = probs.shape[-1]
+    u_w = _unit_roundoff(work)
+    normalizer = (_sum_chain(n) + 4) * u_w
+    measuring = n * 2.0 ** -53  # the float64 sum taken here
+    if logits is not None and _finer(work, dtype):
+        # Each output is the working value q_i = p_i (1 + d_i) rounded once to probs' dtype, with
+        # p the exact softmax of these logits. d_i: the normalizer's error plus exp's (its argument
+        # x - max, or x * log2(e) - max * log2(e) as exp2 kernels take it, rounded in the working
+        # dtype). Rounding is monotone, so the row sum lies between the sums of the lowest and the
+        # highest values q_i can round to: known exactly, hence tight in every dtype.
+        x = logits.to(torch.float64)
+        m = x.amax(-1, keepdim=True)
+        p = torch.softmax(x, -1)
+        spread = (x - m).abs() + x.abs() + m.abs()
+        rho = normalizer + (4 + 2 * spread) * u_w
+        tiny = 2 * format_of(work).smallest_subnormal  # below the working dtype's normals
+        lo = torch.where(p > 0, _nearest((p * (1 - rho) - tiny).clamp_min(0), dtype), torch.zeros_like(p))
+        hi = torch.where(p > 0, _nearest(p * (1 + rho) + tiny, dtype), torch.zeros_like(p))
+        budget = torch.maximum((lo.sum(-1) - 1).abs(), (hi.sum(-1) - 1).abs())
+        return budget + measuring, f"exact rounding of softmax(logits) to {format_of(dtype).name}, computed in " \
+                                   f"{format_of(work).name}"
+    # Without the logits, each output's final rounding is bounded by half its own ULP (an output
+    # that underflowed to 0 or is subnormal: half the subnormal spacing), all in one direction
+    # at worst: between a quarter and half an ULP at 1.0, plus the subnormal terms.
+    coarse = work if _finer(dtype, work) else dtype
+    final = (ulp(probs.to(torch.float64), coarse) / 2).sum(-1)
+    return final + normalizer + measuring, f"worst-case rounding to {format_of(coarse).name} (no logits)"
+
+
+def softmax_rows_sum_to_one(probs: torch.Tensor, logits: torch.Tensor | None = None, *,
+                            ulp_budget: float | None = None,
+                            working_dtype: torch.dtype | None = None) -> PropertyResult:
+    """Each row of ``probs`` sums (in float64) to 1 within a bound derived from the arithmetic.
+
+    Error and budget are in ULPs of probs' dtype at 1.0 (2^-mantissa_bits: fp32 1.19e-7, fp16
+    9.77e-4, bf16 7.81e-3); the message gives the worst row against its own bound. Per row of n
+    elements, with u the unit roundoff of ``working_dtype`` (the dtype the softmax computes in;
+    default float32, float64 for float64 probs: what torch's softmax, autocast, Triton and
+    FlashAttention kernels use for 16-bit outputs), the bound is:
+
+    * ``(min(n - 1, n/4 + 20) + 4) u`` for the normalizer. A sum of n positive terms is off by at
+      most (its longest chain of additions) x u: the whole row when short, else a quarter of it
+      (every SIMD and GPU reduction keeps at least four partial sums) plus leftovers and the
+      combining levels. 4 u more for rounding the sum or its reciprocal, and for numerators whose
+      exps were computed apart from the summed ones. A single running sum can reach n u in
+      theory; measured, one over 131072 fp32 exps is off by 5543 u, inside the 32792 u here.
+    * without ``logits`` (or when probs are as precise as the working dtype): half an ULP of each
+      output, in the coarser of the two dtypes, for its final rounding (half the subnormal
+      spacing for outputs that are 0 or subnormal). All in one direction at worst: between a
+      quarter and half an ULP at 1.0, plus the subnormal terms, so a bf16 row off by 1e-3
+      (0.13 ULP) can pass.
+    * with ``logits`` and probs narrower than the working dtype: instead of that worst case, the
+      sums of the lowest and the highest values each output can round to, from the exact softmax
+      of ``logits`` and the working dtype's errors (the normalizer's, and exp's argument: 2 u per
+      unit of |x - max| + |x| + |max|, which covers exp2 kernels that scale by log2(e) before
+      subtracting the max). The rounding is then known, so the bound is tight in every dtype:
+      bf16 rows of 1000 N(0, 1) logits get 5e-6 to 3e-4 against a planted 1e-3.
+
+    ``logits`` must be what the softmax was computed from. A softmax that rounds its exps or their
+    sum to 16 bits on the way is judged with ``working_dtype=torch.float16`` (or bfloat16), whose
+    bound is as loose as that arithmetic. ``ulp_budget`` replaces the bound with a fixed one. Rows
+    whose logits are fully masked, +inf or NaN are skipped (their softmax is NaN by rule).
+    """
+    helper = "softmax_rows_sum_to_one"
+    _check_probs(helper, probs, logits)
+    dtype = probs.dtype if probs.dtype in FORMATS else torch.float32
+    work = working_dtype or (torch.float64 if dtype == torch.float64 else torch.float32)
+    n = probs.shape[-1]
+    eps = 2.0 ** -format_of(dtype).mantissa_bits
     live = _live_rows(logits, probs)
     sums = probs.to(torch.float64).sum(-1)[live]
-    dtype = _compare_dtype(probs)
-    n = probs.shape[-1]
-    budget = 1.0 + 0.5 * n if ulp_budget is None else ulp_budget
-    err = ulp_distance(sums, torch.ones_like(sums), dtype) if sums.numel() else sums
-    worst = float(err.max()) if err.numel() else 0.0
-    detail = ""
-    if err.numel() and worst > budget:
-        i = int(torch.nan_to_num(err, nan=math.inf).argmax())
-        detail = f"worst row sums to {float(sums[i])!r} ({n} elements)"
-    return _verdict("softmax rows sum to 1", worst, budget, "ULP", detail)
+    dev = torch.nan_to_num((sums - 1).abs(), nan=math.inf)
+    if ulp_budget is None:
+        budget, how = _sum_budget(probs, logits, dtype, work)
+        budget = torch.nan_to_num(budget[live], nan=0.0)  # a NaN output: its own verdict, not a NaN bound
+    else:
+        budget, how = torch.full_like(sums, ulp_budget * eps), "ulp_budget"
+    if not dev.numel():
+        return _verdict("softmax rows sum to 1", 0.0, 0.0, "ULP", "no row to judge (all masked)")
+    over = dev - budget
+    i = int(over.argmax())
+    worst, allowed = float(dev[i]) / eps, float(budget[i]) / eps
+    detail = f"worst row sums to {float(sums[i])!r} ({n} elements); bound {allowed:.3g} ULP at 1.0 from {how}"
+    score = float((dev / budget.clamp_min(1e-300)).max())
+    return _verdict("softmax rows sum to 1", worst, allowed, "ULP", detail, score=score)
 
 
-def softmax_shift_invariant(softmax: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, c: float, *,
-                            ulp_budget: float = 2.0) -> PropertyResult:
-    """``softmax(x + c)`` against ``softmax(x)``. ``c`` must keep ``x + c`` exact in x's dtype (a
-    ValueError says so otherwise): then a max-subtracting softmax gives the same bits."""
-    shifted = x + c
-    finite = torch.isfinite(x)
-    if not bool(((shifted.to(torch.float64) - c)[finite] == x.to(torch.float64)[finite]).all()):
-        raise ValueError(f"softmax_shift_invariant: x + {c!r} is not exact in {x.dtype}; pick c so it is "
-                         "(a small multiple of the largest ULP of x)")
-    a, b = softmax(x), softmax(shifted)
-    cmp = compare(b, a.to(torch.float64), _compare_dtype(a))
-    err = cmp.max_ulp
-    return _verdict(f"softmax shift invariance (c={c!r})", err, ulp_budget, "ULP", comparison=cmp)
+def _exact_sum(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """Where ``x + c`` is exact in x's dtype (non-finite elements count as exact)."""
+    x64 = x.to(torch.float64)
+    c64 = c.to(torch.float64)
+    s = x64 + c64
+    b = s - x64
+    err = (x64 - (s - b)) + (c64 - b)  # TwoSum: the float64 sum's rounding error, exactly
+    exact = (err == 0) & torch.isfinite(s)
+    if x.dtype != torch.float64:
+        exact &= s.to(x.dtype).to(torch.float64) == s
+    return exact | ~torch.isfinite(x64)
 
 
-def softmax_order_preserved(x: torch.Tensor, probs: torch.Tensor) -> PropertyResult:
+def _row_shifts(x: torch.Tensor, sign: float) -> torch.Tensor:
+    """Per row, the largest power of two c (times ``sign``) with x + c exact on every element,
+    up to twice exp's overflow point of x's dtype (far enough to carry a row past overflow or
+    underflow, no further); 0 where no shift is exact (a row mixing 1e4 and 1e-30)."""
+    top = int(math.floor(math.log2(2 * math.log(format_of(x.dtype).max))))
+    x64 = x.to(torch.float64)
+    big = torch.where(torch.isfinite(x64), x64.abs(), torch.zeros_like(x64)).amax(-1)
+    # no shift finer than the spacing at a row's largest element is exact there
+    low = int(math.floor(math.log2(float(ulp(big, x.dtype).min())))) if big.numel() else top
+    cands = sign * torch.pow(2.0, torch.arange(top, low - 1, -1, dtype=torch.float64, device=x.device))
+    best = torch.zeros(x.shape[:-1], dtype=torch.float64, device=x.device)
+    chunk = max(1, 2 ** 20 // max(x.numel(), 1))  # candidates tried at once, about 8 MB of float64
+    for i in range(0, cands.numel(), chunk):
+        c = cands[i:i + chunk]
+        ok = _exact_sum(x, c.view(-1, *([1] * x.dim()))).all(-1)  # (candidates, rows...)
+        first = c[ok.to(torch.int8).argmax(0)]  # the largest exact one in this chunk
+        best = torch.where((best == 0) & ok.any(0), first, best)
+        if bool((best != 0).all()):
+            break
+    return best
+
+
+def softmax_shift_invariant(softmax: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
+                            c: float | torch.Tensor | None = None, *, ulp_budget: float = 2.0) -> PropertyResult:
+    """``softmax(x + c)`` against ``softmax(x)``: with x + c exact, a max-subtracting softmax
+    gives the same bits, and one that depends on the logits' level (no max subtraction, a clamp)
+    does not.
+
+    ``c=None`` (the default) picks the shifts itself, per row (softmax is invariant row by row):
+    the largest power of two up, and the largest down, that keep every element of the row exact,
+    at most twice exp's overflow point (fp16: 16, fp32 and bf16: 128). Both are judged. A row
+    with no exact shift (mixing magnitudes such as 1e4 and 1e-30) is left out and counted in the
+    detail. An explicit ``c`` (a float, or a tensor broadcasting against x) must keep x + c exact:
+    a ValueError names the elements where it does not.
+    """
+    helper = "softmax_shift_invariant"
+    _check_callable(helper, "softmax", softmax, x)
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{helper}: `x` must be a tensor of logits, got {type(x).__name__}")
+    name = "softmax shift invariance"
+    if c is not None:
+        ct = torch.as_tensor(c, dtype=torch.float64, device=x.device)
+        exact = _exact_sum(x, ct)
+        if not bool(exact.all()):
+            xb, cb = torch.broadcast_tensors(x.to(torch.float64), ct)
+            where = torch.nonzero(~exact)
+            first = tuple(where[0].tolist())
+            xv, cv = float(xb[first]), float(cb[first])
+            got = float((xb[first] + cb[first]).to(x.dtype))
+            raise ValueError(f"{helper}: x + c is not exact in {x.dtype} at {len(where)} element(s), first at "
+                             f"{first}: {xv!r} + {cv!r} rounds to {got!r}; pass c=None to let the helper pick an "
+                             "exact shift per row")
+        shifts = [ct]
+    else:
+        shifts = [_row_shifts(x, 1.0)[..., None], _row_shifts(x, -1.0)[..., None]]
+    a = softmax(x)
+    ref = a.to(torch.float64)
+    worst: Comparison | None = None
+    for s in shifts:
+        shifted = (x.to(torch.float64) + s).to(x.dtype)
+        cmp = compare(softmax(shifted), ref, _compare_dtype(a))
+        if worst is None or not cmp.max_ulp <= worst.max_ulp:
+            worst = cmp
+    if c is None:
+        up, down = shifts[0][..., 0], shifts[1][..., 0]
+        rows = max(up.numel(), 1)
+        detail = f"exact shifts per row: up {_span(up)}, down {_span(down)}"
+        skipped = int((up == 0).sum()) + int((down == 0).sum())
+        if skipped:
+            detail += f"; {skipped} of {2 * rows} row shifts impossible (no exact one), left out"
+    else:
+        detail = f"c = {c!r}" if not isinstance(c, torch.Tensor) else "c as given"
+    return _verdict(name, worst.max_ulp, ulp_budget, "ULP", detail, comparison=worst)
+
+
+def _span(c: torch.Tensor) -> str:
+    nz = c[c != 0].abs()
+    if not nz.numel():
+        return "none"
+    lo, hi = float(nz.min()), float(nz.max())
+    return f"{hi:g}" if lo == hi else f"{lo:g} to {hi:g}"
+
+
+def softmax_order_preserved(probs: torch.Tensor, logits: torch.Tensor) -> PropertyResult:
     """x_i < x_j implies p_i <= p_j in every row; error is the number of violating pairs."""
-    xs, order = torch.sort(x.to(torch.float64), dim=-1, stable=True)
+    _check_probs("softmax_order_preserved", probs, logits)
+    xs, order = torch.sort(logits.to(torch.float64), dim=-1, stable=True)
     ps = torch.gather(probs.to(torch.float64), -1, order)
     strictly_up = xs[..., 1:] > xs[..., :-1]
     down = ps[..., 1:] < ps[..., :-1]
     bad = strictly_up & (down | torch.isnan(ps[..., 1:]) | torch.isnan(ps[..., :-1]))
-    bad &= _live_rows(x, probs)[..., None]
+    bad &= _live_rows(logits, probs)[..., None]
     n = int(bad.sum())
     return _verdict("softmax preserves order", float(n), 0.0, "violating pairs")
 
 
-def softmax_masked_positions_zero(logits: torch.Tensor, probs: torch.Tensor) -> PropertyResult:
+def softmax_masked_positions_zero(probs: torch.Tensor, logits: torch.Tensor) -> PropertyResult:
     """Positions whose logit is -inf get probability exactly 0 (rows not fully masked)."""
+    _check_probs("softmax_masked_positions_zero", probs, logits)
     masked = torch.isneginf(logits) & _live_rows(logits, probs)[..., None]
     bad = masked & (probs != 0)
     n = int(bad.sum())
@@ -145,7 +412,9 @@ def softmax_masked_positions_zero(logits: torch.Tensor, probs: torch.Tensor) -> 
 
 
 def softmax_in_unit_interval(probs: torch.Tensor, logits: torch.Tensor | None = None) -> PropertyResult:
-    """Every probability is in [0, 1] and not NaN (fully masked rows of ``logits`` skipped)."""
+    """Every probability is in [0, 1] and not NaN (rows whose logits are fully masked, +inf or
+    NaN are skipped)."""
+    _check_probs("softmax_in_unit_interval", probs, logits)
     live = _live_rows(logits, probs)[..., None].expand_as(probs)
     bad = live & ~((probs >= 0) & (probs <= 1))  # NaN fails both comparisons
     n = int(bad.sum())
@@ -175,6 +444,7 @@ def attention_key_permutation_equivariant(attention: Callable, q, k, v, *, causa
                                           perm: torch.Tensor | None = None, budget: float = 4.0) -> PropertyResult:
     """Permuting keys together with values leaves the output unchanged (non-causal attention).
     Error in ULPs of each output row's largest value, so cancellation does not inflate it."""
+    _check_callable("attention_key_permutation_equivariant", "attention", attention, q)
     if causal:
         raise ValueError("attention_key_permutation_equivariant: causal attention depends on key order")
     perm = torch.randperm(k.shape[-2], generator=torch.Generator().manual_seed(0)) if perm is None else perm
@@ -188,6 +458,16 @@ def attention_output_in_value_range(out: torch.Tensor, v: torch.Tensor, *, causa
                                     key_padding_mask: torch.Tensor | None = None, budget: float = 2.0) -> PropertyResult:
     """Each output is a convex combination of the value rows it attends to, so every feature lies
     within their min and max (plus ``budget`` ULPs of the output dtype at that bound)."""
+    helper = "attention_output_in_value_range"
+    if not (isinstance(out, torch.Tensor) and isinstance(v, torch.Tensor)) or out.dim() != 4 or v.dim() != 4:
+        raise TypeError(f"{helper}: `out` (B, H, S_q, D) and `v` (B, H_kv, S_k, D) must be 4-D tensors: pass the "
+                        "attention output first, then the values")
+    if out.shape[0] != v.shape[0] or out.shape[3] != v.shape[3] or out.shape[1] % v.shape[1]:
+        raise ValueError(f"{helper}: `out` {tuple(out.shape)} does not fit `v` {tuple(v.shape)} (batch, heads "
+                         "divisible by kv heads, head dim): pass the attention output first, then the values")
+    if key_padding_mask is not None and tuple(key_padding_mask.shape) != (v.shape[0], v.shape[2]):
+        raise ValueError(f"{helper}: key_padding_mask {tuple(key_padding_mask.shape)} must be (B, S_k) = "
+                         f"{(v.shape[0], v.shape[2])}")
     b, h, sq, d = out.shape
     sk = v.shape[-2]
     v64 = _expand_kv(v, h).to(torch.float64)
@@ -216,6 +496,7 @@ def attention_causal_ignores_future(attention: Callable, q, k, v, *, split: int 
                                     budget: float = 0.0) -> PropertyResult:
     """Causal attention: replacing the keys and values at positions >= ``split`` leaves the outputs
     of queries before ``split`` unchanged (top-left aligned causal mask, as torch's is_causal)."""
+    _check_callable("attention_causal_ignores_future", "attention", attention, q)
     sk = k.shape[-2]
     split = max(1, sk // 2) if split is None else split
     g = torch.Generator().manual_seed(1)

@@ -226,11 +226,27 @@ def build_attention_inputs(*, seed: int, batch: int, heads: int, kv_heads: int, 
     return AttentionInputs(q, k, v, causal, mask, q_scale, seed)
 
 
+def _interpreting() -> bool:
+    """TRITON_INTERPRET set as triton reads it (kinds.triton asks the same; this module sits in
+    the numerics layer and does not import kinds)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
+
+
 def register_profile(name: str = PROFILE) -> str:
-    """Register the profile the suites use: derandomised under CI (same examples every run), no
-    deadline when a GPU may be timed (first calls compile kernels). Returns its name."""
+    """Register the Hypothesis profile ``name`` (by default ``"pytest-precision"``, which the
+    suites use) and return its name: derandomised under CI (the same examples every run), and no
+    deadline where calls are slow for reasons other than the code under test: CUDA (first calls
+    compile kernels) and Triton's interpreter (``TRITON_INTERPRET=1``: a kernel launch takes
+    seconds there).
+
+    Registering does not load it: a ``@given`` test of your own runs under Hypothesis's current
+    profile (a 200 ms deadline by default; none on CI, where Hypothesis loads its own ``ci``
+    profile) unless it opts in, with ``settings.load_profile(PROFILE)`` or
+    ``@settings(settings.get_profile(PROFILE))``. Called once on import, on top of the profile
+    loaded then; call it again if the environment changes afterwards.
+    """
     kw: dict = {"derandomize": bool(os.environ.get("CI")), "print_blob": True}
-    if torch.cuda.is_available():
+    if torch.cuda.is_available() or _interpreting():
         kw["deadline"] = None
     settings.register_profile(name, **kw)
     return name

@@ -106,3 +106,78 @@ def test_attention_inputs_irregular_sizes_reachable():
 
     check()
     assert {59, 111, ("gqa", True)} <= sizes
+
+
+def test_profile_drops_the_deadline_under_the_interpreter_and_cuda(monkeypatch):
+    """The decision itself (settings are recorded, not registered: the profile inherits the
+    profile loaded when it is registered, here the test session's, which has no deadline)."""
+    import pytest_precision.strategies as strategies
+
+    class Recorder:
+        def __init__(self):
+            self.profiles = {}
+
+        def register_profile(self, name, **kw):
+            self.profiles[name] = kw
+
+    rec = Recorder()
+    monkeypatch.setattr(strategies, "settings", rec)
+    for cuda, interpreter in ((False, False), (False, True), (True, False)):
+        monkeypatch.setattr(strategies.torch.cuda, "is_available", lambda: cuda)
+        monkeypatch.setattr(strategies, "_interpreting", lambda: interpreter)
+        strategies.register_profile(f"p-{cuda}-{interpreter}")
+    assert "deadline" not in rec.profiles["p-False-False"]  # Hypothesis's own 200 ms
+    assert rec.profiles["p-False-True"]["deadline"] is None
+    assert rec.profiles["p-True-False"]["deadline"] is None
+
+
+def test_profile_reads_triton_interpret_from_the_environment():
+    """In a fresh process, from Hypothesis's default profile (on CI Hypothesis loads its own ci
+    profile, which has no deadline, and the profile registered on top of it inherits that)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch; from hypothesis import settings; settings.load_profile('default'); "
+            "from pytest_precision.strategies import PROFILE; "
+            "print(torch.cuda.is_available(), settings.get_profile(PROFILE).deadline)")
+    seen = {}
+    for value in ("1", "0"):
+        env = {**os.environ, "TRITON_INTERPRET": value}
+        seen[value] = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                     check=True).stdout.split()
+    assert seen["1"][1] == "None"
+    assert seen["0"][1] == ("None" if seen["0"][0] == "True" else "0:00:00.200000")
+
+
+SLOW_GIVEN_TESTS = """
+import time
+from hypothesis import given, settings, strategies as st
+from pytest_precision.strategies import PROFILE
+
+@given(st.just(0))  # one example, nothing to shrink
+def test_plain(i):
+    time.sleep(0.3)
+
+@settings(settings.get_profile(PROFILE))
+@given(st.just(0))
+def test_opted_in(i):
+    time.sleep(0.3)
+"""
+
+
+def test_users_given_tests_opt_in_to_the_profile(pytester, monkeypatch):
+    """What the README says: importing the strategies registers the profile but does not load it,
+    so a user's @given test keeps Hypothesis's 200 ms deadline under the interpreter unless it
+    opts in; --hypothesis-profile works once a conftest.py has imported the strategies. The
+    conftest loads Hypothesis's default profile first, as off CI (on CI Hypothesis loads its own
+    ci profile, which has no deadline)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytester.makeconftest("from hypothesis import settings\nsettings.load_profile('default')\n"
+                          "import pytest_precision.strategies  # noqa: E402,F401\n")
+    pytester.makepyfile(test_slow=SLOW_GIVEN_TESTS)
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    r.assert_outcomes(passed=1, failed=1)
+    r.stdout.fnmatch_lines(["*test_plain*DeadlineExceeded*"])
+    r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--hypothesis-profile=pytest-precision")
+    r.assert_outcomes(passed=2)
