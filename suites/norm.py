@@ -253,9 +253,6 @@ class NormKind(Kind):
     def input_spec(self, regime: Regime, a: NormInputs) -> dict:
         return {"regime": regime.name, "seed": regime.seed, "shape": list(a.x.shape), "eps": a.eps}
 
-    def magnitude_input(self, a: NormInputs) -> torch.Tensor:
-        return a.x
-
     # ---- drawn inputs ----
 
     def draw(self, case: Case):

@@ -37,6 +37,7 @@ BUILTIN_KINDS = {
     "train_step": "pytest_precision.suites.training:TRAIN_STEP",
     "layer_norm": "pytest_precision.suites.norm:LAYER_NORM",
     "rms_norm": "pytest_precision.suites.norm:RMS_NORM",
+    "cross_entropy": "pytest_precision.suites.cross_entropy:CROSS_ENTROPY",
 }
 ENTRY_POINT_GROUP = "pytest_precision.kinds"
 
