@@ -175,7 +175,7 @@ class CrossEntropyKind(Kind):
     contract = ("fn(logits, target, ignore_index=-100, label_smoothing=0.0) -> mean loss over the rows not ignored, "
                 "0-dim, in the logits' dtype or float32")
     regimes = REGIMES
-    drawn = DrawnRegime("hypothesis", examples=20)
+    drawn = DrawnRegime("hypothesis", examples=10)  # few: each example runs forward and backward three ways
     forward_output = "loss"
     grad_inputs = ("logits",)
 

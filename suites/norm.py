@@ -17,14 +17,13 @@ and the weight's gradient is a sum over rows of terms of both signs.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-from pytest_precision.kinds.base import Case, DrawnRegime, Kind, OutputRule, Regime
+from pytest_precision.kinds.base import Case, DrawnRegime, Kind, OutputRule, Regime, xfail
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
 from pytest_precision.kinds.target import Target
 from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR
@@ -32,7 +31,7 @@ from pytest_precision.numerics.formats import format_of
 from pytest_precision.numerics.inputs import seeded_normal
 
 __all__ = ["NormKind", "NormInputs", "LAYER_NORM", "RMS_NORM", "BASE_SEED", "GRAD_PEER_FACTOR", "EPS",
-           "norm_reference", "composite_norm", "sensitivity", "Sensitivity", "MEAN_ROUNDING"]
+           "norm_reference", "composite_norm", "sensitivity", "Sensitivity", "MEAN_ROUNDING", "torch_backward_limit"]
 
 BASE_SEED = 20261124
 GRAD_PEER_FACTOR = 3.0  # as attention's gradients: a gradient sums more rounded terms than the forward
@@ -114,6 +113,10 @@ def composite_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
 
 
 MEAN_ROUNDING = 2.0 ** -24  # one fp32 rounding of a row's mean, relative
+# torch's CPU layer_norm backward, measured over 400 inputs (means 0 to 1e4, spreads 0 to 10, rows
+# of 7 to 2000, fp32): its dx is up to 5 fp32 roundings of the cancelling terms off (Sensitivity);
+# with ULP_FLOOR this allows 6
+CANCELLING_ROUNDINGS = 3.0
 
 
 @dataclass
@@ -121,24 +124,31 @@ class Sensitivity:
     """What the floors of one measurement rest on, per output (float64, on the rounded inputs):
     ``terms``, the largest magnitude among the terms the output sums (a gradient cancels: the
     gradient of x on a row of length 1 is exactly 0, the difference of two terms of rstd w g);
-    ``moved``, how far each element moves when each row's mean moves by one fp32 rounding."""
+    ``moved``, how far each element moves when each row's mean is off by one fp32 rounding;
+    ``moved_saved``, the same when the mean is also kept in x's dtype (its rounding there);
+    ``cancelling``, the magnitude of fp32 terms that cancel in a form some correct kernels use."""
 
     terms: dict[str, float]
     moved: dict[str, torch.Tensor]
+    moved_saved: dict[str, torch.Tensor]
+    cancelling: dict[str, float]
 
 
-def sensitivity(exact: dict[str, torch.Tensor], eps: float, grad_out: torch.Tensor, rms: bool) -> Sensitivity:
+def sensitivity(exact: dict[str, torch.Tensor], eps: float, grad_out: torch.Tensor, rms: bool,
+                saved_dtype: torch.dtype = torch.float32) -> Sensitivity:
     """The :class:`Sensitivity` of the kind's outputs under the upstream gradient ``grad_out``.
 
-    ``moved``: the mean moved by |mean| 2^-24 one row at a time, the moves summed in absolute
-    value over rows (the weight's gradient sums rows). Where the mean dwarfs the spread it
-    dominates every other error: on the offset regime (mean 1e4, spread 1) y moves by 6e-4, on a
-    constant row of 1.0 (rstd 1/sqrt(eps)) by 2e-5 where y's exact value is the bias. rms_norm
-    subtracts no mean: nothing moves."""
+    Each row's mean moved by |mean| 2^-24, one row at a time, the moves summed in absolute value
+    over rows (the weight's gradient sums rows); first order, so a mean kept in ``saved_dtype``
+    (off by its rounding there as well) moves each output proportionally more. Where the mean
+    dwarfs the spread it dominates every other error: on the offset regime (mean 1e4, spread 1)
+    y moves by 6e-4, on a constant row of 1.0 (rstd 1/sqrt(eps)) by 2e-5 where y's exact value
+    is the bias. rms_norm subtracts no mean: nothing moves."""
     x, w, g = exact["x"], exact["weight"], grad_out
     stat = x.pow(2).mean(-1, keepdim=True) if rms else x.var(-1, unbiased=False, keepdim=True)
     rstd = torch.rsqrt(stat + eps)
-    xhat = x * rstd if rms else (x - x.mean(-1, keepdim=True)) * rstd
+    mean = x.mean(-1, keepdim=True)
+    xhat = x * rstd if rms else (x - mean) * rstd
     terms = {"y": float((xhat * w).abs().max()) + (float(exact["bias"].abs().max()) if "bias" in exact else 0.0),
              "dx": float((rstd * w * g).abs().max()),
              "dweight": float((g * xhat).abs().sum(0).max()),
@@ -152,15 +162,43 @@ def sensitivity(exact: dict[str, torch.Tensor], eps: float, grad_out: torch.Tens
 
     base = outputs(None)
     moved = {n: torch.zeros_like(t) for n, t in base.items()}
-    step = torch.zeros_like(stat) if rms else x.mean(-1, keepdim=True).abs() * MEAN_ROUNDING
+    moved_saved = {n: torch.zeros_like(t) for n, t in base.items()}
+    step = torch.zeros_like(stat) if rms else mean.abs() * MEAN_ROUNDING
+    saved = step + (mean - mean.to(saved_dtype).to(mean.dtype)).abs()  # a constant row's mean stays exact
     for r in range(x.shape[0]):  # one row at a time, so that a sum over rows adds their moves
         if step[r] == 0:
             continue
         shift = torch.zeros_like(step)
         shift[r] = step[r]
         for n, t in outputs(shift).items():
-            moved[n] += (t - base[n]).abs()
-    return Sensitivity({n: terms[n] for n in base}, moved)
+            move = (t - base[n]).abs()
+            moved[n] += move
+            moved_saved[n] += move * (saved[r] / step[r])
+    # dx as torch's CPU kernel forms it, a dy + b x + c per row, sums fp32 terms of about
+    # rstd^2 |mean| mean|w dy| that cancel where the mean dwarfs the spread
+    cancelling = {"dx": 0.0 if rms else float((rstd.pow(2) * mean.abs() * (w * g).abs().mean(-1, keepdim=True)).max())}
+    return Sensitivity({n: terms[n] for n in base}, moved, moved_saved, cancelling)
+
+
+def torch_backward_limit(a: NormInputs | None, dtype: torch.dtype, failed: set[str]) -> str | None:
+    """Why torch's own layer_norm misses on the gradients of ``a`` in ``dtype``, where it is known
+    to (``failed``: the outputs past their budget), else None.
+
+    torch 2.13's CPU layer_norm saves the row mean and rstd for its backward in fp16 or bf16 and
+    forms dx as a dy + b x + c: where a row's mean dwarfs its spread (|mean| rstd above 10), its
+    gradients in 16-bit configs go past the floors, which allow one rounding of the saved mean
+    (measured: rows of mean 100 and spread 1 in fp16, lengths 64 to 1024, its dx is 2 to 20 times
+    as far off as a two-pass backward holding fp32 statistics; 1.0e-2 against 9.6e-4 on 4 rows of
+    64). The drawn regime finds such rows; the built-in target's case says so."""
+    if a is None or dtype not in (torch.float16, torch.bfloat16) or not failed or not failed <= {"dx", "dweight", "dbias"}:
+        return None
+    x = a.x.to(dtype).to(torch.float64)
+    mean = x.mean(-1)
+    if float((mean.abs() * torch.rsqrt(x.var(-1, unbiased=False) + a.eps)).max()) <= 10:
+        return None
+    return (f"torch's CPU layer_norm saves mean and rstd in {str(dtype).removeprefix('torch.')} for its backward, whose "
+            f"{', '.join(sorted(failed))} lose accuracy on rows whose mean dwarfs their spread, as on this input (a known "
+            "limit of torch's op, not of the harness)")
 
 
 class NormKind(Kind):
@@ -169,7 +207,7 @@ class NormKind(Kind):
     suite = "norm"
     table = ABS_ERROR_TABLE  # y crosses zero: judged on absolute error
     forward_output = "y"
-    drawn = DrawnRegime("hypothesis", examples=20)
+    drawn = DrawnRegime("hypothesis", examples=10)  # few: each example runs forward and backward three ways
 
     def __init__(self, rms: bool):
         self.rms = rms
@@ -217,19 +255,20 @@ class NormKind(Kind):
         # output_rule's floors rest on the oracle's sensitivity under this upstream gradient;
         # output_rule is called from inside measure, once per output
         exact = {n: case.config.prepare(t, "cpu").exact for n, t in self.floating_inputs(inputs).items()}
-        self._sensitivity = sensitivity(exact, inputs.eps, self._grad_out(tuple(exact["x"].shape), grad_seed), self.rms)
+        self._sensitivity = sensitivity(exact, inputs.eps, self._grad_out(tuple(exact["x"].shape), grad_seed), self.rms,
+                                        case.config.input_dtype)
         return super().measure(case, inputs, grad_seed)
 
     def output_rule(self, case, name, out, peer, ref, exact, a: NormInputs) -> OutputRule:
         """Absolute-error budgets, with a floor of ULP_FLOOR x (one ULP of the dtype at the largest
-        term the output sums + how far one rounding of the row means moves it). The mean's
-        rounding is taken in fp32 for y, where a correct kernel keeps its statistics in fp32 at
-        best, and in x's dtype for the gradients, as torch's CPU kernel saves mean and rstd in
-        fp16 or bf16 for its backward (measured, torch 2.13: on rows of mean 30 and spread 1 in
-        bf16 its weight gradient is 0.20 off, where a composite holding fp32 statistics is 0.037
-        off). On the offset regime in fp32, F.layer_norm's y is 9.0e-4 off, its dx 1.0e-3 and its
-        dweight 5.6e-3, against floors of 1.3e-3, 6.7e-4 and 1.4e-2; on rows centred on 0 the
-        floor is the ULP term alone, as for rms_norm."""
+        term the output sums + how far one rounding of the row means moves it + CANCELLING_ROUNDINGS
+        fp32 roundings of the terms a dy + b x + c cancels, for dx). The mean's rounding is taken
+        in fp32 for y, where a correct kernel keeps its statistics in fp32 at best, and in x's dtype
+        as well for the gradients, as torch's CPU kernel saves mean and rstd in fp16 or bf16 for its
+        backward. Measured on CPU, torch 2.13, offset regime in fp32: F.layer_norm's y is 9.0e-4
+        off (floor 1.7e-3), its dx 1.0e-3 (4.3e-3; the two-pass composite's 2.0e-4) and its
+        dweight 5.6e-3 (2.2e-2); on rows centred on 0 the floor is the ULP term alone, 2 ULPs at
+        the largest term, as for rms_norm (torch's errors there: 0.5 to 1 of them)."""
         rule = super().output_rule(case, name, out, peer, ref, exact, a)
         forward = name == self.forward_output
         if forward:
@@ -239,11 +278,10 @@ class NormKind(Kind):
             # target's y came back in, not in the autocast dtype (measure compares y first)
             rule.dtype = self._forward_dtype
         rule.peer_factor = PEER_FACTOR if forward else GRAD_PEER_FACTOR
-        moved = self._sensitivity.moved[name]
-        if not forward:  # statistics kept in x's dtype rather than fp32 (first order: scaled)
-            moved = moved * (2.0 ** -format_of(case.config.input_dtype).mantissa_bits / MEAN_ROUNDING)
+        moved = (self._sensitivity.moved if forward else self._sensitivity.moved_saved)[name]
         terms = self._sensitivity.terms[name]
-        rule.abs_floor = ULP_FLOOR * (terms * 2.0 ** -format_of(rule.dtype).mantissa_bits + float(moved.max()))
+        cancelling = self._sensitivity.cancelling.get(name, 0.0) * CANCELLING_ROUNDINGS * 2.0 ** -24
+        rule.abs_floor = ULP_FLOOR * (terms * 2.0 ** -format_of(rule.dtype).mantissa_bits + float(moved.max()) + cancelling)
         # the regression budget's RMS: a row's mean, rounded in another order, moves the whole row alike
         rule.rms_floor = ULP_FLOOR * float(moved.pow(2).mean().sqrt())
         # zeros within the floor are cancellation (dx of a row that rounds to a constant), not lost values
@@ -274,7 +312,21 @@ class NormKind(Kind):
         return inputs()
 
     def describe_drawn(self, example: NormInputs, case: Case) -> list[str]:
+        self._found = example  # the shrunk input, for run's check of torch's known limit
         return [f"Hypothesis found (after shrinking) {example!r}"]
+
+    def run(self, case: Case, baseline):
+        """The template run; where the built-in torch target fails on a drawn input at a known limit
+        of torch's op (``torch_backward_limit``), an expected failure with that reason."""
+        self._found = None
+        outcome = super().run(case, baseline)
+        if not outcome.passed and case.target.fn == self.peer and not self.rms:
+            failed = {p.sentence.split(":")[1].strip() for p in outcome.problems
+                      if p.check == "oracle" and p.sentence.startswith("oracle: ")}
+            reason = torch_backward_limit(self._found, case.config.input_dtype, failed)
+            if reason:
+                xfail(reason)
+        return outcome
 
 
 LAYER_NORM = NormKind(rms=False)
