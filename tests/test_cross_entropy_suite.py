@@ -1,6 +1,9 @@
 """The cross_entropy suite end to end (pytester): a plain and a chunked (fused-kernel style) loss
 pass every config, each planted defect is caught with its category, a target without a keyword a
 regime needs is skipped with the reason, and torch's own op is held against an independent one."""
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -27,42 +30,11 @@ def mine_ce(logits, target, ignore_index=-100, label_smoothing=0.0):
     return (torch.where(valid, nll, 0.0).sum() / valid.sum()).to(logits.dtype)  # 0 / 0 = NaN when all are ignored
 """
 
-# the README's example: logsumexp over vocabulary chunks (an online max and sum), the gradient
-# computed in the forward pass chunk by chunk as fused kernels do; no label_smoothing keyword
-CHUNKED = HEADER + """
-class ChunkedCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, logits, target, ignore_index, chunk):
-        x = logits.float()
-        m = torch.full(x.shape[:1], -torch.inf)
-        s = torch.zeros(x.shape[:1])
-        for j in range(0, x.shape[1], chunk):
-            c = x[:, j:j + chunk]
-            m_new = torch.maximum(m, c.amax(-1))
-            s = s * torch.exp(m - m_new) + torch.exp(c - m_new[:, None]).sum(-1)
-            m = m_new
-        lse = m + torch.log(s)
-        valid = target != ignore_index
-        t = torch.where(valid, target, 0)
-        n = valid.sum()
-        loss = torch.where(valid, lse - x.gather(1, t[:, None])[:, 0], 0.0).sum() / n
-        grad = torch.empty_like(x)
-        for j in range(0, x.shape[1], chunk):
-            grad[:, j:j + chunk] = torch.exp(x[:, j:j + chunk] - lse[:, None])
-        grad[torch.arange(x.shape[0]), t] -= 1.0
-        ctx.save_for_backward(grad * (valid[:, None] / n.clamp(min=1)))
-        return loss
-
-    @staticmethod
-    def backward(ctx, g):
-        (grad,) = ctx.saved_tensors
-        return grad * g, None, None, None
-
-
-@pytest_precision.register("chunked", kind="cross_entropy")
-def chunked(logits, target, ignore_index=-100):
-    return ChunkedCrossEntropy.apply(logits, target, ignore_index, 4096)
-"""
+# the README's example, as written there: logsumexp over vocabulary chunks, the gradient computed
+# in the forward pass as fused kernels do; no label_smoothing keyword
+_README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+(CHUNKED,) = [HEADER + block for block in re.findall(r"```python\n(.*?)```", _README, flags=re.S)
+              if "class ChunkedCrossEntropy" in block]
 
 # probabilities in fp16: the target's underflows to 0 past exp's range, and its log is -inf
 FP16_LOG_OF_SOFTMAX = HEADER + """
@@ -130,10 +102,10 @@ def test_plain_and_chunked_losses_pass_every_config(pytester):
     result.assert_outcomes(**counts)
     for config in configs.split(","):
         result.stdout.fnmatch_lines([f"*| mine_ce *| {config} *| *8 | *pass*"])
-        result.stdout.fnmatch_lines([f"*| chunked *| {config} *| *7 | *pass*"])
-    result.stdout.fnmatch_lines(["*chunked: the smoothing regime needs the label_smoothing keyword (see the cross_entropy "
+        result.stdout.fnmatch_lines([f"*| chunked_ce *| {config} *| *7 | *pass*"])
+    result.stdout.fnmatch_lines(["*chunked_ce: the smoothing regime needs the label_smoothing keyword (see the cross_entropy "
                                  "contract)*"])
-    assert (pytester.path / "precision_baselines/cross_entropy/chunked/all-ignored/fp32.npz").is_file()
+    assert (pytester.path / "precision_baselines/cross_entropy/chunked_ce/all-ignored/fp32.npz").is_file()
 
 
 def test_log_of_fp16_softmax_is_an_infinite_loss(pytester):
