@@ -104,7 +104,7 @@ def test_a_project_kind_conforms(example_kind):
 
 def test_kinds_are_named_and_refused_clearly(example_kind):
     with pytest.raises(ValueError, match="unknown kind 'norm'.*known kinds: softmax, log_softmax, attention, "
-                                         "train_step, logsumexp"):
+                                         "train_step, layer_norm, rms_norm, cross_entropy, logsumexp"):
         pytest_precision.register("mine", torch.exp, kind="norm")
     with pytest.raises(ValueError, match="already registered"):
         registry.register_kind(type(example_kind)())

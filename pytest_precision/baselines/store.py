@@ -389,7 +389,8 @@ def _npz_bytes(arrays: dict[str, np.ndarray]) -> bytes:
             info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
             info.compress_type = zipfile.ZIP_DEFLATED
             with archive.open(info, "w", force_zip64=True) as f:
-                np.lib.format.write_array(f, np.ascontiguousarray(array), allow_pickle=False)
+                # asarray, not ascontiguousarray: that makes a 0-dim array (a loss) 1-dim
+                np.lib.format.write_array(f, np.asarray(array, order="C"), allow_pickle=False)
     return buf.getvalue()
 
 

@@ -36,6 +36,9 @@ BUILTIN_KINDS = {
     "log_softmax": "pytest_precision.suites.softmax:LOG_SOFTMAX",
     "attention": "pytest_precision.suites.attention:ATTENTION",
     "train_step": "pytest_precision.suites.training:TRAIN_STEP",
+    "layer_norm": "pytest_precision.suites.norm:LAYER_NORM",
+    "rms_norm": "pytest_precision.suites.norm:RMS_NORM",
+    "cross_entropy": "pytest_precision.suites.cross_entropy:CROSS_ENTROPY",
 }
 ENTRY_POINT_GROUP = "pytest_precision.kinds"
 
