@@ -295,7 +295,7 @@ class TrainStepKind(Kind):
         chosen = {c.id for c in selected}
         return [c for c in TRAIN_CONFIGS.values() if c.base in chosen]
 
-    def regime_names(self) -> tuple[str, ...]:
+    def regime_names(self, target=None) -> tuple[str, ...]:
         return (self.REGIME,)
 
     def skip_reason(self, case: Case) -> str | None:

@@ -163,6 +163,16 @@ class OutputRule:
     rms_floor: float | None = None
     underflow_floor: float = 0.0
     log_domain: bool = False
+    # set (abs_floor set too): the peer budget also limits the RMS error to peer_factor x the
+    # peer's plus this floor (a systematic loss, such as a sum kept in 16 bits, shows there first)
+    peer_rms_floor: float | None = None
+
+    def budget(self, peer: Comparison) -> Budget:
+        """The budget a comparison with the same oracle sets this output: ``peer_factor`` x its error
+        plus the floors."""
+        if self.abs_floor is None:
+            return peer_budget(peer, self.peer_factor, self.ulp_floor)
+        return peer_budget(peer, self.peer_factor, abs_floor_value=self.abs_floor, rms_floor_value=self.peer_rms_floor)
 
 
 @dataclass
@@ -342,7 +352,7 @@ class Kind:
         """The regime's inputs as the case's target reads them (attention: its causal alignment)."""
         return inputs
 
-    def case_grad_inputs(self, case: Case) -> tuple[str, ...]:
+    def case_grad_inputs(self, case: Case, inputs: Any = None) -> tuple[str, ...]:
         """The inputs whose gradients the case judges: none for a forward-only target."""
         return () if case.target.declared.get("forward_only") else self.grad_inputs
 
@@ -359,8 +369,19 @@ class Kind:
         """The variants that apply to ``target`` (a target no variant reaches runs once, unsuffixed)."""
         return self.variants(device)
 
-    def regime_names(self) -> tuple[str, ...]:
-        return (*self.regimes, *((self.drawn.name,) if self.drawn else ()))
+    def regimes_for(self, target: Target) -> dict[str, Regime]:
+        """The seeded regimes ``target`` runs on: the kind's (the op kind's targets declare their own)."""
+        return self.regimes
+
+    def drawn_for(self, target: Target) -> DrawnRegime | None:
+        """The drawn regime ``target`` runs on, if any."""
+        return self.drawn
+
+    def regime_names(self, target: Target | None = None) -> tuple[str, ...]:
+        """The regimes' names: the kind's, or ``target``'s."""
+        regimes, drawn = (self.regimes, self.drawn) if target is None else (self.regimes_for(target),
+                                                                            self.drawn_for(target))
+        return (*regimes, *((drawn.name,) if drawn else ()))
 
     def skip_reason(self, case: Case) -> str | None:
         """Why ``case`` cannot run here (checked when it runs): Triton code that cannot run on this
@@ -487,9 +508,10 @@ class Kind:
         reason = self.unsupported(case)
         if reason:
             skip(f"{case.target.name}: {reason}")
-        if self.drawn is not None and case.regime == self.drawn.name:
+        drawn = self.drawn_for(case.target)
+        if drawn is not None and case.regime == drawn.name:
             return self._attack(case)
-        regime = self.regimes[case.regime]
+        regime = self.regimes_for(case.target)[case.regime]
         inputs = self.for_target(case, regime.inputs())
         reason = self.unsupported(case, inputs)
         if reason:
@@ -511,7 +533,7 @@ class Kind:
         prepared = {n: case.config.prepare(t, case.device) for n, t in self.floating_inputs(inputs).items()}
         values = {n: p.value for n, p in prepared.items()}
         exact = {n: p.exact for n, p in prepared.items()}
-        refs = self._reference_outputs(exact, inputs, grad_seed, self.case_grad_inputs(case))
+        refs = self._reference_outputs(exact, inputs, grad_seed, self.case_grad_inputs(case, inputs))
         try:
             with watch_launches() as launches:
                 mine = self.call(case, case.target.fn, values, inputs, grad_seed)
@@ -530,10 +552,7 @@ class Kind:
                                      underflow_floor=rule.underflow_floor)
             m.peer[name] = compare(rule.peer, ref, rule.dtype, scale=rule.peer_scale, log_domain=rule.log_domain,
                                    underflow_floor=rule.underflow_floor)
-            if rule.abs_floor is None:
-                m.peer_budget[name] = peer_budget(m.peer[name], rule.peer_factor, rule.ulp_floor)
-            else:
-                m.peer_budget[name] = peer_budget(m.peer[name], rule.peer_factor, abs_floor_value=rule.abs_floor)
+            m.peer_budget[name] = rule.budget(m.peer[name])
             m.golden[name] = TensorOutput(rule.out, ref, rule.dtype, rule.scale, rule.log_domain,
                                           abs_budget=rule.abs_floor is not None,
                                           underflow_floor=rule.underflow_floor, error_floor=rule.abs_floor,
@@ -546,7 +565,7 @@ class Kind:
         ``grad_inputs``, the gradients under a seeded upstream gradient. Anything it raises, and any
         break of the output contract, is a TargetError naming the target, config and regime."""
         where = where or case.where
-        grads = self.case_grad_inputs(case)
+        grads = self.case_grad_inputs(case, inputs)
         leaves = {n: v.detach().clone().requires_grad_(True) if n in grads else v for n, v in values.items()}
         try:
             with case.config.active(case.device), case.variant.context():
@@ -641,7 +660,8 @@ class Kind:
         class Falsified(AssertionError):
             pass
 
-        @settings(settings.get_profile(PROFILE), max_examples=self.drawn.examples, database=None, deadline=None)
+        @settings(settings.get_profile(PROFILE), max_examples=self.drawn_for(case.target).examples, database=None,
+                  deadline=None)
         @given(self.draw(case))
         def attack(example):
             inputs = self.for_target(case, self.drawn_inputs(example))
@@ -681,9 +701,10 @@ class Kind:
         """The timed call of a case: the target's forward on the regime's inputs under the config
         and variant, or None where the case has nothing to time (drawn inputs have no fixed size,
         and a Triton kernel under the interpreter runs at the interpreter's speed)."""
-        if case.regime not in self.regimes or interpreted(case.target.fn, case.device) or self.skip_reason(case):
+        regimes = self.regimes_for(case.target)
+        if case.regime not in regimes or interpreted(case.target.fn, case.device) or self.skip_reason(case):
             return None
-        inputs = self.for_target(case, self.regimes[case.regime].inputs())
+        inputs = self.for_target(case, regimes[case.regime].inputs())
         if self.unsupported(case, inputs):
             return None
         values = {n: case.config.prepare(t, case.device).value for n, t in self.floating_inputs(inputs).items()}
@@ -697,9 +718,10 @@ class Kind:
     def trace_call(self, case: Case) -> Callable | None:
         """The call --precision-trace and --precision-audit run traced: forward and the gradients,
         in the config and variant, as the case runs them."""
-        if case.regime not in self.regimes or self.skip_reason(case):
+        regimes = self.regimes_for(case.target)
+        if case.regime not in regimes or self.skip_reason(case):
             return None
-        regime = self.regimes[case.regime]
+        regime = regimes[case.regime]
         inputs = self.for_target(case, regime.inputs())
         if self.unsupported(case, inputs):
             return None

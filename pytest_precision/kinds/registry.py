@@ -36,6 +36,7 @@ BUILTIN_KINDS = {
     "log_softmax": "pytest_precision.suites.softmax:LOG_SOFTMAX",
     "attention": "pytest_precision.suites.attention:ATTENTION",
     "train_step": "pytest_precision.suites.training:TRAIN_STEP",
+    "op": "pytest_precision.suites.op:OP",
 }
 ENTRY_POINT_GROUP = "pytest_precision.kinds"
 

@@ -74,9 +74,14 @@ class SuiteCollector(pytest.Collector):
                 raise self.CollectError(problem)
             for target in targets:
                 kind = by_name[target.kind]
+                try:
+                    regimes = kind.regime_names(target)
+                except ValueError as e:  # an op target without inputs= (an ini line)
+                    raise self.CollectError(str(e)) from None
+                variants = kind.target_variants(target, options.device)
                 for config in kind.configs(options.configs):
-                    for variant in kind.target_variants(target, options.device):
-                        for regime in kind.regime_names():
+                    for variant in variants:
+                        for regime in regimes:
                             case = Case(kind, target, config, variant, regime, options.device)
                             problem = name_problem(case.config_id)
                             if problem:
@@ -229,7 +234,7 @@ class SuiteItem(pytest.Item):
         bench = case.kind.bench_call(case)
         if bench is None:  # nothing of fixed size to time
             return
-        regime = case.kind.regimes.get(case.regime)
+        regime = case.kind.regimes_for(case.target).get(case.regime)
         if getattr(case.config, "tensor_core_dtypes", False) and not (regime is not None and regime.irregular):
             # once per target, op and shape in a run: the shapes are the suite's, the ops the target's
             seen = self.config.stash.setdefault(LINT_SEEN_KEY, set())
