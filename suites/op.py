@@ -187,6 +187,12 @@ def _runs_in_float32(config) -> bool:
             and not getattr(config, "tf32", False))
 
 
+def _one_tensor(out: Any) -> str:
+    """What a call returned instead of one tensor, and the rule."""
+    what = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+    return f"{what}: an op target returns one tensor (register one target per output)"
+
+
 def _callable(name: str, key: str, value: Any) -> Callable:
     if not callable(value):
         raise TypeError(f"target {name!r} (op): {key}={value!r} is not callable")
@@ -345,7 +351,7 @@ class OpKind(Kind):
         except Exception as e:
             raise TargetError(f"{where} raised {type(e).__name__}: {e}") from e
         if not isinstance(out, torch.Tensor):
-            raise TargetError(f"{where} returned {type(out).__name__}, expected one tensor")
+            raise TargetError(f"{where} returned {_one_tensor(out)}")
         if out.dtype != torch.float64:
             raise TargetError(f"{where} returned {out.dtype} from float64 inputs: a cast inside it makes it no "
                               "oracle; declare reference= computing in float64")
@@ -364,8 +370,7 @@ class OpKind(Kind):
 
     def validate(self, case, out, values, call, where):
         if isinstance(out, (tuple, list)):
-            raise TargetError(f"{where} returned a {type(out).__name__} of {len(out)}: an op target returns one "
-                              "tensor (register one target per output)")
+            raise TargetError(f"{where} returned {_one_tensor(out)}")
         super().validate(case, out, values, call, where)
 
     def peer_for(self, target: Target) -> tuple[Callable, str]:
@@ -429,8 +434,10 @@ class OpKind(Kind):
     # ---- goldens and drawn inputs ------------------------------------------------------------
 
     def input_spec(self, regime: Regime, call: OpCall) -> dict:
-        shapes = {n: list(v.shape) if isinstance(v, torch.Tensor) else repr(v) for n, v in call.slots}
-        return {"regime": regime.name, "seed": regime.seed, "inputs": shapes}
+        # [name, dtype, shape] of each tensor, [name, repr] of the rest (the golden keeps plain values)
+        inputs = [[n, str(v.dtype).removeprefix("torch."), list(v.shape)] if isinstance(v, torch.Tensor) else [n, repr(v)]
+                  for n, v in call.slots]
+        return {"regime": regime.name, "seed": regime.seed, "inputs": inputs}
 
     def checksum_input(self, call: OpCall) -> torch.Tensor:
         """Every tensor input (integer positions and masks too), as float64."""
