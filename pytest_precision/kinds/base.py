@@ -94,13 +94,22 @@ class DrawnRegime:
 
 
 class Variant:
-    """A variant of every config (an SDPA backend): a suffix of the config id, a context entered
-    around the target's call, and the targets it does not apply to."""
+    """A variant of every config (an SDPA backend, a compiled target): a suffix of the config id, a
+    context entered around the target's call, what it makes of the target's callable (``wrap``),
+    what it measures beside the target in the same case (``beside``), and the targets it does not
+    apply to."""
 
     suffix = ""
 
     def context(self) -> ContextManager:
         return contextlib.nullcontext()
+
+    def wrap(self, fn: Callable) -> Callable:
+        """The callable the case runs in place of the target's ``fn`` (the peer and oracle run unwrapped)."""
+        return fn
+
+    def beside(self, kind: "Kind", case: "Case", m: "Measurement", inputs: Any, grad_seed: int) -> None:
+        """Measure more in the case after the target, peer and oracle ran (into ``m.eager``)."""
 
     def skip_reason(self, target: Target) -> str | None:
         return None
@@ -188,6 +197,10 @@ class Measurement:
     peer: dict[str, Comparison] = field(default_factory=dict)
     peer_budget: dict[str, Budget] = field(default_factory=dict)
     golden: dict[str, TensorOutput] = field(default_factory=dict)
+    # a compiled case: the same target run eagerly in the same config, against the oracle, and the
+    # budget it sets the compiled output (Variant.beside)
+    eager: dict[str, Comparison] = field(default_factory=dict)
+    eager_budget: dict[str, Budget] = field(default_factory=dict)
 
     @property
     def lost(self) -> bool:
@@ -200,6 +213,7 @@ class TensorEvidence(Evidence):
 
     def __init__(self, m: Measurement, magnitude_input: torch.Tensor | None = None):
         self.oracle, self.peer, self.peer_budget = m.oracle, m.peer, m.peer_budget
+        self.eager, self.eager_budget = m.eager, m.eager_budget
         self.peer_name = m.peer_name
         self.magnitude_input = magnitude_input
 
@@ -209,9 +223,13 @@ class TensorEvidence(Evidence):
 
     def record_fields(self, outcome) -> dict:
         o, every = self.forward, self.oracle.values()
-        return {"max_ulp": o.max_ulp, "max_abs": o.max_abs, "rms_abs": o.rms_abs, "max_rel": o.max_rel, "sqnr_db": o.sqnr_db,
-                "overflow": sum(c.overflow for c in every), "underflow": sum(c.underflow for c in every),
-                "nan": sum(c.nan for c in every)}
+        fields = {"max_ulp": o.max_ulp, "max_abs": o.max_abs, "rms_abs": o.rms_abs, "max_rel": o.max_rel,
+                  "sqnr_db": o.sqnr_db, "overflow": sum(c.overflow for c in every),
+                  "underflow": sum(c.underflow for c in every), "nan": sum(c.nan for c in every)}
+        eager = self.eager.get(next(iter(self.oracle)))
+        if eager is not None:
+            fields.update(eager_max_ulp=eager.max_ulp, eager_max_abs=eager.max_abs)
+        return fields
 
     def report_fields(self, outcome) -> dict:
         from .details import error_by_magnitude, output_detail
@@ -237,6 +255,10 @@ class TensorEvidence(Evidence):
                              f"underflow {pb.underflow}, NaN {pb.nan}")
                 if pb.max_ulp is not None:
                     lines.append(f"    {o.count_over(pb.max_ulp)} of {o.numel} elements over the peer budget")
+            eager, eb = self.eager.get(name), self.eager_budget.get(name)
+            if eager is not None and eb is not None:
+                lines.append(f"    eager (the target not compiled, same config): max ULP {eager.max_ulp:.4g}, max abs "
+                             f"{eager.max_abs:.4g} -> compiled budget {eb.describe()}")
             if o.worst and (not several or any(p.check == "oracle" and p.sentence.startswith(f"oracle: {name}:")
                                                for p in outcome.problems)):
                 lines.append("    worst elements:")
@@ -286,6 +308,7 @@ class Kind:
     regimes: dict[str, Regime] = {}
     drawn: DrawnRegime | None = None
     audit_regime: str | None = "unit"  # --precision-audit looks at one regime per target and config
+    compiles = True  # --precision-compile adds a compiled variant of each (cases that go through ``call``)
     # numerics
     peer_name: str = "torch's op"
     forward_output: str = "reference"  # the forward output's name (the golden's array name)
@@ -557,6 +580,7 @@ class Kind:
                                           abs_budget=rule.abs_floor is not None,
                                           underflow_floor=rule.underflow_floor, error_floor=rule.abs_floor,
                                           rms_floor=rule.rms_floor, peer=m.peer[name])
+        case.variant.beside(self, case, m, inputs, grad_seed)
         return m
 
     def call(self, case: Case, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, grad_seed: int = 0, *,
@@ -569,7 +593,7 @@ class Kind:
         leaves = {n: v.detach().clone().requires_grad_(True) if n in grads else v for n, v in values.items()}
         try:
             with case.config.active(case.device), case.variant.context():
-                out = self.invoke(fn, leaves, inputs, case.device)
+                out = self.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
                 if check:
                     self.validate(case, out, values, inputs, where)
                 if grads:
@@ -621,6 +645,11 @@ class Kind:
             label = f"{name}: " if several else ""
             for cat, s in violations(cmp, m.peer_budget[name]):
                 outcome.add("oracle", cat, f"oracle: {label}{s}")
+            eager = m.eager.get(name)
+            if eager is not None:
+                for _, s in violations(cmp, m.eager_budget[name]):
+                    outcome.add("compiled", "compiled", f"compiled vs eager: {label}{s} (eager: max ULP "
+                                                        f"{eager.max_ulp:.4g}, max abs {eager.max_abs:.4g})")
         outcome.problems += baseline_problems(result)
         return outcome
 
@@ -713,7 +742,8 @@ class Kind:
         def context():
             with torch.no_grad(), case.config.active(case.device), case.variant.context():
                 yield
-        return Bench(lambda: self.invoke(case.target.fn, values, inputs, case.device), context=context)
+        fn = case.variant.wrap(case.target.fn)
+        return Bench(lambda: self.invoke(fn, values, inputs, case.device), context=context)
 
     def trace_call(self, case: Case) -> Callable | None:
         """The call --precision-trace and --precision-audit run traced: forward and the gradients,

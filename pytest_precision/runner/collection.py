@@ -20,7 +20,8 @@ from ..baselines.lifecycle import BaselineCheck
 from ..baselines.store import file_component, name_problem
 from ..explain.audit import audit
 from ..explain.tracing import render_trace, trace
-from ..kinds.base import Case, Kind
+from ..kinds.base import NO_VARIANT, Case, Kind
+from ..kinds.compiled import Compiled
 from ..kinds.outcome import PrecisionFailure
 from ..kinds.registry import kinds, registered, target_names_problem
 from ..kinds.target import Target, TargetError
@@ -79,6 +80,8 @@ class SuiteCollector(pytest.Collector):
                 except ValueError as e:  # an op target without inputs= (an ini line)
                     raise self.CollectError(str(e)) from None
                 variants = kind.target_variants(target, options.device)
+                if options.compile and kind.compiles:
+                    variants = [*variants, Compiled(NO_VARIANT, options.device)]
                 for config in kind.configs(options.configs):
                     for variant in variants:
                         for regime in regimes:
