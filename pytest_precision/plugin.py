@@ -24,6 +24,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--precision-builtins", action="store_true",
                     help="also run the built-in targets (torch's ops, the project's Triton kernels, tiny_gpt) beside "
                          "the registered ones, for comparison (with nothing registered they run anyway)")
+    group.addoption("--precision-compile", action="store_true",
+                    help="also run each target under torch.compile in every config (config ids +compiled), judged "
+                         "like the eager one and against it")
     group.addoption("--precision-update-baselines", action="store_true",
                     help="write golden baselines (atomically) and print old vs new budgets")
     group.addoption("--precision-configs", metavar="ID,ID",

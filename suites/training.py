@@ -308,7 +308,9 @@ class TrainStepKind(Kind):
         chosen = {c.id for c in selected}
         return [c for c in TRAIN_CONFIGS.values() if c.base in chosen]
 
-    def regime_names(self) -> tuple[str, ...]:
+    compiles = False  # a run is the spec's own loop: --precision-compile adds no compiled variant
+
+    def regime_names(self, target=None) -> tuple[str, ...]:
         return (self.REGIME,)
 
     def skip_reason(self, case: Case) -> str | None:

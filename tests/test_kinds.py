@@ -62,11 +62,21 @@ def example_kind(tmp_path, monkeypatch):
     registry.forget_project_kinds()
 
 
+def _example_target(kind: Kind) -> Target:
+    """A target of ``kind`` to run it through: its trusted peer, or (the op kind, whose regimes and
+    peer are each target's) a GELU declared with its inputs."""
+    if kind.name == "op":
+        declared = kind.declare("gelu", {"inputs": {"unit": lambda g: torch.randn(8, 64, generator=g)}})
+        return Target("gelu", torch.nn.functional.gelu, "op", declared=declared)
+    return Target("peer", kind.peer, kind.name)
+
+
 def _conforms(kind: Kind) -> None:
     """What every kind owes the runner (the hooks it must answer, and answer consistently)."""
     assert kind.name and kind.contract and kind.suite and kind.table is not None
     assert registry.get_kind(kind.name) is kind
-    names = kind.regime_names()
+    sample = _example_target(kind)
+    names = kind.regime_names(sample)
     assert names and len(set(names)) == len(names)
     configs = kind.configs(list(CONFIGS.values()))
     assert configs and len({c.id for c in configs}) == len(configs)
@@ -79,16 +89,19 @@ def _conforms(kind: Kind) -> None:
     case = Case(kind, Target("t", lambda *a: None, kind.name), configs[0], kind.variants("cpu")[0], names[0], "cpu")
     assert case.name == f"{kind.name}[t-{configs[0].id}{kind.variants('cpu')[0].suffix}-{names[0]}]"
     assert case.baseline_key == f"{kind.name}/t/{names[0]}"
-    for regime in kind.regimes.values():  # seeded inputs: the same bits twice
-        a, b = kind.floating_inputs(regime.inputs()), kind.floating_inputs(regime.inputs())
+    regimes = kind.regimes_for(sample)
+    for regime in regimes.values():  # seeded inputs: the same bits twice
+        case = Case(kind, sample, configs[0], NO_VARIANT, regime.name, "cpu")
+        a = kind.floating_inputs(kind.for_target(case, regime.inputs()))
+        b = kind.floating_inputs(kind.for_target(case, regime.inputs()))
         assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
-    if kind.regimes:  # a tensor kind: the oracle and the peer agree on its first regime in fp32
-        regime = next(iter(kind.regimes.values()))
-        inputs = regime.inputs()
-        target = Target("peer", kind.peer, kind.name)
-        case = Case(kind, target, CONFIGS["fp32"], NO_VARIANT, regime.name, "cpu")
+    if regimes:  # a tensor kind: the oracle and the peer agree on its first regime in fp32
+        regime = next(iter(regimes.values()))
+        case = Case(kind, sample, CONFIGS["fp32"], NO_VARIANT, regime.name, "cpu")
+        inputs = kind.for_target(case, regime.inputs())
         m = kind.measure(case, inputs, grad_seed=regime.seed + 1)
-        assert set(m.oracle) == {kind.forward_output, *(f"d{n}" for n in kind.grad_inputs)}
+        grads = kind.case_grad_inputs(case, inputs)
+        assert set(m.oracle) == {kind.forward_output, *(f"d{n}" for n in grads)}
         assert all(not pytest_precision.numerics.budgets.violations(m.oracle[n], m.peer_budget[n]) for n in m.oracle)
         assert kind.trace_call(case) is not None
 
@@ -104,7 +117,7 @@ def test_a_project_kind_conforms(example_kind):
 
 def test_kinds_are_named_and_refused_clearly(example_kind):
     with pytest.raises(ValueError, match="unknown kind 'norm'.*known kinds: softmax, log_softmax, attention, "
-                                         "train_step, layer_norm, rms_norm, cross_entropy, logsumexp"):
+                                         "train_step, layer_norm, rms_norm, cross_entropy, op, logsumexp"):
         pytest_precision.register("mine", torch.exp, kind="norm")
     with pytest.raises(ValueError, match="already registered"):
         registry.register_kind(type(example_kind)())

@@ -100,13 +100,22 @@ class DrawnRegime:
 
 
 class Variant:
-    """A variant of every config (an SDPA backend): a suffix of the config id, a context entered
-    around the target's call, and the targets it does not apply to."""
+    """A variant of every config (an SDPA backend, a compiled target): a suffix of the config id, a
+    context entered around the target's call, what it makes of the target's callable (``wrap``),
+    what it measures beside the target in the same case (``beside``), and the targets it does not
+    apply to."""
 
     suffix = ""
 
     def context(self) -> ContextManager:
         return contextlib.nullcontext()
+
+    def wrap(self, fn: Callable) -> Callable:
+        """The callable the case runs in place of the target's ``fn`` (the peer and oracle run unwrapped)."""
+        return fn
+
+    def beside(self, kind: "Kind", case: "Case", m: "Measurement", inputs: Any, grad_seed: int) -> None:
+        """Measure more in the case after the target, peer and oracle ran (into ``m.eager``)."""
 
     def skip_reason(self, target: Target) -> str | None:
         return None
@@ -169,6 +178,16 @@ class OutputRule:
     rms_floor: float | None = None
     underflow_floor: float = 0.0
     log_domain: bool = False
+    # set (abs_floor set too): the peer budget also limits the RMS error to peer_factor x the
+    # peer's plus this floor (a systematic loss, such as a sum kept in 16 bits, shows there first)
+    peer_rms_floor: float | None = None
+
+    def budget(self, peer: Comparison) -> Budget:
+        """The budget a comparison with the same oracle sets this output: ``peer_factor`` x its error
+        plus the floors."""
+        if self.abs_floor is None:
+            return peer_budget(peer, self.peer_factor, self.ulp_floor)
+        return peer_budget(peer, self.peer_factor, abs_floor_value=self.abs_floor, rms_floor_value=self.peer_rms_floor)
 
 
 @dataclass
@@ -184,6 +203,10 @@ class Measurement:
     peer: dict[str, Comparison] = field(default_factory=dict)
     peer_budget: dict[str, Budget] = field(default_factory=dict)
     golden: dict[str, TensorOutput] = field(default_factory=dict)
+    # a compiled case: the same target run eagerly in the same config, against the oracle, and the
+    # budget it sets the compiled output (Variant.beside)
+    eager: dict[str, Comparison] = field(default_factory=dict)
+    eager_budget: dict[str, Budget] = field(default_factory=dict)
 
     @property
     def lost(self) -> bool:
@@ -196,6 +219,7 @@ class TensorEvidence(Evidence):
 
     def __init__(self, m: Measurement, magnitude_input: torch.Tensor | None = None):
         self.oracle, self.peer, self.peer_budget = m.oracle, m.peer, m.peer_budget
+        self.eager, self.eager_budget = m.eager, m.eager_budget
         self.peer_name = m.peer_name
         self.magnitude_input = magnitude_input
 
@@ -205,9 +229,13 @@ class TensorEvidence(Evidence):
 
     def record_fields(self, outcome) -> dict:
         o, every = self.forward, self.oracle.values()
-        return {"max_ulp": o.max_ulp, "max_abs": o.max_abs, "rms_abs": o.rms_abs, "max_rel": o.max_rel, "sqnr_db": o.sqnr_db,
-                "overflow": sum(c.overflow for c in every), "underflow": sum(c.underflow for c in every),
-                "nan": sum(c.nan for c in every)}
+        fields = {"max_ulp": o.max_ulp, "max_abs": o.max_abs, "rms_abs": o.rms_abs, "max_rel": o.max_rel,
+                  "sqnr_db": o.sqnr_db, "overflow": sum(c.overflow for c in every),
+                  "underflow": sum(c.underflow for c in every), "nan": sum(c.nan for c in every)}
+        eager = self.eager.get(next(iter(self.oracle)))
+        if eager is not None:
+            fields.update(eager_max_ulp=eager.max_ulp, eager_max_abs=eager.max_abs)
+        return fields
 
     def report_fields(self, outcome) -> dict:
         from .details import error_by_magnitude, output_detail
@@ -233,6 +261,10 @@ class TensorEvidence(Evidence):
                              f"underflow {pb.underflow}, NaN {pb.nan}")
                 if pb.max_ulp is not None:
                     lines.append(f"    {o.count_over(pb.max_ulp)} of {o.numel} elements over the peer budget")
+            eager, eb = self.eager.get(name), self.eager_budget.get(name)
+            if eager is not None and eb is not None:
+                lines.append(f"    eager (the target not compiled, same config): max ULP {eager.max_ulp:.4g}, max abs "
+                             f"{eager.max_abs:.4g} -> compiled budget {eb.describe()}")
             if o.worst and (not several or any(p.check == "oracle" and p.sentence.startswith(f"oracle: {name}:")
                                                for p in outcome.problems)):
                 lines.append("    worst elements:")
@@ -296,6 +328,7 @@ class Kind:
     regimes: dict[str, Regime] = {}
     drawn: DrawnRegime | None = None
     audit_regime: str | None = "unit"  # --precision-audit looks at one regime per target and config
+    compiles = True  # --precision-compile adds a compiled variant of each (cases that go through ``call``)
     # numerics
     peer_name: str = "torch's op"
     forward_output: str = "reference"  # the forward output's name (the golden's array name)
@@ -367,7 +400,7 @@ class Kind:
         meant (attention: the other causal alignment), else None."""
         return None
 
-    def case_grad_inputs(self, case: Case) -> tuple[str, ...]:
+    def case_grad_inputs(self, case: Case, inputs: Any = None) -> tuple[str, ...]:
         """The inputs whose gradients the case judges: none for a forward-only target."""
         return () if case.target.declared.get("forward_only") else self.grad_inputs
 
@@ -384,8 +417,19 @@ class Kind:
         """The variants that apply to ``target`` (a target no variant reaches runs once, unsuffixed)."""
         return self.variants(device)
 
-    def regime_names(self) -> tuple[str, ...]:
-        return (*self.regimes, *((self.drawn.name,) if self.drawn else ()))
+    def regimes_for(self, target: Target) -> dict[str, Regime]:
+        """The seeded regimes ``target`` runs on: the kind's (the op kind's targets declare their own)."""
+        return self.regimes
+
+    def drawn_for(self, target: Target) -> DrawnRegime | None:
+        """The drawn regime ``target`` runs on, if any."""
+        return self.drawn
+
+    def regime_names(self, target: Target | None = None) -> tuple[str, ...]:
+        """The regimes' names: the kind's, or ``target``'s."""
+        regimes, drawn = (self.regimes, self.drawn) if target is None else (self.regimes_for(target),
+                                                                            self.drawn_for(target))
+        return (*regimes, *((drawn.name,) if drawn else ()))
 
     def skip_reason(self, case: Case) -> str | None:
         """Why ``case`` cannot run here (checked when it runs): Triton code that cannot run on this
@@ -512,9 +556,10 @@ class Kind:
         reason = self.unsupported(case)
         if reason:
             skip(f"{case.target.name}: {reason}")
-        if self.drawn is not None and case.regime == self.drawn.name:
+        drawn = self.drawn_for(case.target)
+        if drawn is not None and case.regime == drawn.name:
             return self._attack(case)
-        regime = self.regimes[case.regime]
+        regime = self.regimes_for(case.target)[case.regime]
         inputs = self.for_target(case, regime.inputs())
         reason = self.unsupported(case, inputs)
         if reason:
@@ -539,7 +584,7 @@ class Kind:
         prepared = {n: case.config.prepare(t, case.device) for n, t in self.floating_inputs(inputs).items()}
         values = {n: p.value for n, p in prepared.items()}
         exact = {n: p.exact for n, p in prepared.items()}
-        refs = self._reference_outputs(exact, inputs, grad_seed, self.case_grad_inputs(case))
+        refs = self._reference_outputs(exact, inputs, grad_seed, self.case_grad_inputs(case, inputs))
         try:
             with watch_launches() as launches:
                 mine = self.call(case, case.target.fn, values, inputs, grad_seed)
@@ -558,14 +603,12 @@ class Kind:
                                      underflow_floor=rule.underflow_floor)
             m.peer[name] = compare(rule.peer, ref, rule.dtype, scale=rule.peer_scale, log_domain=rule.log_domain,
                                    underflow_floor=rule.underflow_floor)
-            if rule.abs_floor is None:
-                m.peer_budget[name] = peer_budget(m.peer[name], rule.peer_factor, rule.ulp_floor)
-            else:
-                m.peer_budget[name] = peer_budget(m.peer[name], rule.peer_factor, abs_floor_value=rule.abs_floor)
+            m.peer_budget[name] = rule.budget(m.peer[name])
             m.golden[name] = TensorOutput(rule.out, ref, rule.dtype, rule.scale, rule.log_domain,
                                           abs_budget=rule.abs_floor is not None,
                                           underflow_floor=rule.underflow_floor, error_floor=rule.abs_floor,
                                           rms_floor=rule.rms_floor, peer=m.peer[name])
+        case.variant.beside(self, case, m, inputs, grad_seed)
         return m
 
     def call(self, case: Case, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, grad_seed: int = 0, *,
@@ -574,11 +617,11 @@ class Kind:
         ``grad_inputs``, the gradients under a seeded upstream gradient. Anything it raises, and any
         break of the output contract, is a TargetError naming the target, config and regime."""
         where = where or case.where
-        grads = self.case_grad_inputs(case)
+        grads = self.case_grad_inputs(case, inputs)
         leaves = {n: v.detach().clone().requires_grad_(True) if n in grads else v for n, v in values.items()}
         try:
             with case.config.active(case.device), case.variant.context():
-                out = self.invoke(fn, leaves, inputs, case.device)
+                out = self.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
                 if check:
                     self.validate(case, out, values, inputs, where)
                 if grads:
@@ -630,6 +673,11 @@ class Kind:
             label = f"{name}: " if several else ""
             for cat, s in violations(cmp, m.peer_budget[name]):
                 outcome.add("oracle", cat, f"oracle: {label}{s}")
+            eager = m.eager.get(name)
+            if eager is not None:
+                for _, s in violations(cmp, m.eager_budget[name]):
+                    outcome.add("compiled", "compiled", f"compiled vs eager: {label}{s} (eager: max ULP "
+                                                        f"{eager.max_ulp:.4g}, max abs {eager.max_abs:.4g})")
         outcome.problems += baseline_problems(result)
         return outcome
 
@@ -672,7 +720,8 @@ class Kind:
         class Falsified(AssertionError):
             pass
 
-        @settings(settings.get_profile(PROFILE), max_examples=self.drawn.examples, database=None, deadline=None)
+        @settings(settings.get_profile(PROFILE), max_examples=self.drawn_for(case.target).examples, database=None,
+                  deadline=None)
         @given(self.draw(case))
         def attack(example):
             key = _example_key(example)
@@ -723,9 +772,10 @@ class Kind:
         """The timed call of a case: the target's forward on the regime's inputs under the config
         and variant, or None where the case has nothing to time (drawn inputs have no fixed size,
         and a Triton kernel under the interpreter runs at the interpreter's speed)."""
-        if case.regime not in self.regimes or interpreted(case.target.fn, case.device) or self.skip_reason(case):
+        regimes = self.regimes_for(case.target)
+        if case.regime not in regimes or interpreted(case.target.fn, case.device) or self.skip_reason(case):
             return None
-        inputs = self.for_target(case, self.regimes[case.regime].inputs())
+        inputs = self.for_target(case, regimes[case.regime].inputs())
         if self.unsupported(case, inputs):
             return None
         values = {n: case.config.prepare(t, case.device).value for n, t in self.floating_inputs(inputs).items()}
@@ -734,14 +784,16 @@ class Kind:
         def context():
             with torch.no_grad(), case.config.active(case.device), case.variant.context():
                 yield
-        return Bench(lambda: self.invoke(case.target.fn, values, inputs, case.device), context=context)
+        fn = case.variant.wrap(case.target.fn)
+        return Bench(lambda: self.invoke(fn, values, inputs, case.device), context=context)
 
     def trace_call(self, case: Case) -> Callable | None:
         """The call --precision-trace and --precision-audit run traced: forward and the gradients,
         in the config and variant, as the case runs them."""
-        if case.regime not in self.regimes or self.skip_reason(case):
+        regimes = self.regimes_for(case.target)
+        if case.regime not in regimes or self.skip_reason(case):
             return None
-        regime = self.regimes[case.regime]
+        regime = regimes[case.regime]
         inputs = self.for_target(case, regime.inputs())
         if self.unsupported(case, inputs):
             return None

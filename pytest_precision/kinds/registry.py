@@ -39,6 +39,7 @@ BUILTIN_KINDS = {
     "layer_norm": "pytest_precision.suites.norm:LAYER_NORM",
     "rms_norm": "pytest_precision.suites.norm:RMS_NORM",
     "cross_entropy": "pytest_precision.suites.cross_entropy:CROSS_ENTROPY",
+    "op": "pytest_precision.suites.op:OP",
 }
 ENTRY_POINT_GROUP = "pytest_precision.kinds"
 

@@ -65,7 +65,10 @@ class TensorTable(SummaryTable):
     def rows(self, records: list[dict], config_order: list[str] | None = None) -> list[tuple]:
         groups: "OrderedDict[tuple[str, str], list[dict]]" = OrderedDict()
         order = {c: i for i, c in enumerate(config_order or [])}
-        for r in sorted(records, key=lambda r: (r["target"], order.get(r["config"], len(order)), r["config"])):
+
+        def place(config: str) -> int:  # a variant's row ("fp32+math", "fp32+compiled") beside its config's
+            return order.get(config, order.get(config.split("+")[0], len(order)))
+        for r in sorted(records, key=lambda r: (r["target"], place(r["config"]), r["config"])):
             groups.setdefault((r["target"], r["config"]), []).append(r)
         rows = []
         for (target, config), all_rs in groups.items():

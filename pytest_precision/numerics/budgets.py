@@ -114,11 +114,13 @@ def abs_floor(ref_max_abs: float, dtype_mantissa_bits: int, ulps: float = ULP_FL
 
 
 def peer_budget(peer: Comparison, factor: float = PEER_FACTOR, floor: float = ULP_FLOOR, *,
-                abs_floor_value: float | None = None) -> Budget:
-    """k x the peer's error plus a floor: on ULPs, or on max abs when ``abs_floor_value`` is given."""
+                abs_floor_value: float | None = None, rms_floor_value: float | None = None) -> Budget:
+    """k x the peer's error plus a floor: on ULPs, or on max abs when ``abs_floor_value`` is given
+    (and on RMS abs too when ``rms_floor_value`` is)."""
     counts = (peer.overflow, peer.underflow, peer.nan, peer.missing_nan)
     if abs_floor_value is not None:
-        return Budget(None, *counts, max_abs=factor * _measured(peer.max_abs) + abs_floor_value)
+        rms = None if rms_floor_value is None else factor * _measured(peer.rms_abs) + rms_floor_value
+        return Budget(None, *counts, max_abs=factor * _measured(peer.max_abs) + abs_floor_value, rms_abs=rms)
     return Budget(factor * _measured(peer.max_ulp) + floor, *counts)
 
 

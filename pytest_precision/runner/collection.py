@@ -19,7 +19,8 @@ from ..baselines.lifecycle import BaselineCheck
 from ..baselines.store import file_component, name_problem
 from ..explain.audit import audit
 from ..explain.tracing import render_trace, trace
-from ..kinds.base import Case, Kind
+from ..kinds.base import NO_VARIANT, Case, Kind
+from ..kinds.compiled import Compiled
 from ..kinds.outcome import PrecisionFailure
 from ..kinds.registry import kinds, registered, target_names_problem
 from ..kinds.target import Target, TargetError
@@ -73,9 +74,16 @@ class SuiteCollector(pytest.Collector):
                 raise self.CollectError(problem)
             for target in targets:
                 kind = by_name[target.kind]
+                try:
+                    regimes = kind.regime_names(target)
+                except ValueError as e:  # an op target without inputs= (an ini line)
+                    raise self.CollectError(str(e)) from None
+                variants = kind.target_variants(target, options.device)
+                if options.compile and kind.compiles:
+                    variants = [*variants, Compiled(NO_VARIANT, options.device)]
                 for config in kind.configs(options.configs):
-                    for variant in kind.target_variants(target, options.device):
-                        for regime in kind.regime_names():
+                    for variant in variants:
+                        for regime in regimes:
                             case = Case(kind, target, config, variant, regime, options.device)
                             problem = name_problem(case.config_id)
                             if problem:
@@ -229,7 +237,7 @@ class SuiteItem(pytest.Item):
         bench = case.kind.bench_call(case)
         if bench is None:  # nothing of fixed size to time
             return
-        regime = case.kind.regimes.get(case.regime)
+        regime = case.kind.regimes_for(case.target).get(case.regime)
         if getattr(case.config, "tensor_core_dtypes", False) and not (regime is not None and regime.irregular):
             # once per target, op and shape in a run: the shapes are the suite's, the ops the target's
             seen = self.config.stash.setdefault(LINT_SEEN_KEY, set())

@@ -37,6 +37,7 @@ class RunOptions:
     strict_budgets: bool = False  # no budget borrowed from other machines (--precision-strict-budgets)
     parallel: str | None = None  # why this process's timings share the CPU by design (xdist workers)
     audit: bool = False  # audit the dtypes each op ran in, per target and config (--precision-audit)
+    compile: bool = False  # each target also under torch.compile (--precision-compile)
     timeout: float = DEFAULT_TIMEOUT  # seconds a suite case may run (ini precision_timeout; 0: no limit)
     # a report or plots asked for: each case's record carries its detail (histograms, budgets,
     # headline), which needs the elementwise ULP tensors that a passing case otherwise never makes
@@ -85,6 +86,7 @@ class RunOptions:
                    trace=bool(config.getoption("precision_trace")),
                    strict_budgets=bool(config.getoption("precision_strict_budgets")), audit=bool(config.getoption("precision_audit")),
                    parallel=_parallel(config), timeout=timeout, builtins=bool(config.getoption("precision_builtins")),
+                   compile=bool(config.getoption("precision_compile")),
                    details=any(config.getoption(o) for o in ("precision_report", "precision_report_md",
                                                              "precision_plots")))
 
@@ -101,6 +103,8 @@ class RunOptions:
             parts += ["--precision-suite", "-k", suite_item or ""]
             if self.builtins:
                 parts.append("--precision-builtins")
+            if self.compile:
+                parts.append("--precision-compile")
         if config_id:
             parts.append(f"--precision-configs={config_id}")
         if self.device != self.default_device:

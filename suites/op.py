@@ -1,0 +1,454 @@
+"""The op kind: any tensor operation (GELU, rotary embeddings, a fused MLP, a custom matmul), declared
+as data at registration, as a torch ``OpInfo`` entry is, rather than written as a kind::
+
+    pytest_precision.register("gelu", my_gelu, kind="op",
+                              inputs={"unit": lambda g: torch.randn(64, 256, generator=g),
+                                      "wide": lambda g: 8 * torch.randn(64, 256, generator=g)})
+
+What a target declares (``OpKind.declarations``), and the decisions behind it:
+
+- ``inputs`` (required): regime name -> generator. A generator gets a CPU ``torch.Generator``
+  seeded from the regime's name (the same bits on every machine) and returns one tensor (the one
+  positional argument, named ``arg0``), a tuple (positional arguments ``arg0``, ``arg1``, ...) or
+  a dict (keyword arguments, named by their keys). Floating tensors are the inputs a config rounds
+  (and whose gradients are judged); anything else (integer positions, bool masks, ints, flags)
+  passes through as it is. One regime may be a Hypothesis strategy drawing the same structure
+  instead: the drawn regime, searched for a failing input (``examples=`` of them, default 30).
+  A generator must give the same inputs on every call (checked once per regime).
+- ``reference``: the exact result, run in float64 on the config's rounded inputs. Default: the
+  target itself on float64 inputs; its explicit casts (``.float()``) are then part of what it
+  computes, arithmetic that follows the input dtype is what the configs vary. It must return
+  float64.
+- ``peer``: a trusted implementation in the same convention, run in the same config. Default:
+  the target's own float32 run (no autocast) on the same rounded inputs, its output rounded to the
+  dtype the target returned: a 16-bit run may lose what rounding to its dtype loses, times the peer
+  factor, plus the floors. In fp32 and fp8 (where the callable runs in float32 on the values the
+  config gives) that run would be the target itself and its check could not fail, so there the
+  peer is the exact result rounded as the target's output is: a float32 run is held to a few ULPs.
+- one output tensor, shaped as the reference's; ``grads`` names the floating inputs whose
+  gradients are judged too (default: every floating input, under a seeded upstream gradient;
+  ``forward_only=True``: none). Factor 2 on the output, 3 on gradients (FlashAttention's rule).
+- ``error``: ``"abs"`` (default) judges absolute error with floors scaled by the output's
+  magnitude, as attention does: GELU, matmuls, rotations and MLPs give values that cross zero,
+  where an output's ULP count near zero measures cancellation, not the op. ``"ulp"`` judges ULPs
+  (ops whose outputs keep their relative precision: exp, norms of positive values).
+
+Floors (what a correct implementation cannot beat): ``ULP_FLOOR`` ULPs of the dtype at the
+output's largest magnitude (max error) and ``ULP_FLOOR`` float32 ULPs at its RMS magnitude (the
+golden's typical error), plus, where the config computes in a narrower dtype than the inputs the
+oracle sees (autocast; TF32), how far the exact result moves when every floating input is rounded
+to it: a float32 peer never sees that rounding, and no implementation under autocast escapes it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from pytest_precision.baselines.store import file_component, name_problem
+from pytest_precision.kinds.base import Case, DrawnRegime, Kind, OutputRule, Regime
+from pytest_precision.kinds.tables import ABS_ERROR_TABLE
+from pytest_precision.kinds.target import Target, TargetError
+from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR
+from pytest_precision.numerics.configs import CONFIGS
+from pytest_precision.numerics.formats import format_of
+from pytest_precision.numerics.metrics import compare
+
+__all__ = ["OP", "OpKind", "OpInputs", "OpCall", "own_float32_run", "round_to_tf32", "BASE_SEED", "GRAD_PEER_FACTOR",
+           "DEFAULT_EXAMPLES"]
+
+BASE_SEED = 20261124
+GRAD_PEER_FACTOR = 3.0
+DEFAULT_EXAMPLES = 30
+# the RMS floor of the peer budget, in ULPs of the dtype at the output's RMS magnitude: rounding
+# the output alone costs about 0.2 (measured: fp16 matmuls accumulated in fp32), a few more
+# roundings inside (a composite GELU) about twice that; a sum kept in fp16 over 64 terms 1.2
+RMS_FLOOR_ULPS = 0.5
+# the backward error granted to float32 arithmetic, in ULPs per input (see _moved): a reduction of
+# n terms has one of up to n ULPs; measured in fp32 against the exact result, torch.matmul over
+# 4096 terms and an MLP of width 1024 (forward and gradients) stay under 40 % of the budget with 4,
+# and an MLP of width 512 failed its RMS limit with 1
+FLOAT32_MOVE_ULPS = 4.0
+
+
+@dataclass(frozen=True)
+class OpInputs:
+    """A target's ``inputs=`` declaration, normalised: its seeded regimes and, if one was a
+    Hypothesis strategy, the drawn regime's name and strategy."""
+
+    regimes: dict
+    drawn: str | None = None
+    strategy: Any = None
+    repeatable: set = field(default_factory=set, compare=False)  # regimes seen to give the same inputs twice
+
+
+class OpCall:
+    """One regime's inputs as the target is called with them: the slots (name, value) in call
+    order, positional or keyword, and the floating tensors among them by name."""
+
+    def __init__(self, target: Target, raw: Any, where: str):
+        self.target = target
+        self.keyword = isinstance(raw, dict)
+        if self.keyword:
+            items = list(raw.items())
+        elif isinstance(raw, (tuple, list)):
+            items = [(f"arg{i}", v) for i, v in enumerate(raw)]
+        elif isinstance(raw, torch.Tensor):
+            items = [("arg0", raw)]
+        else:
+            raise TargetError(f"{where}: the generator returned {type(raw).__name__}; expected a tensor, a tuple of "
+                              "positional arguments or a dict of keyword arguments")
+        self.slots = [(str(n), v.detach() if isinstance(v, torch.Tensor) else v) for n, v in items]
+        self.floating = {n: v for n, v in self.slots if isinstance(v, torch.Tensor) and v.is_floating_point()}
+        if not self.floating:
+            raise TargetError(f"{where}: no floating tensor among the inputs ({', '.join(n for n, _ in self.slots)}): "
+                              "nothing for a config to round")
+        self.shape: tuple | None = None  # the reference's output shape, once it ran
+        self.moved: dict | None = None  # the exact outputs of the inputs moved as the config's arithmetic may (_moved)
+        self.peer_source: Callable | None = None  # what the default peer runs in float32 (OpKind.measure)
+
+    def arguments(self, values: dict[str, torch.Tensor], device: str) -> tuple[tuple, dict]:
+        """The call's arguments: ``values`` for the floating inputs, the rest on ``device``."""
+        def value(name, v):
+            if name in values:
+                return values[name]
+            return v.to(device) if isinstance(v, torch.Tensor) else v
+        filled = [(n, value(n, v)) for n, v in self.slots]
+        return ((), dict(filled)) if self.keyword else (tuple(v for _, v in filled), {})
+
+    def same_as(self, other: "OpCall") -> bool:
+        """Bit for bit the same inputs (NaN included)."""
+        def bits(v):
+            if not isinstance(v, torch.Tensor):
+                return v
+            return (v.dtype, tuple(v.shape), v.cpu().contiguous().flatten().view(torch.uint8).tolist())
+        return ([n for n, _ in self.slots] == [n for n, _ in other.slots]
+                and all(bits(a) == bits(b) for (_, a), (_, b) in zip(self.slots, other.slots)))
+
+    def describe(self) -> list[str]:
+        lines = []
+        for name, v in self.slots:
+            if isinstance(v, torch.Tensor):
+                shown = f": {v.tolist()!r}" if v.numel() <= 64 else ""
+                lines.append(f"{name}: {str(v.dtype).removeprefix('torch.')} {tuple(v.shape)}{shown}")
+            else:
+                lines.append(f"{name}: {v!r}")
+        return lines
+
+
+def own_float32_run(fn: Callable) -> Callable:
+    """``fn`` run in float32 without autocast or TF32 on the float32 copies of its floating inputs
+    (differentiable casts: gradients reach the inputs in their dtype), its output cast back to the
+    inputs' dtype (a 16-bit config's output rounded as the target's is)."""
+    def run(*args, **kwargs):
+        floats = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.is_floating_point()]
+        device = floats[0].device.type
+
+        def up(a):
+            return a.float() if isinstance(a, torch.Tensor) and a.is_floating_point() else a
+        with torch.autocast(device_type=device, enabled=False), CONFIGS["fp32"].active(device):
+            out = fn(*map(up, args), **{k: up(v) for k, v in kwargs.items()})
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            return out.to(floats[0].dtype)
+        return out
+    return run
+
+
+def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded (to nearest, ties to even) to TF32's 10 fraction bits in float32's range, as a
+    TF32 matmul reads its operands."""
+    x32 = x.to(torch.float32)
+    bits = x32.view(torch.int32)
+    rounded = ((bits + 0x0FFF + ((bits >> 13) & 1)) & ~0x1FFF).view(torch.float32)
+    return torch.where(torch.isfinite(x32), rounded, x32).to(x.dtype)
+
+
+def _moved(config, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The inputs (exact, float64) as a correct implementation under ``config`` may as well have
+    seen them: rounded to the dtype autocast computes in, or to TF32; elsewhere each moved by a
+    random +-FLOAT32_MOVE_ULPS ULPs of float32 (seeded), the backward error of float32 arithmetic
+    inside (negligible next to a 16-bit output's rounding)."""
+    if getattr(config, "autocast_dtype", None) is not None:
+        dtype = config.autocast_dtype
+        return lambda t: t.to(dtype).to(torch.float64)
+    if getattr(config, "tf32", False):
+        return lambda t: round_to_tf32(t.to(torch.float32)).to(torch.float64)
+    g = torch.Generator().manual_seed(seed)
+    spread = FLOAT32_MOVE_ULPS * 2.0 ** -23
+    return lambda t: t * (1 + spread * (2 * torch.rand(t.shape, generator=g, dtype=torch.float64) - 1))
+
+
+def _runs_in_float32(config) -> bool:
+    """Whether the callable itself runs in float32 without autocast or TF32 (fp32, fp8 recipes):
+    its own float32 run would be the target's run."""
+    return (getattr(config, "input_dtype", None) == torch.float32 and getattr(config, "autocast_dtype", None) is None
+            and not getattr(config, "tf32", False))
+
+
+def _one_tensor(out: Any) -> str:
+    """What a call returned instead of one tensor, and the rule."""
+    what = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+    return f"{what}: an op target returns one tensor (register one target per output)"
+
+
+def _callable(name: str, key: str, value: Any) -> Callable:
+    if not callable(value):
+        raise TypeError(f"target {name!r} (op): {key}={value!r} is not callable")
+    return value
+
+
+def _inputs(name: str, value: Any) -> OpInputs:
+    from hypothesis.strategies import SearchStrategy
+
+    if not isinstance(value, dict) or not value:
+        raise TypeError(f"target {name!r} (op): inputs={value!r}: expected a dict of regime name -> generator "
+                        "(a function of a torch.Generator returning a tensor, a tuple or a dict of inputs) or "
+                        "Hypothesis strategy")
+    regimes, drawn, strategy, folded = {}, None, None, {}
+    for regime, make in value.items():
+        problem = name_problem(regime) if isinstance(regime, str) else f"{regime!r} is not a string"
+        if problem:
+            raise ValueError(f"target {name!r} (op): regime name {problem}")
+        other = folded.setdefault(file_component(regime), regime)
+        if other != regime:
+            raise ValueError(f"target {name!r} (op): regime names {other!r} and {regime!r} would share baseline files")
+        if isinstance(make, SearchStrategy):
+            if drawn is not None:
+                raise ValueError(f"target {name!r} (op): inputs {drawn!r} and {regime!r} are both Hypothesis "
+                                 "strategies; one drawn regime per target")
+            drawn, strategy = regime, make
+        elif callable(make):
+            regimes[regime] = Regime(regime, f"inputs[{regime!r}] of {name}", _seeded(name, regime, make), BASE_SEED)
+        else:
+            raise TypeError(f"target {name!r} (op): inputs[{regime!r}]={make!r} is neither a generator (a function "
+                            "of a torch.Generator) nor a Hypothesis strategy")
+    return OpInputs(regimes, drawn, strategy)
+
+
+def _seeded(name: str, regime: str, make: Callable) -> Callable[[int], Any]:
+    def inputs(seed: int):
+        try:
+            return make(torch.Generator(device="cpu").manual_seed(seed))
+        except Exception as e:
+            raise TargetError(f"target {name!r} (op): the generator of inputs regime {regime!r} raised "
+                              f"{type(e).__name__}: {e}") from e
+    return inputs
+
+
+class OpKind(Kind):
+    name = "op"
+    contract = ("fn(*inputs) or fn(**inputs) -> one tensor; inputs=, and optionally reference=, peer=, grads=, "
+                "error=, declared at registration")
+    peer_name = "the declared peer, else its own float32 run"
+    table = ABS_ERROR_TABLE
+    forward_output = "out"
+    declarations = {
+        **Kind.declarations,
+        "inputs": "regime name -> generator(torch.Generator) returning a tensor, a tuple (positional) or a dict "
+                  "(keyword) of inputs, or a Hypothesis strategy drawing them (the drawn regime); required",
+        "reference": "the exact result in the same convention, run in float64; default: the target on float64 inputs",
+        "peer": "a trusted implementation, run in the same config; default: the target's own float32 run",
+        "grads": "names of the floating inputs whose gradients are judged (arg0, ... or keywords); default: all",
+        "error": "'abs' (default: absolute error, floors scaled by the output's magnitude) or 'ulp'",
+        "examples": f"how many examples the drawn regime tries (default {DEFAULT_EXAMPLES})",
+    }
+
+    # ---- what a target declares ----------------------------------------------------------------
+
+    def declare(self, name: str, declared: dict) -> dict:
+        if "inputs" not in declared:
+            raise TypeError(f"target {name!r} (op): inputs= is required: register(name, fn, kind='op', "
+                            "inputs={'unit': lambda g: torch.randn(..., generator=g)}) (an ini line cannot declare it)")
+        return super().declare(name, declared)
+
+    def normalise_declaration(self, name: str, key: str, value: Any) -> Any:
+        if key == "inputs":
+            return _inputs(name, value)
+        if key in ("reference", "peer"):
+            return _callable(name, key, value)
+        if key == "grads":
+            names = (value,) if isinstance(value, str) else value
+            if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
+                raise TypeError(f"target {name!r} (op): grads={value!r}: expected input names")
+            return tuple(names)
+        if key == "error":
+            if value not in ("abs", "ulp"):
+                raise ValueError(f"target {name!r} (op): error={value!r}: expected 'abs' or 'ulp'")
+            return value
+        if key == "examples":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"target {name!r} (op): examples={value!r}: expected a positive int")
+            return value
+        return super().normalise_declaration(name, key, value)
+
+    @staticmethod
+    def _spec(target: Target) -> OpInputs:
+        spec = target.declared.get("inputs")
+        if spec is None:
+            raise ValueError(f"target {target.name!r} (op) declares no inputs=: an op target registers with "
+                             "pytest_precision.register(name, fn, kind='op', inputs=...) in a conftest.py")
+        return spec
+
+    def regimes_for(self, target: Target) -> dict[str, Regime]:
+        return self._spec(target).regimes
+
+    def drawn_for(self, target: Target) -> DrawnRegime | None:
+        spec = self._spec(target)
+        return None if spec.drawn is None else DrawnRegime(spec.drawn, target.declared.get("examples",
+                                                                                           DEFAULT_EXAMPLES))
+
+    def for_target(self, case: Case, raw: Any) -> OpCall:
+        where = f"target {case.target.name!r} (op), inputs regime {case.regime!r}"
+        call = OpCall(case.target, raw, where)
+        spec = self._spec(case.target)
+        regime = spec.regimes.get(case.regime)
+        if regime is not None and case.regime not in spec.repeatable:
+            if not call.same_as(OpCall(case.target, regime.inputs(), where)):
+                raise TargetError(f"{where}: the generator gave different inputs on two calls; draw from the "
+                                  "torch.Generator it is given (the same bits on every machine and run)")
+            spec.repeatable.add(case.regime)
+        return call
+
+    def case_grad_inputs(self, case: Case, call: OpCall | None = None) -> tuple[str, ...]:
+        if case.target.declared.get("forward_only") or call is None:
+            return ()
+        chosen = case.target.declared.get("grads")
+        if chosen is None:
+            return tuple(call.floating)
+        unknown = [n for n in chosen if n not in call.floating]
+        if unknown:
+            raise TargetError(f"target {case.target.name!r} (op): grads names {', '.join(map(repr, unknown))}; the "
+                              f"floating inputs of regime {case.regime!r} are {', '.join(call.floating)}")
+        return chosen
+
+    # ---- calling convention ----------------------------------------------------------------------
+
+    def floating_inputs(self, call: OpCall) -> dict[str, torch.Tensor]:
+        return call.floating
+
+    def invoke(self, fn, values, call: OpCall, device):
+        if fn == self.reference:
+            return self._reference(call, values, device)
+        args, kwargs = call.arguments(values, device)
+        if fn == self.peer:  # without a source, the target runs and output_rule sets the exact result in its place
+            fn = own_float32_run(call.peer_source or call.target.fn)
+        return fn(*args, **kwargs)
+
+    def reference(self, *args, **kwargs):
+        """Stands for the case's target's reference (``invoke`` runs that one)."""
+        raise NotImplementedError("the op kind's reference is each target's own")
+
+    def _reference(self, call: OpCall, values: dict[str, torch.Tensor], device: str) -> torch.Tensor:
+        declared = call.target.declared.get("reference")
+        which = f"reference {getattr(declared, '__name__', repr(declared))}" if declared is not None else \
+            "the target on float64 inputs"
+        where = f"target {call.target.name!r} (op): its float64 reference ({which})"
+        args, kwargs = call.arguments(values, device)
+        try:
+            out = (declared or call.target.fn)(*args, **kwargs)
+        except Exception as e:
+            raise TargetError(f"{where} raised {type(e).__name__}: {e}") from e
+        if not isinstance(out, torch.Tensor):
+            raise TargetError(f"{where} returned {_one_tensor(out)}")
+        if out.dtype != torch.float64:
+            raise TargetError(f"{where} returned {out.dtype} from float64 inputs: a cast inside it makes it no "
+                              "oracle; declare reference= computing in float64")
+        if any(v.requires_grad for v in values.values()) and not out.requires_grad:
+            raise TargetError(f"{where}: its output has no gradient (detached, or computed outside torch); declare "
+                              "forward_only=True or the grads= it has")
+        call.shape = tuple(out.shape)
+        return out
+
+    def expected_shape(self, values, call: OpCall):
+        """The reference's output shape (run once on float64 copies when it has not run yet)."""
+        if call.shape is None:
+            with torch.no_grad():
+                self._reference(call, {n: v.detach().to("cpu", torch.float64) for n, v in values.items()}, "cpu")
+        return call.shape
+
+    def validate(self, case, out, values, call, where):
+        if isinstance(out, (tuple, list)):
+            raise TargetError(f"{where} returned {_one_tensor(out)}")
+        super().validate(case, out, values, call, where)
+
+    def peer_for(self, target: Target) -> tuple[Callable, str]:
+        peer = target.declared.get("peer")
+        if peer is not None:
+            return peer, f"peer {getattr(peer, '__name__', repr(peer))}"
+        return self.peer, "its own float32 run"
+
+    def peer(self, *args, **kwargs):
+        """Stands for the default peer (``invoke`` runs the case's ``peer_source`` in float32)."""
+        raise NotImplementedError("the op kind's default peer is each case's own")
+
+    # ---- numerics ----------------------------------------------------------------------------
+
+    def measure(self, case: Case, call: OpCall, grad_seed: int = 0):
+        """As every kind's, after the oracle on the inputs moved as the config's arithmetic may move
+        them (``_moved``): how far that takes the exact result is a floor of the budgets. The default
+        peer runs the target in float32, or, where that is the target's own run (fp32, fp8), the
+        declared reference (an independent implementation) or, without one, none: the exact result
+        rounded as the target's output stands in (``output_rule``)."""
+        exact = {n: case.config.prepare(t, "cpu").exact for n, t in call.floating.items()}
+        move = _moved(case.config, grad_seed + 7)
+        call.moved = self._reference_outputs({n: move(e) for n, e in exact.items()}, call, grad_seed,
+                                             self.case_grad_inputs(case, call))
+        declared = case.target.declared
+        call.peer_source = declared.get("reference") if _runs_in_float32(case.config) else case.target.fn
+        m = super().measure(case, call, grad_seed)
+        if declared.get("peer") is None:
+            m.peer_name = ("its own float32 run" if not _runs_in_float32(case.config) else
+                           "the declared reference run in float32" if call.peer_source is not None else
+                           "the exact result rounded as its output (no peer= or reference= declared)")
+        return m
+
+    def output_rule(self, case, name, out, peer, ref, exact, call: OpCall) -> OutputRule:
+        if case.target.declared.get("peer") is None:
+            if call.peer_source is None:
+                peer = ref  # no independent float32 run: the exact result, rounded below as the output is
+            if peer.dtype != out.dtype:
+                peer = peer.to(out.dtype)
+        rule = super().output_rule(case, name, out, peer, ref, exact, call)
+        rule.peer_factor = PEER_FACTOR if name == self.forward_output else GRAD_PEER_FACTOR
+        # the moved inputs' exact result: an error a correct implementation has, scaled as the peer's
+        moved = call.moved[name]
+        if case.target.declared.get("error", "abs") == "ulp":
+            shift = compare(moved, ref, rule.dtype, scale=rule.scale).max_ulp
+            rule.ulp_floor += rule.peer_factor * shift if math.isfinite(shift) else 0.0
+            return rule
+        finite = torch.isfinite(ref)
+        values = ref[finite].abs()
+        top = float(values.max()) if values.numel() else 0.0
+        rms = float(values.pow(2).mean().sqrt()) if values.numel() else 0.0
+        diff = (moved - ref)[finite & torch.isfinite(moved)].abs()
+        moved_max, moved_rms = (float(diff.max()), float(diff.pow(2).mean().sqrt())) if diff.numel() else (0.0, 0.0)
+        eps = 2.0 ** -format_of(rule.dtype).mantissa_bits
+        rule.underflow_floor = top * eps  # zeros below this are cancellation, not a lost value
+        rule.abs_floor = ULP_FLOOR * top * eps + rule.peer_factor * moved_max
+        rule.peer_rms_floor = RMS_FLOOR_ULPS * rms * eps + rule.peer_factor * moved_rms
+        rule.rms_floor = ULP_FLOOR * rms * 2.0 ** -24 + rule.peer_factor * moved_rms
+        return rule
+
+    # ---- goldens and drawn inputs ------------------------------------------------------------
+
+    def input_spec(self, regime: Regime, call: OpCall) -> dict:
+        # [name, dtype, shape] of each tensor, [name, repr] of the rest (the golden keeps plain values)
+        inputs = [[n, str(v.dtype).removeprefix("torch."), list(v.shape)] if isinstance(v, torch.Tensor) else [n, repr(v)]
+                  for n, v in call.slots]
+        return {"regime": regime.name, "seed": regime.seed, "inputs": inputs}
+
+    def checksum_input(self, call: OpCall) -> torch.Tensor:
+        """Every tensor input (integer positions and masks too), as float64."""
+        return torch.cat([v.flatten().to(torch.float64) for _, v in call.slots if isinstance(v, torch.Tensor)])
+
+    def draw(self, case: Case):
+        return self._spec(case.target).strategy
+
+    def describe_drawn(self, example: Any, case: Case) -> list[str]:
+        call = OpCall(case.target, example, f"target {case.target.name!r} (op)")
+        return ["Hypothesis found (after shrinking) the inputs:", *("  " + line for line in call.describe())]
+
+
+OP = OpKind()

@@ -1,0 +1,255 @@
+"""The op kind end to end (pytester): GELU, rotary embeddings, a custom matmul and a fused MLP
+registered as data; each correct one passes, each planted defect is caught and named; malformed
+registrations are refused naming the target."""
+import pytest
+import torch
+
+import pytest_precision
+from pytest_precision.kinds import registry
+
+pytest_plugins = ["pytester"]
+
+HEADER = """
+import math
+import torch
+import torch.nn.functional as F
+import pytest_precision
+"""
+
+GELU = HEADER + """
+inputs = {"unit": lambda g: torch.randn(32, 128, generator=g),
+          "wide": lambda g: 6 * torch.randn(32, 128, generator=g)}
+pytest_precision.register("gelu", F.gelu, kind="op", inputs=inputs)
+# the tanh approximation is another function: held against the exact GELU, declared as the reference
+pytest_precision.register("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), kind="op", inputs=inputs,
+                          reference=F.gelu)
+"""
+
+ROTARY = HEADER + """
+D = 32
+
+
+def rotary(x, positions, angle_dtype):
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+    angles = positions.to(angle_dtype)[:, None] * inv_freq.to(angle_dtype)[None, :]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
+
+
+inputs = {"near": lambda g: (torch.randn(2, 16, D, generator=g), torch.arange(16)),
+          "far": lambda g: (torch.randn(2, 16, D, generator=g), torch.arange(4000, 4016))}
+# angles in float32 (an explicit cast: the float64 reference computes them the same way)
+pytest_precision.register("rotary", lambda x, p: rotary(x, p, torch.float32), kind="op", inputs=inputs)
+"""
+
+ROTARY_DEFECT = ROTARY + """
+# planted defect: angles and their sin/cos in the input dtype (fp16 spacing at 4000 is 2 radians)
+pytest_precision.register("rotary_dtype", lambda x, p: rotary(x, p, x.dtype), kind="op", inputs=inputs)
+"""
+
+MATMUL = HEADER + """
+def matmul(a, b, accumulate):
+    acc = torch.zeros(a.shape[0], b.shape[1], dtype=accumulate or a.dtype)
+    for k in range(a.shape[1]):  # one product at a time, as a naive kernel's inner loop
+        acc = acc + a[:, k:k + 1].to(acc.dtype) * b[k:k + 1].to(acc.dtype)
+    return acc.to(a.dtype)
+
+
+inputs = {"k256": lambda g: (torch.randn(16, 256, generator=g), torch.randn(256, 16, generator=g))}
+pytest_precision.register("mm_fp32_acc", lambda a, b: matmul(a, b, torch.float32), kind="op", inputs=inputs,
+                          forward_only=True)
+pytest_precision.register("mm_named_peer", lambda a, b: matmul(a, b, torch.float32), kind="op", inputs=inputs,
+                          forward_only=True, peer=torch.matmul)
+{DEFECT}
+"""
+# planted defect: the sum kept in the input dtype (fp16 and bf16 round every partial sum)
+MATMUL_DEFECT = ('pytest_precision.register("mm_dtype_acc", lambda a, b: matmul(a, b, None), kind="op", '
+                 'inputs=inputs, forward_only=True)')
+
+MLP = HEADER + """
+class Linear(torch.autograd.Function):
+    # a hand-written backward, as fused kernels have
+    @staticmethod
+    def forward(ctx, x, w):
+        ctx.save_for_backward(x, w)
+        return x @ w.t()
+
+    @staticmethod
+    def backward(ctx, g):
+        x, w = ctx.saved_tensors
+        {GRAD_W}
+        return g @ w, gw
+
+
+def mlp(x, w1, b1, w2, b2):
+    return Linear.apply(F.gelu(Linear.apply(x, w1) + b1), w2) + b2
+
+
+def make(g):  # keyword inputs: the gradients are named dx, dw1, ...
+    return dict(x=torch.randn(128, 32, generator=g), w1=torch.randn(64, 32, generator=g) / 32 ** 0.5,
+                b1=0.1 * torch.randn(64, generator=g), w2=torch.randn(32, 64, generator=g) / 8,
+                b2=0.1 * torch.randn(32, generator=g))
+
+
+pytest_precision.register("mlp", mlp, kind="op", inputs={"unit": make})
+"""
+GRAD_W_CORRECT = "gw = (g.t().float() @ x.float()).to(w.dtype)"
+# planted defect in the backward only: the weight gradient summed over the batch in the weights' dtype
+GRAD_W_DEFECT = """gw = torch.zeros_like(w)
+        for i in range(x.shape[0]):
+            gw = gw + g[i, :, None] * x[i, None, :]"""
+
+
+def _run(pytester, *args):
+    return pytester.runpytest("--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider", *args)
+
+
+def _accept_then_run(pytester, *args):
+    _run(pytester, "--precision-update-baselines", *args)
+    return _run(pytester, *args)
+
+
+def test_gelu_passes_and_another_function_fails_against_the_declared_reference(pytester):
+    pytester.makeconftest(GELU)
+    result = _accept_then_run(pytester, "--precision-configs=fp32,bf16")
+    # gelu: 2 configs x 2 regimes pass; gelu_tanh passes bf16 (held to its own float32 run) and fails
+    # fp32, where the declared exact GELU run in float32 is its peer
+    result.assert_outcomes(passed=6, failed=2)
+    result.stdout.fnmatch_lines(["*op[[]gelu_tanh-fp32-unit[]]: FAIL accuracy,baseline (oracle: out: max abs * > budget *",
+                                 "*peer (the declared reference run in float32, same config)*"])
+    assert (pytester.path / "precision_baselines/op/gelu/wide/bf16.npz").is_file()
+    assert not (pytester.path / "precision_baselines/op/gelu_tanh/unit/fp32.npz").exists()  # not accepted
+    result.stdout.fnmatch_lines(["*| gelu *| fp32 *|*2 |*| pass *", "*| gelu_tanh *| bf16 *|*2 |*| pass *"])
+
+
+def test_rotary_passes_and_sin_cos_in_fp16_at_large_positions_fail(pytester):
+    pytester.makeconftest(ROTARY_DEFECT)
+    result = _accept_then_run(pytester, "--precision-configs=fp32,fp16")
+    # rotary passes everywhere; rotary_dtype passes near position 0 and fails far from it in fp16
+    # (and in fp32, where float32 angles at 4000 are 2^-12 off the float64 ones)
+    result.assert_outcomes(passed=6, failed=2)
+    result.stdout.fnmatch_lines(["*op[[]rotary_dtype-fp16-far[]]: FAIL accuracy*"])
+    result.stdout.fnmatch_lines(["*op[[]rotary_dtype-fp32-far[]]: FAIL accuracy*"])
+    for line in result.stdout.lines:
+        assert "rotary-" not in line or "FAIL" not in line
+
+
+def test_a_sum_kept_in_16_bits_fails_and_fp32_accumulation_passes(pytester):
+    pytester.makeconftest(MATMUL.replace("{DEFECT}", MATMUL_DEFECT))
+    result = _accept_then_run(pytester, "--precision-configs=fp32,fp16,bf16")
+    result.assert_outcomes(passed=7, failed=2)
+    result.stdout.fnmatch_lines(["*op[[]mm_dtype_acc-fp16-k256[]]: FAIL accuracy,baseline (oracle: *RMS abs * > budget *",
+                                 "*peer (its own float32 run, same config): *"])
+    result.stdout.fnmatch_lines(["*op[[]mm_dtype_acc-bf16-k256[]]: FAIL accuracy*"])
+
+
+def test_a_named_peer_sets_the_budget(pytester):
+    """The fp16-accumulating matmul fails against torch.matmul run in fp16 and passes against a peer
+    that accumulates in fp16 too: the budget is the named peer's."""
+    pytester.makeconftest(MATMUL.replace("{DEFECT}", """
+fp16_sum = lambda a, b: matmul(a, b, None)
+pytest_precision.register("against_torch", fp16_sum, kind="op", inputs=inputs, forward_only=True, peer=torch.matmul)
+pytest_precision.register("against_itself", fp16_sum, kind="op", inputs=inputs, forward_only=True,
+                          peer=lambda a, b: matmul(a, b, None))
+"""))
+    result = _run(pytester, "--precision-configs=fp16", "-k", "against")
+    result.assert_outcomes(passed=0, failed=2)  # no goldens yet: both fail for that, one also on the oracle
+    result.stdout.fnmatch_lines(["*op[[]against_torch-fp16-k256[]]: FAIL accuracy,baseline (oracle: *",
+                                 "*peer (peer matmul, same config)*",
+                                 "*op[[]against_itself-fp16-k256[]]: FAIL baseline (no golden*"])
+
+
+def test_a_fused_mlp_and_its_backward(pytester):
+    pytester.makeconftest(MLP.replace("{GRAD_W}", GRAD_W_CORRECT))
+    result = _accept_then_run(pytester, "--precision-configs=fp32,bf16,amp-bf16")
+    result.assert_outcomes(passed=3)
+    meta = (pytester.path / "precision_baselines/op/mlp/unit/bf16.json").read_text()
+    assert all(f'"d{n}"' in meta for n in ("x", "w1", "b1", "w2", "b2"))  # every gradient judged
+    # the weight gradient summed over the batch in bf16: only the backward is wrong, and only in 16 bits
+    pytester.makeconftest(MLP.replace("{GRAD_W}", GRAD_W_DEFECT))
+    failed = _run(pytester, "--precision-configs=fp32,bf16,amp-bf16")
+    failed.assert_outcomes(passed=2, failed=1)
+    failed.stdout.fnmatch_lines(["*op[[]mlp-bf16-unit[]]: FAIL accuracy,regression (oracle: dw1: *"])
+    assert "oracle: dx:" not in failed.stdout.str()
+
+
+def test_generators_are_seeded_and_checked(pytester):
+    pytester.makeconftest(HEADER + """
+pytest_precision.register("seeded", torch.tanh, kind="op", inputs={"unit": lambda g: torch.randn(64, generator=g)})
+pytest_precision.register("global_rng", torch.tanh, kind="op", inputs={"unit": lambda g: torch.randn(64)})
+""")
+    _run(pytester, "--precision-configs=fp32", "--precision-update-baselines")
+    stored = (pytester.path / "precision_baselines/op/seeded/unit/fp32.json").read_text()
+    result = _run(pytester, "--precision-configs=fp32")
+    result.assert_outcomes(passed=1, failed=1)  # the inputs' checksum matched the golden's
+    result.stdout.fnmatch_lines(["*target 'global_rng' (op), inputs regime 'unit': the generator gave different "
+                                 "inputs on two calls*"])
+    assert (pytester.path / "precision_baselines/op/seeded/unit/fp32.json").read_text() == stored
+
+
+def test_the_drawn_regime_finds_large_positions(pytester):
+    pytester.makeconftest(ROTARY_DEFECT.replace("inputs = {", """from hypothesis import strategies as st
+
+drawn = st.integers(0, 8000).map(lambda start: (torch.randn(1, 4, D, generator=torch.Generator().manual_seed(start)),
+                                                 torch.arange(start, start + 4)))
+inputs = {"hypothesis": drawn, """).replace('kind="op", inputs=inputs)', 'kind="op", inputs=inputs, examples=20)'))
+    result = _run(pytester, "--precision-configs=fp16", "-k", "hypothesis")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*op[[]rotary_dtype-fp16-hypothesis[]]: FAIL accuracy,hypothesis*",
+                                 "*Hypothesis found (after shrinking) the inputs:*", "*arg1: int64 (4,): *"])
+
+
+def test_contract_breaks_name_the_target(pytester):
+    pytester.makeconftest(HEADER + """
+inputs = {"unit": lambda g: torch.randn(8, 4, generator=g)}
+pytest_precision.register("pair", lambda x: (x, x), kind="op", inputs=inputs, reference=torch.tanh)
+pytest_precision.register("pair_ref", lambda x: (x, x), kind="op", inputs=inputs)
+pytest_precision.register("shape", lambda x: x.sum(0), kind="op", inputs=inputs, reference=lambda x: x)
+pytest_precision.register("cast", lambda x: x.float(), kind="op", inputs=inputs)
+pytest_precision.register("junk", torch.tanh, kind="op", inputs={"unit": lambda g: "not inputs"})
+""")
+    result = _run(pytester, "--precision-configs=fp32")
+    result.assert_outcomes(failed=5)
+    result.stdout.fnmatch_lines([
+        "*target 'pair' (op) under config fp32 on regime unit returned a tuple of 2: an op target returns one tensor*",
+        "*target 'pair_ref' (op): its float64 reference (the target on float64 inputs) returned a tuple of 2: an op "
+        "target returns one tensor*",
+        "*target 'shape' (op) under config fp32 on regime unit: shape mismatch, output (4,), expected (8, 4)*",
+        "*target 'cast' (op): its float64 reference (the target on float64 inputs) returned torch.float32*",
+        "*target 'junk' (op), inputs regime 'unit': the generator returned str*",
+    ])
+
+
+@pytest.fixture
+def forget():
+    yield
+    registry.clear()
+
+
+@pytest.mark.parametrize("declared, error, match", [
+    ({}, TypeError, "target 'bad' \\(op\\): inputs= is required"),
+    ({"inputs": [lambda g: torch.zeros(1)]}, TypeError, "target 'bad' \\(op\\): inputs=.*expected a dict"),
+    ({"inputs": {"unit": 3}}, TypeError, "target 'bad' \\(op\\): inputs\\['unit'\\]=3 is neither a generator"),
+    ({"inputs": {"a b": lambda g: torch.zeros(1)}}, ValueError, "target 'bad' \\(op\\): regime name"),
+    ({"inputs": {"unit": lambda g: torch.zeros(1)}, "reference": 1.0}, TypeError, "reference=1.0 is not callable"),
+    ({"inputs": {"unit": lambda g: torch.zeros(1)}, "error": "rel"}, ValueError, "error='rel': expected 'abs' or"),
+    ({"inputs": {"unit": lambda g: torch.zeros(1)}, "tolerance": 1}, TypeError, "unknown declaration 'tolerance'"),
+])
+def test_malformed_registrations_are_refused_naming_the_target(forget, declared, error, match):
+    with pytest.raises(error, match=match):
+        pytest_precision.register("bad", torch.tanh, kind="op", **declared)
+
+
+def test_a_target_that_is_not_callable_is_refused(forget):
+    with pytest.raises(TypeError, match="target 'bad': 42 is not callable"):
+        pytest_precision.register("bad", 42, kind="op", inputs={"unit": lambda g: torch.zeros(1)})
+
+
+def test_an_ini_op_target_cannot_declare_its_inputs(pytester):
+    pytester.makepyfile(ops="import torch\n\ndef tanh(x):\n    return torch.tanh(x)\n")
+    pytester.makeini("[pytest]\nprecision_targets = ops:tanh op\n")
+    pytester.syspathinsert()
+    result = _run(pytester, "--precision-configs=fp32")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*ops:tanh*inputs=*"])
