@@ -221,6 +221,48 @@ pytest_precision.register("junk", torch.tanh, kind="op", inputs={"unit": lambda 
     ])
 
 
+def test_ulp_judged_ops_keep_their_relative_precision(pytester):
+    """softplus of x near -30 is 1e-13: log(1 + exp(x)) returns 0 there, a loss only ULPs see (its
+    absolute error is below every floor), so an op like it declares error="ulp"."""
+    pytester.makeconftest(HEADER + """
+inputs = {"wide": lambda g: 10 * torch.randn(32, 64, generator=g)}
+naive = lambda x: torch.log(1 + torch.exp(x))
+pytest_precision.register("softplus", F.softplus, kind="op", inputs=inputs, error="ulp")
+pytest_precision.register("naive_ulp", naive, kind="op", inputs=inputs, error="ulp", reference=F.softplus)
+pytest_precision.register("naive_abs", naive, kind="op", inputs=inputs, reference=F.softplus)
+""")
+    result = _accept_then_run(pytester, "--precision-configs=fp32,bf16")
+    result.assert_outcomes(passed=4, failed=2)
+    result.stdout.fnmatch_lines(["*op[[]naive_ulp-fp32-wide[]]: FAIL underflow,accuracy,baseline (oracle: out: underflow*",
+                                 "*shape (32, 64), ULPs in float32; *",
+                                 "*op[[]naive_ulp-bf16-wide[]]: FAIL underflow*"])
+
+
+def test_grads_names_the_gradients_judged(pytester):
+    pytester.makeconftest(MLP.replace("{GRAD_W}", GRAD_W_CORRECT).replace(
+        'inputs={"unit": make})', 'inputs={"unit": make}, grads=("w1",))') + """
+pytest_precision.register("mlp_typo", mlp, kind="op", inputs={"unit": make}, grads=("w9",))
+""")
+    result = _run(pytester, "--precision-configs=fp32", "--precision-update-baselines")
+    result.assert_outcomes(passed=1, failed=1)
+    meta = (pytester.path / "precision_baselines/op/mlp/unit/fp32.json").read_text()
+    assert '"dw1"' in meta and '"dx"' not in meta and '"dw2"' not in meta
+    result.stdout.fnmatch_lines(["*target 'mlp_typo' (op): grads names 'w9'; the floating inputs of regime 'unit' are "
+                                 "x, w1, b1, w2, b2*"])
+
+
+def test_tf32_rounding_keeps_ten_fraction_bits():
+    from pytest_precision.suites.op import round_to_tf32
+
+    x = torch.tensor([1 + 2 ** -11, 1 + 3 * 2 ** -11, 1 + 2 ** -10, -(1 + 3 * 2 ** -11), 3.0e38, float("inf"),
+                      float("nan"), 1e-40], dtype=torch.float32)
+    got = round_to_tf32(x)
+    # ties to even: 1 + 2^-11 lies halfway between 1 and 1 + 2^-10, 1 + 3 x 2^-11 between 1 + 2^-10 and 1 + 2^-9
+    expect = torch.tensor([1.0, 1 + 2 ** -9, 1 + 2 ** -10, -(1 + 2 ** -9)], dtype=torch.float32)
+    assert torch.equal(got[:4], expect) and got[5] == float("inf") and got[6].isnan()
+    assert abs(float(got[4]) / 3.0e38 - 1) < 2 ** -10 and abs(float(got[7]) / 1e-40 - 1) < 2 ** -3
+
+
 @pytest.fixture
 def forget():
     yield
