@@ -24,7 +24,8 @@ What a target declares (``OpKind.declarations``), and the decisions behind it:
   dtype the target returned: a 16-bit run may lose what rounding to its dtype loses, times the peer
   factor, plus the floors. In fp32 and fp8 (where the callable runs in float32 on the values the
   config gives) that run would be the target itself and its check could not fail, so there the
-  peer is the exact result rounded as the target's output is: a float32 run is held to a few ULPs.
+  peer is the declared reference run in float32 (an independent implementation) or, with none
+  declared, the exact result rounded as the target's output is.
 - one output tensor, shaped as the reference's; ``grads`` names the floating inputs whose
   gradients are judged too (default: every floating input, under a seeded upstream gradient;
   ``forward_only=True``: none). Factor 2 on the output, 3 on gradients (FlashAttention's rule).
@@ -33,11 +34,15 @@ What a target declares (``OpKind.declarations``), and the decisions behind it:
   where an output's ULP count near zero measures cancellation, not the op. ``"ulp"`` judges ULPs
   (ops whose outputs keep their relative precision: exp, norms of positive values).
 
-Floors (what a correct implementation cannot beat): ``ULP_FLOOR`` ULPs of the dtype at the
-output's largest magnitude (max error) and ``ULP_FLOOR`` float32 ULPs at its RMS magnitude (the
-golden's typical error), plus, where the config computes in a narrower dtype than the inputs the
-oracle sees (autocast; TF32), how far the exact result moves when every floating input is rounded
-to it: a float32 peer never sees that rounding, and no implementation under autocast escapes it.
+Budgets on absolute error: the peer factor x the peer's max error plus ``ULP_FLOOR`` ULPs of the
+dtype at the output's largest magnitude, and the peer factor x its RMS error plus
+``RMS_FLOOR_ULPS`` ULPs at the output's RMS magnitude (a sum kept in 16 bits shows there first).
+Both grow by the peer factor x how far the exact result moves when the floating inputs move as the
+config's arithmetic may move them (``_moved``): rounded to the autocast dtype (a float32 peer never
+sees that rounding, and no implementation under autocast escapes it) or to TF32, elsewhere by a
+few float32 ULPs (the backward error of float32 arithmetic, which the exact-result peer of fp32
+lacks). The golden's typical-error floor is ``ULP_FLOOR`` float32 ULPs at the RMS magnitude plus
+the same move.
 """
 from __future__ import annotations
 
