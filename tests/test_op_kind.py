@@ -294,4 +294,6 @@ def test_an_ini_op_target_cannot_declare_its_inputs(pytester):
     pytester.syspathinsert()
     result = _run(pytester, "--precision-configs=fp32")
     assert result.ret != 0
-    result.stdout.fnmatch_lines(["*ops:tanh*inputs=*"])
+    # a usage error (stderr) since ini targets declare on their line; a collection error before
+    text = result.stdout.str() + result.stderr.str()
+    assert "ops:tanh" in text and "inputs=" in text, text[-2000:]

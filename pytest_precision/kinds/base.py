@@ -93,7 +93,7 @@ class DrawnRegime:
 
     name: str = "hypothesis"
     examples: int = 30
-    # seconds for the search and the shrink together: a slow target (a Triton kernel under the
+    # CPU seconds (of this process) for the search and the shrink together: a slow target (a Triton kernel under the
     # interpreter takes 0.1 to 1 s a call) would otherwise shrink for minutes; past it the failure
     # found so far is reported as it stands (less shrunk), and a search without one ends
     seconds: float = 20.0
@@ -715,17 +715,20 @@ class Kind:
 
         worst: dict[str, Any] = {}
         failing: set = set()  # the failing examples seen, so that they fail again once time is up
-        deadline = time.perf_counter() + self.drawn.seconds
+        drawn = self.drawn_for(case.target)
+        # CPU seconds of this process, not wall time: a busy machine or a second xdist worker
+        # stretches wall time without this search doing more
+        deadline = time.process_time() + drawn.seconds
 
         class Falsified(AssertionError):
             pass
 
-        @settings(settings.get_profile(PROFILE), max_examples=self.drawn_for(case.target).examples, database=None,
+        @settings(settings.get_profile(PROFILE), max_examples=drawn.examples, database=None,
                   deadline=None)
         @given(self.draw(case))
         def attack(example):
             key = _example_key(example)
-            if time.perf_counter() > deadline:  # time is up: only what already failed fails (Hypothesis replays it)
+            if time.process_time() > deadline:  # time is up: only what already failed fails (Hypothesis replays it)
                 failed = key in failing
             else:
                 inputs = self.for_target(case, self.drawn_inputs(example))
@@ -750,7 +753,7 @@ class Kind:
         except Unsatisfiable:
             skip(f"{case.target.name}: every drawn input lies outside what it declared")
         if "m" not in worst:
-            skip(f"{case.target.name}: no drawn input was judged within {self.drawn.seconds:g} s")
+            skip(f"{case.target.name}: no drawn input was judged within {drawn.seconds:g} s")
         m = worst["m"]
         if worst.get("example") is not None:
             excuse = interpreter_excuse(m.launches)
