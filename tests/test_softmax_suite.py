@@ -324,7 +324,9 @@ def test_hypothesis_regime_finds_and_shrinks_a_counterexample(pytester):
     ])
     out = result.stdout.str()
     rows, cols = map(int, re.search(r"logits of shape \((\d+), (\d+)\)", out).groups())
-    assert rows == 1 and cols <= 3, out  # a short row, readable
+    # short rows, readable (which minimal example the shrinker reaches follows the derandomised
+    # seed, a digest of the attack's code: one row of one logit, or two)
+    assert rows <= 2 and cols <= 3 and rows * cols <= 4, out
     assert "--precision-update-baselines" not in out  # nothing to accept for drawn inputs
 
 
