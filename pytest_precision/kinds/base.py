@@ -25,7 +25,6 @@ one conformance check over every kind.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import sys
 import time
 import zlib
@@ -270,20 +269,6 @@ class TensorEvidence(Evidence):
                 lines.append("    worst elements:")
                 lines += ["      " + row for row in o.worst_table().splitlines()]
         return lines
-
-
-def _example_key(example: Any) -> Any:
-    """A drawn example as a hashable value (tensors by shape, dtype and bits)."""
-    if isinstance(example, torch.Tensor):
-        t = example.detach().cpu().contiguous()
-        return ("tensor", tuple(t.shape), str(t.dtype), t.view(-1).view(torch.uint8).numpy().tobytes())
-    if dataclasses.is_dataclass(example):
-        return tuple(_example_key(getattr(example, f.name)) for f in dataclasses.fields(example))
-    if isinstance(example, (list, tuple)):
-        return tuple(_example_key(e) for e in example)
-    if isinstance(example, dict):
-        return tuple((k, _example_key(v)) for k, v in sorted(example.items()))
-    return repr(example)
 
 
 _DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
@@ -707,14 +692,13 @@ class Kind:
     def _attack(self, case: Case) -> Outcome:
         """The drawn regime: Hypothesis searches for inputs on which the target breaks its peer
         budget or counts, steered toward the largest error, and shrinks what it finds."""
-        from hypothesis import given, reject, settings
+        from hypothesis import given, reject, seed, settings
         from hypothesis.errors import Unsatisfiable
         from hypothesis import target as steer
 
         from ..strategies import PROFILE
 
         worst: dict[str, Any] = {}
-        failing: set = set()  # the failing examples seen, so that they fail again once time is up
         drawn = self.drawn_for(case.target)
         # CPU seconds of this process, not wall time: a busy machine or a second xdist worker
         # stretches wall time without this search doing more
@@ -723,29 +707,37 @@ class Kind:
         class Falsified(AssertionError):
             pass
 
-        @settings(settings.get_profile(PROFILE), max_examples=drawn.examples, database=None,
-                  deadline=None)
+        profile = settings.get_profile(PROFILE)
+
+        @settings(profile, max_examples=drawn.examples, database=None, deadline=None)
         @given(self.draw(case))
         def attack(example):
-            key = _example_key(example)
-            if time.process_time() > deadline:  # time is up: only what already failed fails (Hypothesis replays it)
-                failed = key in failing
+            if time.process_time() > deadline:
+                # time is up. With a failure in hand every call fails, so the shrinker accepts each
+                # candidate and ends in a few steps (letting them pass kept it trying thousands);
+                # what is reported is the last input that really failed (``worst``). Without one,
+                # each call passes at once and the search runs out its examples.
+                failed = "example" in worst
             else:
                 inputs = self.for_target(case, self.drawn_inputs(example))
                 if self.unsupported(case, inputs):  # outside what the target declared: not an example
                     reject()
                 m = self.measure(case, inputs)
                 error = m.oracle[self.forward_output].max_ulp
-                if "m" not in worst or error > worst["m"].oracle[self.forward_output].max_ulp:
+                # the worst passing measurement stands until a failure, which then stays with its input
+                if "example" not in worst and ("m" not in worst or error > worst["m"].oracle[self.forward_output].max_ulp):
                     worst["m"] = m
                 steer(min(error, 1e300) if error == error else 1e300, label="max ULP")
                 failed = any(violations(m.oracle[n], m.peer_budget[n]) for n in m.oracle)
                 if failed:
                     worst.update(m=m, example=example)
-                    failing.add(key)
             if failed:  # one place: Hypothesis tells failures apart by where they are raised
                 raise Falsified()
 
+        if profile.derandomize:
+            # the same examples for the same case, whatever the harness's code: derandomising alone
+            # seeds from a digest of ``attack``'s source, so an unrelated edit here moved every case
+            attack = seed(zlib.crc32(case.name.encode()))(attack)
         try:
             attack()
         except Falsified:
