@@ -171,7 +171,12 @@ def reaches_sdpa(target: Target, device: str) -> bool:
         return declared
     if uses_triton(target.fn):
         return False
-    key = (target.fn, device, tuple(sorted(map(str, target.declared.items()))))
+    try:
+        hash(target.fn)
+        fn_key = target.fn
+    except TypeError:  # a callable object that cannot be hashed: by identity (the target holds it alive)
+        fn_key = id(target.fn)
+    key = (fn_key, device, tuple(sorted(map(str, target.declared.items()))))
     if key not in _REACHES_SDPA:
         a = REGIMES["unit"].inputs()
         dtype = (target.declared.get("dtypes") or (torch.float32,))[0]

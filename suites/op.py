@@ -125,12 +125,17 @@ class OpCall:
 
     def same_as(self, other: "OpCall") -> bool:
         """Bit for bit the same inputs (NaN included)."""
-        def bits(v):
-            if not isinstance(v, torch.Tensor):
-                return v
-            return (v.dtype, tuple(v.shape), v.cpu().contiguous().flatten().view(torch.uint8).tolist())
+        def same(a, b) -> bool:
+            if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+                return False
+            if not isinstance(a, torch.Tensor):
+                return a == b
+            # compared as bytes on the tensors (a Python list of every byte cost seconds per large input)
+            return (a.dtype == b.dtype and a.shape == b.shape
+                    and torch.equal(a.cpu().contiguous().flatten().view(torch.uint8),
+                                    b.cpu().contiguous().flatten().view(torch.uint8)))
         return ([n for n, _ in self.slots] == [n for n, _ in other.slots]
-                and all(bits(a) == bits(b) for (_, a), (_, b) in zip(self.slots, other.slots)))
+                and all(same(a, b) for (_, a), (_, b) in zip(self.slots, other.slots)))
 
     def describe(self) -> list[str]:
         lines = []
