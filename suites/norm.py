@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from pytest_precision.kinds.base import Case, DrawnRegime, Kind, OutputRule, Regime, xfail
+from pytest_precision.kinds.base import Case, DrawnRegime, Kind, OutputRule, Regime
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
 from pytest_precision.kinds.target import Target
 from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR
@@ -312,21 +312,14 @@ class NormKind(Kind):
         return inputs()
 
     def describe_drawn(self, example: NormInputs, case: Case) -> list[str]:
-        self._found = example  # the shrunk input, for run's check of torch's known limit
         return [f"Hypothesis found (after shrinking) {example!r}"]
 
-    def run(self, case: Case, baseline):
-        """The template run; where the built-in torch target fails on a drawn input at a known limit
-        of torch's op (``torch_backward_limit``), an expected failure with that reason."""
-        self._found = None
-        outcome = super().run(case, baseline)
-        if not outcome.passed and case.target.fn == self.peer and not self.rms:
-            failed = {p.sentence.split(":")[1].strip() for p in outcome.problems
-                      if p.check == "oracle" and p.sentence.startswith("oracle: ")}
-            reason = torch_backward_limit(self._found, case.config.input_dtype, failed)
-            if reason:
-                xfail(reason)
-        return outcome
+    def known_limit(self, case: Case, example: NormInputs, m) -> str | None:
+        """The built-in torch target failing on a drawn input at a limit of torch's op
+        (``torch_backward_limit``)."""
+        if case.target.fn != self.peer or self.rms:
+            return None
+        return torch_backward_limit(example, case.config.input_dtype, self.failed_outputs(m))
 
 
 LAYER_NORM = NormKind(rms=False)

@@ -385,6 +385,17 @@ class Kind:
         meant (attention: the other causal alignment), else None."""
         return None
 
+    def known_limit(self, case: Case, example: Any, m: "Measurement") -> str | None:
+        """Why a drawn input on which ``case`` failed lies at a known limit of the built-in target
+        (torch's op), making the failure expected: its reason, or None (checked before the first
+        fault is looked for)."""
+        return None
+
+    @staticmethod
+    def failed_outputs(m: "Measurement") -> set[str]:
+        """The outputs of ``m`` over their peer budget or counts."""
+        return {n for n in m.oracle if violations(m.oracle[n], m.peer_budget[n])}
+
     def case_grad_inputs(self, case: Case, inputs: Any = None) -> tuple[str, ...]:
         """The inputs whose gradients the case judges: none for a forward-only target."""
         return () if case.target.declared.get("forward_only") else self.grad_inputs
@@ -748,7 +759,7 @@ class Kind:
             skip(f"{case.target.name}: no drawn input was judged within {drawn.seconds:g} s")
         m = worst["m"]
         if worst.get("example") is not None:
-            excuse = interpreter_excuse(m.launches)
+            excuse = interpreter_excuse(m.launches) or self.known_limit(case, worst["example"], m)
             if excuse:
                 xfail(excuse)
         absent = BaselineResult(absent="drawn inputs have no golden; the oracle and the peer judge them")
