@@ -176,7 +176,7 @@ def _check_callable(helper: str, name: str, fn, first_input) -> None:
 # ---- softmax ---------------------------------------------------------------------------------
 
 def _unit_roundoff(dtype: torch.dtype) -> float:
-    return 2.0 ** -(format_of(dtype).mantissa_bits + 1)
+    return format_of(dtype).eps / 2
 
 
 def _nearest(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -273,7 +273,7 @@ def softmax_rows_sum_to_one(probs: torch.Tensor, logits: torch.Tensor | None = N
     dtype = probs.dtype if probs.dtype in FORMATS else torch.float32
     work = working_dtype or (torch.float64 if dtype == torch.float64 else torch.float32)
     n = probs.shape[-1]
-    eps = 2.0 ** -format_of(dtype).mantissa_bits
+    eps = format_of(dtype).eps
     live = _live_rows(logits, probs)
     sums = probs.to(torch.float64).sum(-1)[live]
     dev = torch.nan_to_num((sums - 1).abs(), nan=math.inf)
@@ -433,7 +433,7 @@ def _row_scaled_error(a: torch.Tensor, b: torch.Tensor) -> tuple[float, torch.Te
     dtype = _compare_dtype(a)
     a64, b64 = a.to(torch.float64), b.to(torch.float64)
     scale = a64.abs().amax(-1, keepdim=True).clamp_min(format_of(dtype).smallest_normal)
-    spacing = scale * 2.0 ** -format_of(dtype).mantissa_bits
+    spacing = scale * format_of(dtype).eps
     err = ((a64 - b64).abs() / spacing)
     err = torch.where(torch.isnan(a64) != torch.isnan(b64), torch.full_like(err, math.inf), err)
     err = torch.nan_to_num(err, nan=0.0)
@@ -484,7 +484,7 @@ def attention_output_in_value_range(out: torch.Tensor, v: torch.Tensor, *, causa
     dtype = _compare_dtype(out)
     over = torch.clamp(o - hi, min=0) + torch.clamp(lo - o, min=0)
     bound = torch.maximum(hi.abs(), lo.abs()).clamp_min(format_of(dtype).smallest_normal)
-    err = over / (bound * 2.0 ** -format_of(dtype).mantissa_bits)
+    err = over / (bound * format_of(dtype).eps)
     has_keys = allowed.any(-1)[..., None].expand_as(o)
     err = torch.where(has_keys & torch.isnan(o), torch.full_like(err, math.inf), torch.nan_to_num(err, nan=0.0))
     err = torch.where(has_keys, err, torch.zeros_like(err))

@@ -25,7 +25,6 @@ target that does not (a first call watched, or ``sdpa=False`` declared) runs onc
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from typing import Callable
 
@@ -134,7 +133,7 @@ def error_floor(top: float, dtype: torch.dtype, logit_top: float) -> float:
     softmax, output and gradients inherit it. Measured on CPU with torch 2.13: SDPA's flash
     backend in fp32 at q scale 40 (|s| up to about 120) has dv 9e-6 off at magnitude 4, ten times
     eager math's error yet within this term; in 16-bit dtypes the first term dominates."""
-    return ULP_FLOOR * top * (2.0 ** -format_of(dtype).mantissa_bits + max(1.0, logit_top) * 2.0 ** -24)
+    return ULP_FLOOR * top * (format_of(dtype).eps + max(1.0, logit_top) * 2.0 ** -24)
 
 
 def sdpa(q, k, v, causal: bool = False, key_padding_mask=None):
@@ -211,14 +210,6 @@ def _head_dims(name: str, value) -> "Callable[[int], bool]":
     return supported
 
 
-def _accepts_padding(fn) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return True
-    return "key_padding_mask" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 class AttentionKind(Kind):
     name = "attention"
     contract = "fn(q, k, v, causal[, key_padding_mask=]) -> (B, H, S_q, D) in q's dtype"
@@ -268,7 +259,7 @@ class AttentionKind(Kind):
             return f"declares cross_lengths=False; this regime has S_q {a.q.shape[-2]} != S_k {a.k.shape[-2]}"
         if a.causal and declared.get("causal", "top-left") is None:
             return "declares causal=None; this regime is causal"
-        if a.key_padding_mask is not None and not declared.get("padding", _accepts_padding(case.target.fn)):
+        if a.key_padding_mask is not None and not declared.get("padding", case.target.accepts("key_padding_mask")):
             return "the padded regime needs a key_padding_mask keyword (see the attention contract)"
         return None
 
@@ -337,7 +328,7 @@ class AttentionKind(Kind):
             scores = attention_scores(exact["q"], exact["k"], a.causal, a.key_padding_mask,
                                       a.causal_alignment == "bottom-right")
             logit_top = float(scores[torch.isfinite(scores)].abs().max())
-        rule.underflow_floor = top * 2.0 ** -format_of(rule.dtype).mantissa_bits  # zeros below this are cancellation
+        rule.underflow_floor = top * format_of(rule.dtype).eps  # zeros below this are cancellation
         rule.peer_factor = PEER_FACTOR if name == "out" else GRAD_PEER_FACTOR
         # the same floor under the regression budget: the interpreted Triton kernel in fp32 at q scale
         # 40 is 1.6e-6 or 4.9e-6 off depending on OpenBLAS's kernel (its tl.dot), and 1.5 x one of them

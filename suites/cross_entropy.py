@@ -26,7 +26,6 @@ only there; a target without that keyword is skipped on those regimes with the r
 """
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass
 
@@ -152,14 +151,6 @@ def torch_smoothing_overflow(a: CrossEntropyInputs | None, dtype: torch.dtype) -
             "overflows past 65504 on this input (a known limit of torch's op, not of the harness)")
 
 
-def _accepts(fn, keyword: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return True
-    return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
-
-
 def _keywords(a: CrossEntropyInputs) -> dict:
     """The keywords a case passes: only those its inputs need."""
     kw = {}
@@ -188,7 +179,7 @@ class CrossEntropyKind(Kind):
         if reason is None and regime is not None:
             wanted = [k for k, on in (("ignore_index", regime.parameters.get("ignored")),
                                       ("label_smoothing", regime.parameters.get("label_smoothing"))) if on]
-            needed = [k for k in wanted if not _accepts(case.target.fn, k)]
+            needed = [k for k in wanted if not case.target.accepts(k)]
             if needed:
                 reason = (f"{case.target.name}: the {case.regime} regime needs the {' and '.join(needed)} keyword"
                           f"{'s' if len(needed) > 1 else ''} (see the cross_entropy contract)")
@@ -262,7 +253,7 @@ class CrossEntropyKind(Kind):
         # classes: F.cross_entropy's gradient is 3.1e-7 off where p reaches 0.2 and lse is 22.5
         # (5 ULPs at 0.5), the composite exp / sum 1.4e-8.
         rows = max(1, int((a.target != a.ignore_index).sum()))
-        rule.abs_floor = ULP_FLOOR * self._upstream / rows * (2.0 ** -format_of(rule.dtype).mantissa_bits
+        rule.abs_floor = ULP_FLOOR * self._upstream / rows * (format_of(rule.dtype).eps
                                                              + _exp_condition(logits, a) * 2.0 ** -24)
         # zeros within the floor are probabilities too small to matter at this scale, not lost values
         rule.underflow_floor = rule.abs_floor
@@ -276,8 +267,8 @@ class CrossEntropyKind(Kind):
     def draw(self, case: Case):
         from hypothesis import strategies as st
 
-        ignores = _accepts(case.target.fn, "ignore_index")
-        smooths = _accepts(case.target.fn, "label_smoothing")
+        ignores = case.target.accepts("ignore_index")
+        smooths = case.target.accepts("label_smoothing")
 
         @st.composite
         def inputs(draw) -> CrossEntropyInputs:

@@ -281,7 +281,7 @@ class NormKind(Kind):
         moved = (self._sensitivity.moved if forward else self._sensitivity.moved_saved)[name]
         terms = self._sensitivity.terms[name]
         cancelling = self._sensitivity.cancelling.get(name, 0.0) * CANCELLING_ROUNDINGS * 2.0 ** -24
-        rule.abs_floor = ULP_FLOOR * (terms * 2.0 ** -format_of(rule.dtype).mantissa_bits + float(moved.max()) + cancelling)
+        rule.abs_floor = ULP_FLOOR * (terms * format_of(rule.dtype).eps + float(moved.max()) + cancelling)
         # the regression budget's RMS: a row's mean, rounded in another order, moves the whole row alike
         rule.rms_floor = ULP_FLOOR * float(moved.pow(2).mean().sqrt())
         # zeros within the floor are cancellation (dx of a row that rounds to a constant), not lost values

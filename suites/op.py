@@ -434,7 +434,7 @@ class OpKind(Kind):
         rms = float(values.pow(2).mean().sqrt()) if values.numel() else 0.0
         diff = (moved - ref)[finite & torch.isfinite(moved)].abs()
         moved_max, moved_rms = (float(diff.max()), float(diff.pow(2).mean().sqrt())) if diff.numel() else (0.0, 0.0)
-        eps = 2.0 ** -format_of(rule.dtype).mantissa_bits
+        eps = format_of(rule.dtype).eps
         rule.underflow_floor = top * eps  # zeros below this are cancellation, not a lost value
         rule.abs_floor = ULP_FLOOR * top * eps + rule.peer_factor * moved_max
         rule.peer_rms_floor = RMS_FLOOR_ULPS * rms * eps + rule.peer_factor * moved_rms

@@ -31,6 +31,15 @@ def worst(values, pick=max) -> float:
     return math.nan if any(math.isnan(v) for v in values) else pick(values)
 
 
+def _statistic(records: list[dict], field: str, pick=max) -> str:
+    """A row's cell: the worst of its cases' ``field``. A passing case with nothing finite to
+    measure (its expected output is NaN, as a batch whose every label is ignored) has no say; a
+    case whose value is NaN for any other reason makes the cell NaN (see :func:`worst`)."""
+    values = [r[field] for r in records
+              if not (r["passed"] and math.isnan(float(r[field])) and not (r["overflow"] or r["nan"]))]
+    return fmt(worst(values, pick)) if values else "-"
+
+
 class SummaryTable:
     """One table of the run's summary."""
 
@@ -83,11 +92,11 @@ class TensorTable(SummaryTable):
             if not measured:
                 rows.append((target, config, len(rs), "-", "-", "-", "-", "-", "-", verdict))
                 continue
-            first = ((fmt(worst(r["max_abs"] for r in measured)), fmt(worst(r["rms_abs"] for r in measured)))
-                     if self.on_abs else (fmt(worst(r["max_ulp"] for r in measured)), fmt(worst(r["max_rel"] for r in measured))))
+            first = ((_statistic(measured, "max_abs"), _statistic(measured, "rms_abs")) if self.on_abs
+                     else (_statistic(measured, "max_ulp"), _statistic(measured, "max_rel")))
             rows.append((
                 target, config, len(rs), *first,
-                fmt(worst((r["sqnr_db"] for r in measured), min)),
+                _statistic(measured, "sqnr_db", min),
                 sum(r["overflow"] for r in measured), sum(r["underflow"] for r in measured),
                 sum(r["nan"] for r in measured),
                 verdict,

@@ -2,6 +2,7 @@
 declared it supports (``register(name, fn, kind=..., dtypes=..., ...)``; see ``Kind.declarations``)."""
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,6 +17,15 @@ class Target:
     origin: str = "register()"
     # what the target declared at registration, as the kind normalised it (Kind.declare)
     declared: dict = field(default_factory=dict, compare=False)
+
+    def accepts(self, keyword: str) -> bool:
+        """Whether the callable takes ``keyword`` (by name or through ``**kwargs``); True where its
+        signature cannot be read (a builtin, a C extension): the call then says for itself."""
+        try:
+            params = inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return True
+        return keyword in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
 class TargetError(Exception):

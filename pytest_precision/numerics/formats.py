@@ -31,6 +31,11 @@ class Format:
     has_inf: bool
 
     @property
+    def eps(self) -> float:
+        """Spacing at 1.0 (2**-mantissa_bits); half of it is the unit roundoff."""
+        return 2.0 ** -self.mantissa_bits
+
+    @property
     def emin(self) -> int:
         """Exponent of the smallest normal binade."""
         return int(round(math.log2(self.smallest_normal)))

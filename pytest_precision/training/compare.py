@@ -269,4 +269,4 @@ def speedup_text(step: float | None, spread: float | None, fp32_step: float | No
 
 
 def mantissa_eps(dtype: torch.dtype) -> float:
-    return 2.0 ** -format_of(dtype).mantissa_bits
+    return format_of(dtype).eps
