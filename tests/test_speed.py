@@ -70,7 +70,11 @@ def test_a_slowdown_fails_only_where_the_clock_and_the_calibration_workload_both
     for call, cal in ((1.5e-3, 1e-5), (2.25e-3, 1.5e-5), (1.5e-3, 0.8e-5)):
         v = judge_speed(timing(call, cal, 30), base, 0.2, "fp")
         assert v.failed and 1.4 < v.ratio < 1.6, v.describe()
-        assert "the smaller ratio judges" in v.describe()
+        assert "the milder of the two judges" in v.describe()
+    # the clock sees 1.3 x clearly, the calibrated ratio is as large but not clear of its noise: not failed
+    wide = Timing(_samples(1.3e-3, 0.02, seed=40), _samples(1e-5, 1.0, n=8, seed=41))
+    v = judge_speed(wide, base, 0.2, "fp")
+    assert v.status == "noisy" and v.calibrated and not v.failed, v.describe()
 
 
 def test_interval_is_seeded_and_brackets_the_ratio():
@@ -163,7 +167,7 @@ def test_gate_records_then_fires_on_a_planted_slowdown(pytester, idle_machine):
     slow = _run(pytester, "--precision-speed-threshold=100")
     slow.assert_outcomes(failed=1)
     slow.stdout.fnmatch_lines(["*softmax[[]mine-fp32-unit[]]: FAIL speed (speed slower: * x the recorded time *"
-                               "threshold 2.00 x; * x, the smaller ratio judges); timed again on fresh inputs: * x; "
+                               "threshold 2.00 x; * x, the milder of the two judges); timed again on fresh inputs: * x *; "
                                "recorded median*"])
     # with --precision-no-speed nothing is timed, so nothing fails on speed
     _run(pytester, "--precision-no-speed").assert_outcomes(passed=1)

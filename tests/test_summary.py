@@ -53,10 +53,13 @@ def test_a_busy_machines_loads_are_one_sentence_with_their_range():
 
 def test_a_passing_case_with_nothing_finite_to_measure_does_not_make_its_row_nan():
     # cross_entropy's all-ignored batch: the expected loss is NaN and the output is NaN, nothing to measure
-    nothing = {**rec("a", "fp32", float("nan")), "max_rel": float("nan"), "sqnr_db": float("nan")}
+    nothing = {**rec("a", "fp32", float("nan")), "max_rel": float("nan"), "sqnr_db": float("nan"), "underflow": 0}
     rows = summary_rows([rec("a", "fp32", 2), nothing], ["fp32"])
     assert rows[0][3:6] == ("2", "0.2", "98")
     assert summary_rows([nothing], ["fp32"])[0][3:6] == ("-", "-", "-")
     # a case that failed, or produced NaN where a value was expected, still makes the cell NaN
     broken = {**nothing, "passed": False, "categories": ["nan"], "nan": 3}
     assert summary_rows([rec("a", "fp32", 2), broken], ["fp32"])[0][3:6] == ("nan", "nan", "nan")
+    # a log-domain output at -inf within its budget counts as underflow: its SQNR was not measured
+    underflowed = {**rec("a", "fp32", 1), "sqnr_db": float("nan"), "underflow": 2}
+    assert summary_rows([rec("a", "fp32", 2), underflowed], ["fp32"])[0][5] == "nan"

@@ -36,7 +36,7 @@ def _statistic(records: list[dict], field: str, pick=max) -> str:
     measure (its expected output is NaN, as a batch whose every label is ignored) has no say; a
     case whose value is NaN for any other reason makes the cell NaN (see :func:`worst`)."""
     values = [r[field] for r in records
-              if not (r["passed"] and math.isnan(float(r[field])) and not (r["overflow"] or r["nan"]))]
+              if not (r["passed"] and math.isnan(float(r[field])) and not (r["overflow"] or r["nan"] or r["underflow"]))]
     return fmt(worst(values, pick)) if values else "-"
 
 

@@ -8,7 +8,7 @@ one thread: measured on a shared 2-core machine, unchanged torch ops timed with 
 (69 to 73 us). The gate needs the second; parallel scaling is not what it guards. Even so, whole
 stretches of a run on a shared machine went 1.4 to 1.9 x slower for every op at once; a fixed
 calibration workload interleaved with the calls (once every third call) sees the same stretch,
-and the gate compares the call's time relative to it.
+and the gate judges the call's time both on the clock and relative to it (see ``speed.gate``).
 
 Warm-up and measurement are time budgets, not repetition counts: a 10 us call gets hundreds of
 samples and a 50 ms call a handful, for the same cost.
