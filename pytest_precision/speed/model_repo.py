@@ -122,6 +122,17 @@ def _where(junit: Path, report: Path) -> dict[str, collections.Counter]:
     return out
 
 
+def _failures(report: Path) -> str:
+    """The failed cases by target and by the categories they failed on: whether a planted defect
+    is caught, and caught only where it was planted."""
+    by_target: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    for case in json.loads(report.read_text())["cases"]:
+        if case.get("categories"):
+            by_target[case["target"]].update(["cases"] + list(case["categories"]))
+    return "; ".join(f"{t}: {c.pop('cases')} cases (" + ", ".join(f"{k} {v}" for k, v in sorted(c.items())) + ")"
+                     for t, c in sorted(by_target.items())) or "none"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", help="where to write the repository (default: a temporary directory)")
@@ -140,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     for label, extra, run_env in runs:
         wall, summary, junit, report = _run(root, extra, run_env, label)
         print(f"\n{label}: {wall:.1f} s wall ({summary})")
+        print(f"  failed: {_failures(report)}")
         for what, counter in _where(junit, report).items():
             total = sum(counter.values())
             rows = ", ".join(f"{k} {v:.1f} s" for k, v in counter.most_common(args.top))
