@@ -316,3 +316,17 @@ def slow_naive(x):
     # 2 CPU seconds at 0.3 s a call: about 7 calls, and the two of the first-fault re-run (unbounded: 24)
     calls = len((pytester.path / "calls.txt").read_text().splitlines())
     assert calls <= 14, calls
+
+
+def test_the_model_repo_benchmark_says_which_targets_failed_and_on_what(tmp_path):
+    import json
+
+    from pytest_precision.speed.model_repo import _failures
+
+    report = tmp_path / "report.json"
+    cases = [{"target": "eager", "categories": ["regression"]}, {"target": "eager", "categories": ["regression", "speed"]},
+             {"target": "sdpa", "categories": []}, {"target": "fused", "categories": ["speed"]}]
+    report.write_text(json.dumps({"cases": cases}))
+    assert _failures(report) == "eager: 2 cases (regression 2, speed 1); fused: 1 cases (speed 1)"
+    report.write_text(json.dumps({"cases": cases[2:3]}))
+    assert _failures(report) == "none"
