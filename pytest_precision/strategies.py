@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from hypothesis import settings, strategies as st
 
+from .numerics.devices import interpret_requested
 from .numerics.formats import format_of
 from .numerics.inputs import seeded_normal
 
@@ -226,12 +227,6 @@ def build_attention_inputs(*, seed: int, batch: int, heads: int, kv_heads: int, 
     return AttentionInputs(q, k, v, causal, mask, q_scale, seed)
 
 
-def _interpreting() -> bool:
-    """TRITON_INTERPRET set as triton reads it (kinds.triton asks the same; this module sits in
-    the numerics layer and does not import kinds)."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
-
-
 def register_profile(name: str = PROFILE) -> str:
     """Register the Hypothesis profile ``name`` (by default ``"pytest-precision"``, which the
     suites use) and return its name: derandomised under CI (the same examples every run), and no
@@ -246,7 +241,7 @@ def register_profile(name: str = PROFILE) -> str:
     loaded then; call it again if the environment changes afterwards.
     """
     kw: dict = {"derandomize": bool(os.environ.get("CI")), "print_blob": True}
-    if torch.cuda.is_available() or _interpreting():
+    if torch.cuda.is_available() or interpret_requested():
         kw["deadline"] = None
     settings.register_profile(name, **kw)
     return name

@@ -157,7 +157,9 @@ class _SdpaWatch(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-_REACHES_SDPA: dict = {}  # target callable -> whether its first call reached SDPA
+# (id of the target's callable, device, declarations) -> (the callable, whether its first call reached
+# SDPA): keyed by identity, as callables need not be hashable; the callable kept to tell a reused id
+_REACHES_SDPA: dict = {}
 
 
 def reaches_sdpa(target: Target, device: str) -> bool:
@@ -170,13 +172,9 @@ def reaches_sdpa(target: Target, device: str) -> bool:
         return declared
     if uses_triton(target.fn):
         return False
-    try:
-        hash(target.fn)
-        fn_key = target.fn
-    except TypeError:  # a callable object that cannot be hashed: by identity (the target holds it alive)
-        fn_key = id(target.fn)
-    key = (fn_key, device, tuple(sorted(map(str, target.declared.items()))))
-    if key not in _REACHES_SDPA:
+    key = (id(target.fn), device, tuple(sorted(map(str, target.declared.items()))))
+    known = _REACHES_SDPA.get(key)
+    if known is None or known[0] is not target.fn:
         a = REGIMES["unit"].inputs()
         dtype = (target.declared.get("dtypes") or (torch.float32,))[0]
         head_dims = target.declared.get("head_dims")
@@ -188,10 +186,11 @@ def reaches_sdpa(target: Target, device: str) -> bool:
         try:
             with torch.no_grad(), watch:
                 target.fn(q, k, v, causal=False)
-            _REACHES_SDPA[key] = watch.reached
+            reached = watch.reached
         except Exception as e:  # a Triton kernel that cannot launch here is not SDPA either
-            _REACHES_SDPA[key] = watch.reached or triton_error(e) is None
-    return _REACHES_SDPA[key]
+            reached = watch.reached or triton_error(e) is None
+        _REACHES_SDPA[key] = known = (target.fn, reached)
+    return known[1]
 
 
 def _head_dims(name: str, value) -> "Callable[[int], bool]":

@@ -173,17 +173,15 @@ class CrossEntropyKind(Kind):
     def default_targets(self) -> list[Target]:
         return [Target("torch.cross_entropy", self.peer, self.name, origin="built-in")]
 
-    def skip_reason(self, case: Case) -> str | None:
-        reason = super().skip_reason(case)
-        regime = self.regimes.get(case.regime)
-        if reason is None and regime is not None:
-            wanted = [k for k, on in (("ignore_index", regime.parameters.get("ignored")),
-                                      ("label_smoothing", regime.parameters.get("label_smoothing"))) if on]
-            needed = [k for k in wanted if not case.target.accepts(k)]
-            if needed:
-                reason = (f"{case.target.name}: the {case.regime} regime needs the {' and '.join(needed)} keyword"
-                          f"{'s' if len(needed) > 1 else ''} (see the cross_entropy contract)")
-        return reason
+    def unsupported(self, case: Case, a: CrossEntropyInputs | None = None) -> str | None:
+        reason = super().unsupported(case, a)
+        if reason or a is None:
+            return reason
+        needed = [k for k in _keywords(a) if not case.target.accepts(k)]
+        if needed:
+            return (f"the {case.regime} regime needs the {' and '.join(needed)} keyword"
+                    f"{'s' if len(needed) > 1 else ''} (see the cross_entropy contract)")
+        return None
 
     # ---- calling convention ----
 

@@ -56,7 +56,7 @@ from pytest_precision.baselines.store import file_component, name_problem
 from pytest_precision.kinds.base import Case, DrawnRegime, Kind, OutputRule, Regime
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
 from pytest_precision.kinds.target import Target, TargetError
-from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR
+from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR, abs_floor
 from pytest_precision.numerics.configs import CONFIGS
 from pytest_precision.numerics.formats import format_of
 from pytest_precision.numerics.metrics import compare
@@ -436,7 +436,7 @@ class OpKind(Kind):
         moved_max, moved_rms = (float(diff.max()), float(diff.pow(2).mean().sqrt())) if diff.numel() else (0.0, 0.0)
         eps = format_of(rule.dtype).eps
         rule.underflow_floor = top * eps  # zeros below this are cancellation, not a lost value
-        rule.abs_floor = ULP_FLOOR * top * eps + rule.peer_factor * moved_max
+        rule.abs_floor = abs_floor(top, format_of(rule.dtype).mantissa_bits) + rule.peer_factor * moved_max
         rule.peer_rms_floor = RMS_FLOOR_ULPS * rms * eps + rule.peer_factor * moved_rms
         rule.rms_floor = ULP_FLOOR * rms * 2.0 ** -24 + rule.peer_factor * moved_rms
         return rule

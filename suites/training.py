@@ -182,8 +182,7 @@ class TrainingTable(SummaryTable):
             step, fp32_step = t.get("step_time_s"), t.get("fp32_step_time_s")
             timed = step is not None and math.isfinite(step) and step > 0
             spread = t.get("step_time_spread")
-            speedup = "-" if r["config"] == "fp32" or not timed else \
-                speedup_text(step, spread, fp32_step, t.get("fp32_step_time_spread"))
+            speedup = "-" if r["config"] == "fp32" else speedup_text(step, spread, fp32_step, t.get("fp32_step_time_spread"))
             worst = t.get("worst_grad_sqnr_db")
             sqnr = _opt(t["grad_sqnr_db"]) + ("" if worst is None else f", {_opt(worst)}")
             rows.append((r["target"], r["config"], t["steps"], _opt(t["max_loss_deviation"]), sqnr,

@@ -20,6 +20,10 @@ if importlib.util.find_spec("triton") is not None and not torch.cuda.is_availabl
     else:
         os.environ["TRITON_INTERPRET"] = _saved
 import torch._dynamo  # noqa: F401,E402
+
+# the built-in training target, for the same reason: a session that imports it first would drop it,
+# while the kind registry keeps its TrainSpec, whose model_fn the DDP ranks import by name
+import pytest_precision.suites.tiny_gpt  # noqa: F401,E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 # CI: derandomised (same examples every run), no deadline (torch's first calls are slow)

@@ -262,6 +262,9 @@ def broken(x):
     failure = result.stdout.str().split("FAILURES")[1].split("precision summary")[0]
     assert "pytest_precision" not in failure and "kinds/base.py" not in failure
     assert len(failure.splitlines()) < 20
+    # pytest's --fulltrace still shows every frame, the harness's too
+    full = _run(pytester, "--precision-configs=fp32", "-k", "unit", "--fulltrace")
+    assert "kinds/base.py" in full.stdout.str().split("FAILURES")[1]
 
 
 def test_an_ini_target_declares_its_limits_on_its_line(pytester):

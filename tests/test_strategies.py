@@ -124,7 +124,7 @@ def test_profile_drops_the_deadline_under_the_interpreter_and_cuda(monkeypatch):
     monkeypatch.setattr(strategies, "settings", rec)
     for cuda, interpreter in ((False, False), (False, True), (True, False)):
         monkeypatch.setattr(strategies.torch.cuda, "is_available", lambda: cuda)
-        monkeypatch.setattr(strategies, "_interpreting", lambda: interpreter)
+        monkeypatch.setenv("TRITON_INTERPRET", "1" if interpreter else "0")
         strategies.register_profile(f"p-{cuda}-{interpreter}")
     assert "deadline" not in rec.profiles["p-False-False"]  # Hypothesis's own 200 ms
     assert rec.profiles["p-False-True"]["deadline"] is None

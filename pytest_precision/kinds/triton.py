@@ -18,6 +18,8 @@ import os
 import sys
 from unittest import mock
 
+from ..numerics.devices import interpret_requested
+
 __all__ = ["INTERPRET_HINT", "triton_error", "first_launch_failure", "forget_launch_failures", "interpret_env", "needs_triton", "uses_triton", "triton_installed", "interpret_requested",
            "interpreting", "unavailable", "skip_reason", "interpreted", "interpreter_defects", "interpreter_excuse"]
 
@@ -64,11 +66,6 @@ def uses_triton(fn) -> bool:
 
 def triton_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
-
-
-def interpret_requested() -> bool:
-    """Whether TRITON_INTERPRET is set in the environment."""
-    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")
 
 
 def interpreting() -> bool:

@@ -15,7 +15,8 @@ import re
 
 import torch
 
-__all__ = ["numerics_key", "device_class", "machine_name", "fingerprint", "xdist_worker_device", "pin_xdist_worker"]
+__all__ = ["numerics_key", "device_class", "machine_name", "fingerprint", "xdist_worker_device", "pin_xdist_worker",
+           "interpret_requested"]
 
 
 def numerics_key(device: str) -> str:
@@ -86,3 +87,9 @@ def pin_xdist_worker(device: str) -> int | None:
     if index is not None:
         torch.cuda.set_device(index)
     return index
+
+
+def interpret_requested() -> bool:
+    """Whether TRITON_INTERPRET is set in the environment, as triton reads it (Triton kernels then
+    run on the CPU)."""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in ("1", "true", "on", "yes")

@@ -12,8 +12,6 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from _pytest._code import Traceback
-
 
 from ..baselines.lifecycle import BaselineCheck
 from ..baselines.store import file_component, name_problem
@@ -134,13 +132,14 @@ _LIBRARIES = tuple(str(Path(p).resolve()) for p in {sysconfig.get_paths()["purel
                                                      sysconfig.get_paths()["stdlib"]})
 
 
-def users_traceback(error: BaseException) -> str:
+def users_traceback(error: BaseException, full: bool = False) -> str:
     """What a target raised, as the frames of the user's code (and the frame that raised, when a
-    library raised it): the harness's frames and libraries' inner frames say nothing to the user."""
+    library raised it): the harness's frames and libraries' inner frames say nothing to the user.
+    ``full`` (pytest's ``--fulltrace``): every frame."""
     info = pytest.ExceptionInfo.from_exception(error)
     entries = list(info.traceback)
-    if not entries:
-        return str(info.getrepr(style="short", chain=False))
+    if not entries or full:
+        return str(info.getrepr(style="long" if full else "short", chain=False))
 
     def users(entry) -> bool:
         if str(entry.frame.f_globals.get("__name__", "")).startswith("pytest_precision."):  # the harness, its kinds
@@ -148,8 +147,8 @@ def users_traceback(error: BaseException) -> str:
         path = str(Path(entry.path).resolve()) if str(entry.path) else ""
         return bool(path) and not path.startswith(_LIBRARIES)
 
-    kept = [e for e in entries[:-1] if users(e)] + [entries[-1]]
-    info.traceback = Traceback(kept)
+    last = entries[-1]
+    info.traceback = info.traceback.filter(lambda e: e is last or users(e))
     return str(info.getrepr(style="short", chain=False, funcargs=False, showlocals=False))
 
 
@@ -275,7 +274,7 @@ class SuiteItem(pytest.Item):
             return f"{self.nodeid}: {excinfo.value}"
         if isinstance(excinfo.value, TargetError):
             cause = excinfo.value.__cause__
-            tb = "" if cause is None else "\n" + users_traceback(cause)
+            tb = "" if cause is None else "\n" + users_traceback(cause, full=bool(self.config.getoption("fulltrace")))
             return f"{self.nodeid}: {excinfo.value}{tb}"
         return super().repr_failure(excinfo, style)
 

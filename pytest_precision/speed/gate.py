@@ -35,7 +35,7 @@ import torch
 
 from .timing import Bench, Timing, format_seconds, measure
 
-__all__ = ["DEFAULT_THRESHOLD", "MEMORY_THRESHOLD", "BUSY_NEIGHBOURS", "CONTENDED_THRESHOLD", "SpeedComparison", "ratio_interval", "judge_speed",
+__all__ = ["DEFAULT_THRESHOLD", "MEMORY_THRESHOLD", "BUSY_NEIGHBOURS", "CONTENDED_THRESHOLD", "SpeedComparison", "ratio_interval", "ratio_intervals", "judge_speed",
            "judge_memory", "thin_samples", "SpeedCheck", "check_speed"]
 
 # The CPU's median drifts more between runs (frequency scaling, neighbours on a shared machine).
@@ -54,26 +54,38 @@ def thin_samples(samples, n: int = STORED_SAMPLES) -> list[float]:
     return [float(v) for v in s[np.linspace(0, len(s) - 1, n).round().astype(int)]]
 
 
-def ratio_interval(baseline, current, *, baseline_cal=(), current_cal=(), level: float = 0.95,
-                   seed: int = 0) -> tuple[float, float, float]:
-    """Median ratio current / baseline and its bootstrap interval (seeded: the same verdict for
-    the same samples). With calibration samples on both sides, each median is taken relative to
-    its run's calibration median first."""
+def ratio_intervals(baseline, current, *, baseline_cal=(), current_cal=(), level: float = 0.95,
+                    seed: int = 0) -> tuple[tuple[float, float, float], tuple[float, float, float] | None]:
+    """Median ratio current / baseline with its bootstrap interval (seeded: the same verdict for
+    the same samples), on the clock; and, with calibration samples on both sides, the same with
+    each median taken relative to its run's calibration median first (else None). One bootstrap
+    of the call's samples serves both."""
     rng = np.random.default_rng(seed)
-    calibrated = len(baseline_cal) > 0 and len(current_cal) > 0
+    tail = (1.0 - level) / 2 * 100
 
     def medians(samples):
         # thinned to the same order statistics first: the interval barely moves, the cost drops tenfold
         a = np.asarray(thin_samples(samples), dtype=np.float64)
         return np.median(a[rng.integers(0, len(a), (_RESAMPLES, len(a)))], axis=1)
 
+    def reading(ratio, ratios):
+        return ratio, float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
+
     ratios = medians(current) / medians(baseline)
     ratio = float(np.median(current) / np.median(baseline))
-    if calibrated:
-        ratios = ratios / (medians(current_cal) / medians(baseline_cal))
-        ratio /= float(np.median(current_cal) / np.median(baseline_cal))
-    tail = (1.0 - level) / 2 * 100
-    return ratio, float(np.percentile(ratios, tail)), float(np.percentile(ratios, 100 - tail))
+    clock = reading(ratio, ratios)
+    if not (len(baseline_cal) > 0 and len(current_cal) > 0):
+        return clock, None
+    cal = medians(current_cal) / medians(baseline_cal)
+    return clock, reading(ratio / float(np.median(current_cal) / np.median(baseline_cal)), ratios / cal)
+
+
+def ratio_interval(baseline, current, *, baseline_cal=(), current_cal=(), level: float = 0.95,
+                   seed: int = 0) -> tuple[float, float, float]:
+    """The calibrated reading of :func:`ratio_intervals` where there is one, else the clock's."""
+    clock, calibrated = ratio_intervals(baseline, current, baseline_cal=baseline_cal, current_cal=current_cal,
+                                        level=level, seed=seed)
+    return calibrated or clock
 
 
 # A machine is busy when other processes used this many cores' worth of CPU over the last second
@@ -137,10 +149,9 @@ def judge_speed(timing: Timing, baseline: dict | None, threshold: float, fingerp
     ``timing.neighbour_load``) fails only a slowdown past ``1 + CONTENDED_THRESHOLD``."""
     if not baseline or not baseline.get("samples"):
         return SpeedComparison("no-baseline", timing, threshold, fingerprint=fingerprint)
-    readings = [(ratio_interval(baseline["samples"], timing.samples), False)]
-    if baseline.get("calibration") and timing.calibration:
-        readings.append((ratio_interval(baseline["samples"], timing.samples, baseline_cal=baseline["calibration"],
-                                        current_cal=timing.calibration), True))
+    clock, relative = ratio_intervals(baseline["samples"], timing.samples, baseline_cal=baseline.get("calibration") or (),
+                                      current_cal=timing.calibration or ())
+    readings = [(clock, False)] + ([(relative, True)] if relative else [])
     busy = timing.neighbour_load
     shared, fail_above = None, threshold
     if parallel:

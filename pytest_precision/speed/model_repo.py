@@ -11,8 +11,9 @@ process as a user would (``TRITON_INTERPRET=1`` on a CPU machine):
 3. with ``--plant``: the check again with a planted defect (the eager adapter's softmax in the
    inputs' dtype), to show the verdicts are the same ones in the time bound.
 
-It prints the wall time of each run and the time per target, per regime and per phase (set-up,
-call, teardown) from pytest's own per-test durations (a JUnit XML report), largest first.
+It prints the wall time of each run, the time per kind, target, config, regime and case (each
+case's set-up, call and teardown together, from pytest's own per-test durations in a JUnit XML
+report), largest first, and the failed cases by target and category.
 """
 from __future__ import annotations
 
