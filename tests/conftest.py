@@ -31,3 +31,13 @@ settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True
                           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
 settings.register_profile("dev", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example])
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+# Modules the harness imports lazily (the drawn regime's strategies, the property helpers, the
+# training goldens, the JSON report): imported once here, after the profile is loaded, so that no
+# pytester session is the first to import them and drops them when it ends, leaving later sessions
+# in the same process (an xdist worker) a second copy of their classes and Hypothesis profile.
+import pytest_precision.properties  # noqa: F401,E402
+import pytest_precision.reporting.report  # noqa: F401,E402
+import pytest_precision.strategies  # noqa: F401,E402
+import pytest_precision.training.baseline  # noqa: F401,E402
+import pytest_precision.training.limits  # noqa: F401,E402
