@@ -13,6 +13,7 @@ from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,
 from .runner.options import OPTIONS_KEY, RECORDS_KEY, RunOptions
 from .runner.outputs import RunOutputs, add_output_options
 from .runner.timelimit import DEFAULT_TIMEOUT
+from .runner.variants import SHARED_DIR_KEY, make_shared_dir, remove_shared_dir
 
 WORKER_RECORDS = "precision_records"  # xdist workeroutput key
 
@@ -148,7 +149,20 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 
 
 class _XdistController:
-    """Merges the workers' records on the controller (as syrupy does with workeroutput)."""
+    """Merges the workers' records on the controller (as syrupy does with workeroutput), and gives
+    the workers one directory to share the run's variant decisions in (``runner.variants``)."""
+
+    def __init__(self):
+        self.shared_dir: str | None = None
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node) -> None:
+        if node.config.stash[OPTIONS_KEY].run_suite:
+            self.shared_dir = self.shared_dir or make_shared_dir()
+            node.workerinput[SHARED_DIR_KEY] = self.shared_dir
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        remove_shared_dir(self.shared_dir)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:

@@ -157,40 +157,48 @@ class _SdpaWatch(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-# (id of the target's callable, device, declarations) -> (the callable, whether its first call reached
-# SDPA): keyed by identity, as callables need not be hashable; the callable kept to tell a reused id
-_REACHES_SDPA: dict = {}
+def _probe_inputs(target: Target, device: str, dtype: torch.dtype):
+    """q, k, v of the unit regime's shape (a head dim the target declared, if it declared some), in ``dtype``."""
+    a = REGIMES["unit"].inputs()
+    head_dims = target.declared.get("head_dims")
+    d = a.q.shape[-1] if head_dims is None or head_dims(a.q.shape[-1]) else \
+        next((n for n in (16, 32, 64, 128, 8, 256) if head_dims(n)), a.q.shape[-1])
+    return tuple(torch.randn(*t.shape[:-1], d, generator=torch.Generator().manual_seed(0)).to(device, dtype)
+                 for t in (a.q, a.k, a.v))
 
 
 def reaches_sdpa(target: Target, device: str) -> bool:
     """Whether the SDPA backend variants apply to ``target``: what it declared (``sdpa=``), else
-    what one call on the unit regime's inputs (in a dtype it declared) dispatched. A Triton
-    kernel does not; a call that raises for another reason keeps every backend (its cases fail
-    with the error)."""
+    what one call on the unit regime's inputs dispatched. A Triton kernel does not. The call is
+    tried in each dtype the target declared (else float32, float16, bfloat16) until one runs: a
+    target that declines a dtype from inside the callable (``pytest.skip``) is asked in the next.
+    A call that raises, or a target that skips in every dtype, raises TargetError saying so: the
+    runner, which contains this call (``runner.variants``), then keeps every backend and the cases
+    say why."""
     declared = target.declared.get("sdpa")
     if declared is not None:
         return declared
     if uses_triton(target.fn):
         return False
-    key = (id(target.fn), device, tuple(sorted(map(str, target.declared.items()))))
-    known = _REACHES_SDPA.get(key)
-    if known is None or known[0] is not target.fn:
-        a = REGIMES["unit"].inputs()
-        dtype = (target.declared.get("dtypes") or (torch.float32,))[0]
-        head_dims = target.declared.get("head_dims")
-        d = a.q.shape[-1] if head_dims is None or head_dims(a.q.shape[-1]) else \
-            next((n for n in (16, 32, 64, 128, 8, 256) if head_dims(n)), a.q.shape[-1])
-        q, k, v = (torch.randn(*t.shape[:-1], d, generator=torch.Generator().manual_seed(0)).to(device, dtype)
-                   for t in (a.q, a.k, a.v))
+    import pytest
+
+    declined = []
+    for dtype in target.declared.get("dtypes") or (torch.float32, torch.float16, torch.bfloat16):
         watch = _SdpaWatch()
         try:
+            q, k, v = _probe_inputs(target, device, dtype)
             with torch.no_grad(), watch:
                 target.fn(q, k, v, causal=False)
-            reached = watch.reached
-        except Exception as e:  # a Triton kernel that cannot launch here is not SDPA either
-            reached = watch.reached or triton_error(e) is None
-        _REACHES_SDPA[key] = known = (target.fn, reached)
-    return known[1]
+            return watch.reached
+        except pytest.skip.Exception as e:  # declined this dtype: ask in the next
+            declined.append(f"{str(dtype).removeprefix('torch.')}: skipped ({e.msg})")
+        except Exception as e:
+            if watch.reached:
+                return True
+            if triton_error(e) is not None:  # a Triton kernel that cannot launch here is not SDPA
+                return False
+            raise TargetError(f"the probe call raised {type(e).__name__}: {e}") from e
+    raise TargetError(f"the probe call skipped in every dtype ({'; '.join(declined)})")
 
 
 def _head_dims(name: str, value) -> "Callable[[int], bool]":

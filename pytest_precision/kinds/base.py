@@ -707,13 +707,16 @@ class Kind:
     def _attack(self, case: Case) -> Outcome:
         """The drawn regime: Hypothesis searches for inputs on which the target breaks its peer
         budget or counts, steered toward the largest error, and shrinks what it finds."""
-        from hypothesis import given, reject, seed, settings
+        from hypothesis import HealthCheck, given, reject, seed, settings
         from hypothesis.errors import Unsatisfiable
         from hypothesis import target as steer
 
         from ..strategies import PROFILE
 
+        import pytest
+
         worst: dict[str, Any] = {}
+        declined: list[str] = []  # why the target skipped drawn inputs from inside the callable
         drawn = self.drawn_for(case.target)
         # CPU seconds of this process, not wall time: a busy machine or a second xdist worker
         # stretches wall time without this search doing more
@@ -724,7 +727,10 @@ class Kind:
 
         profile = settings.get_profile(PROFILE)
 
-        @settings(profile, max_examples=drawn.examples, database=None, deadline=None)
+        # inputs outside what the target declared, or that it declined, are filtered: a target that
+        # declines most of them is the target's choice, said in the skip below, not a health problem
+        @settings(profile, max_examples=drawn.examples, database=None, deadline=None,
+                  suppress_health_check=[*profile.suppress_health_check, HealthCheck.filter_too_much])
         @given(self.draw(case))
         def attack(example):
             if time.process_time() > deadline:
@@ -737,7 +743,11 @@ class Kind:
                 inputs = self.for_target(case, self.drawn_inputs(example))
                 if self.unsupported(case, inputs):  # outside what the target declared: not an example
                     reject()
-                m = self.measure(case, inputs)
+                try:
+                    m = self.measure(case, inputs)
+                except pytest.skip.Exception as e:  # the target declined this input: the search goes on
+                    declined.append(str(e.msg))
+                    reject()
                 error = m.oracle[self.forward_output].max_ulp
                 # the worst passing measurement stands until a failure, which then stays with its input
                 if "example" not in worst and ("m" not in worst or error > worst["m"].oracle[self.forward_output].max_ulp):
@@ -758,6 +768,8 @@ class Kind:
         except Falsified:
             pass
         except Unsatisfiable:
+            if declined:
+                skip(f"{case.target.name}: it skipped every drawn input it was given ({declined[-1]})")
             skip(f"{case.target.name}: every drawn input lies outside what it declared")
         if "m" not in worst:
             skip(f"{case.target.name}: no drawn input was judged within {drawn.seconds:g} s")

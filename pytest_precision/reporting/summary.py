@@ -95,6 +95,8 @@ def case_lines(records: list[dict]) -> list[str]:
         if "skipped" in r:
             skipped[r["skipped"]] = skipped.get(r["skipped"], 0) + 1
     lines += [f"{n} case(s) skipped: {reason}" for reason, n in sorted(skipped.items())]
+    notes = {(r["target"], r["variants_note"]) for r in records if r.get("variants_note")}
+    lines += [f"target {target!r}: {note}" for target, note in sorted(notes)]
     return lines
 
 

@@ -26,6 +26,7 @@ from ..speed.alignment import tensor_core_misalignments, warn_misalignments
 from ..speed.gate import check_speed
 from .options import OPTIONS_KEY, RECORDS_KEY, RunOptions
 from .timelimit import CaseTimeout, case_limit, time_limit
+from .variants import SHARED_DIR_KEY, VariantDecision, decide_variants
 
 __all__ = ["SuiteCollector", "SuiteItem", "suite_targets", "suites", "keyword_expressions", "crash_reason",
            "users_traceback"]
@@ -76,7 +77,9 @@ class SuiteCollector(pytest.Collector):
                     regimes = kind.regime_names(target)
                 except ValueError as e:  # an op target without inputs= (an ini line)
                     raise self.CollectError(str(e)) from None
-                variants = kind.target_variants(target, options.device)
+                decision = decide_variants(kind, target, options.device, options.timeout, "ini precision_timeout",
+                                           getattr(self.config, "workerinput", {}).get(SHARED_DIR_KEY))
+                variants = decision.variants(kind, options.device)
                 if options.compile and kind.compiles:
                     variants = [*variants, Compiled(NO_VARIANT, options.device)]
                 for config in kind.configs(options.configs):
@@ -89,7 +92,7 @@ class SuiteCollector(pytest.Collector):
                             other = files.setdefault(file_component(f"{case.baseline_key}/{case.config_id}"), case.name)
                             if other != case.name:
                                 raise self.CollectError(f"cases {other} and {case.name} would share baseline files")
-                            items.append(SuiteItem.from_parent(self, name=case.name, case=case))
+                            items.append(SuiteItem.from_parent(self, name=case.name, case=case, decision=decision))
         return items
 
 
@@ -153,9 +156,10 @@ def users_traceback(error: BaseException, full: bool = False) -> str:
 
 
 class SuiteItem(pytest.Item):
-    def __init__(self, *, case: Case, **kw):
+    def __init__(self, *, case: Case, decision: VariantDecision | None = None, **kw):
         super().__init__(**kw)
         self.case = case
+        self.decision = decision or VariantDecision(("",))  # how its target's variants were decided
         self.add_marker("precision")
         self.add_marker("precision_suite")
         self.outcome = None
@@ -163,8 +167,9 @@ class SuiteItem(pytest.Item):
 
     def _record(self, **fields) -> dict:
         case = self.case
+        note = {"variants_note": self.decision.note} if self.decision.note else {}
         return {"target": case.target.name, "config": case.config_id, "regime": case.regime, "suite": case.kind.suite,
-                "kind": case.kind.name, "nodeid": self.nodeid, **fields}
+                "kind": case.kind.name, "nodeid": self.nodeid, **note, **fields}
 
     def runtest(self) -> None:
         options: RunOptions = self.config.stash[OPTIONS_KEY]
@@ -202,7 +207,11 @@ class SuiteItem(pytest.Item):
         reason = case.config.skip_reason(options.device)
         if reason:
             pytest.skip(reason)
+        if self.decision.problem:
+            raise TargetError(f"target {case.target.name!r} ({case.kind.name}): {self.decision.problem}")
         outcome = case.kind.run(case, baseline)
+        if self.decision.note:
+            outcome.details.append(f"target {case.target.name!r}: {self.decision.note}")
         self._settle_golden(baseline, outcome)
         record = outcome.record()
         if options.speed and not outcome.baseline.refused:
@@ -210,6 +219,8 @@ class SuiteItem(pytest.Item):
         if options.trace or (options.audit and case.regime == case.kind.audit_regime):
             self._trace(options, outcome, record)
         record["nodeid"] = self.nodeid
+        if self.decision.note:
+            record["variants_note"] = self.decision.note
         if options.details:
             record.update(outcome.report_details())
         self.outcome = outcome

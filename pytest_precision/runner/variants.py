@@ -1,0 +1,117 @@
+"""A target's variants, decided at collection without letting the target touch the session.
+
+Which variants apply to a target can depend on the target's own code: the attention kind calls it
+once to see whether it reaches ``scaled_dot_product_attention`` (only then are the SDPA backends
+forced around it). That call is a user's code running before any case, inside pytest's collection:
+a ``pytest.skip`` there skipped the whole session (every target of the repository gone, exit 5), an
+exception or ``pytest.exit`` ended it, a hang never ended it, and a target that answers differently
+in two xdist workers made them collect different items, which xdist refuses. So the call is
+contained, and what it does concerns that target's cases alone:
+
+- it runs under the case time limit, with every exception caught (``KeyboardInterrupt`` aside);
+- when it raises, skips or exits, every variant is kept and each case of the target says why;
+- when it runs past the limit, the target's cases fail at once with where it was, unrun (each
+  would only hang again, a full time limit apiece);
+- under xdist the run has one decision per target: the first worker to decide writes it to a
+  directory the controller made for the run (an atomic link, which fails if a decision is already
+  there), and every other worker reads that one instead of deciding again.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ..kinds.base import NO_VARIANT, Kind, Variant
+from ..kinds.target import Target, TargetError
+from .timelimit import CaseTimeout, time_limit
+
+__all__ = ["VariantDecision", "decide_variants", "SHARED_DIR_KEY", "make_shared_dir", "remove_shared_dir"]
+
+# xdist workerinput key: the directory where the run's variant decisions are shared
+SHARED_DIR_KEY = "precision_variant_decisions"
+
+
+@dataclass(frozen=True)
+class VariantDecision:
+    """The variants that apply to one target, by suffix, and what the cases must say about it."""
+
+    suffixes: tuple[str, ...]
+    note: str | None = None  # the decision is not the target's answer: every variant was kept, and why
+    problem: str | None = None  # the decision ran past its time limit: the target's cases fail with this
+
+    def variants(self, kind: Kind, device: str) -> list[Variant]:
+        known = {v.suffix: v for v in (NO_VARIANT, *kind.variants(device))}
+        return [known[s] for s in self.suffixes if s in known] or [NO_VARIANT]
+
+    def to_json(self) -> str:
+        return json.dumps({"suffixes": list(self.suffixes), "note": self.note, "problem": self.problem})
+
+    @classmethod
+    def from_json(cls, text: str) -> "VariantDecision":
+        data = json.loads(text)
+        return cls(tuple(data["suffixes"]), data.get("note"), data.get("problem"))
+
+
+def _decide(kind: Kind, target: Target, device: str, seconds: float, source: str) -> VariantDecision:
+    every = tuple(v.suffix for v in kind.variants(device))
+    how = (f"kept every variant of the {kind.name} kind ({', '.join(s for s in every if s) or 'none'}); declare "
+           f"at registration what the probe asks to skip it" + (" (sdpa=True or sdpa=False)" if kind.name == "attention"
+                                                                else ""))
+    try:
+        with time_limit(seconds, source):
+            chosen = kind.target_variants(target, device)
+        return VariantDecision(tuple(v.suffix for v in chosen))
+    except KeyboardInterrupt:
+        raise
+    except CaseTimeout as e:
+        where = "".join(e.stack[-6:]).rstrip()
+        return VariantDecision(every, problem=(
+            f"the call that decides its variants at collection ran past {e.seconds:g} s ({e.source}), so its cases "
+            f"are not run (each would hang again); where it was:\n{where}"))
+    except BaseException as e:  # a skip, an exception, pytest.exit or SystemExit: this target's business only
+        what = getattr(e, "msg", None) or str(e)
+        if isinstance(e, pytest.skip.Exception):
+            what = f"the probe call skipped: {what}"
+        elif not isinstance(e, TargetError):
+            what = f"the probe call raised {type(e).__name__}" + (f": {what}" if what else "")
+        return VariantDecision(every, note=f"its variants were not decided at collection ({what.splitlines()[0]}): {how}")
+
+
+def decide_variants(kind: Kind, target: Target, device: str, seconds: float, source: str,
+                    shared_dir: str | None = None) -> VariantDecision:
+    """The variants of ``target`` (``kind.target_variants``, contained; see the module docstring),
+    the same in every xdist worker of the run when ``shared_dir`` is given."""
+    if shared_dir is None:
+        return _decide(kind, target, device, seconds, source)
+    path = Path(shared_dir) / f"{kind.name}--{target.name}--{device.replace(':', '_')}.json"
+    try:
+        return VariantDecision.from_json(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        pass
+    decision = _decide(kind, target, device, seconds, source)
+    fd, tmp = tempfile.mkstemp(dir=shared_dir, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(decision.to_json())
+        os.link(tmp, path)  # atomic, and refused when another worker decided first
+    except FileExistsError:
+        return VariantDecision.from_json(path.read_text(encoding="utf-8"))
+    finally:
+        os.unlink(tmp)
+    return decision
+
+
+def make_shared_dir() -> str:
+    """A fresh directory for one run's decisions (made by the xdist controller)."""
+    return tempfile.mkdtemp(prefix="pytest-precision-variants-")
+
+
+def remove_shared_dir(path: str | None) -> None:
+    if path:
+        shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,185 @@
+"""Collection runs no user code that can touch the session: the call that decides an attention
+target's variants (does it reach SDPA?) is contained. A target that skips, raises, exits, hangs or
+answers differently in two xdist workers concerns its own cases alone; every other target of the
+repository is still judged."""
+import re
+
+import pytest
+from machine import ON_CPU
+
+pytest_plugins = ["pytester"]
+
+# a softmax beside every attention target below: it must be judged whatever the attention target does
+SOFTMAX = """
+import os
+import time
+import pytest
+import torch
+import torch.nn.functional as F
+import pytest_precision
+
+
+@pytest_precision.register("my_softmax", kind="softmax")
+def my_softmax(x):
+    return torch.softmax(x.float(), -1).to(x.dtype)
+"""
+
+ONLY_FP16 = SOFTMAX + """
+@pytest_precision.register("only_fp16_attn", kind="attention")
+def only_fp16_attn(q, k, v, causal=False):
+    if q.dtype is not torch.float16:
+        pytest.skip("fp16 only")
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+"""
+
+ARGS = ("--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider", *ON_CPU)
+
+
+def _outcomes(result) -> dict:
+    return {k: v for k, v in result.parseoutcomes().items() if k in ("passed", "failed", "skipped", "errors", "error")}
+
+
+def test_a_target_that_skips_a_dtype_in_the_callable_loses_nothing(pytester):
+    """The reproduction of issue 23: the probe's float32 call skipped and emptied the session."""
+    pytester.makeconftest(ONLY_FP16)
+    pytester.makeini("[pytest]\n")
+    args = (*ARGS, "--precision-configs=fp32,fp16", "-k", "unit or scale20 and not scale200")
+    pytester.runpytest(*args, "--precision-update-baselines")
+    result = pytester.runpytest(*args, "-rs")
+    # softmax: 2 configs x unit, scale20; attention: fp16 under +math and +flash (the probe found SDPA
+    # in fp16 after the fp32 call skipped), fp32's 2 cases skipped by the target itself
+    assert _outcomes(result) == {"passed": 4 + 2, "skipped": 2}, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["| only_fp16_attn | fp32+math * | skip: fp16 only *", "SKIPPED [[]2[]] conftest.py:*: fp16 only"])
+    assert result.ret == 0
+
+
+def test_a_target_that_skips_every_probe_call_keeps_every_backend_and_says_why(pytester):
+    pytester.makeconftest(SOFTMAX + """
+@pytest_precision.register("picky", kind="attention")
+def picky(q, k, v, causal=False):
+    if q.shape[-1] == 16:  # the probe's head dim
+        pytest.skip("head dim 16 unsupported")
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+""")
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest(*ARGS, "--precision-configs=fp32", "-k", "hd59 or unit and softmax")
+    # the softmax is judged (no golden: baseline failure), picky runs hd59 under both backends
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines([
+        "*attention[[]picky-fp32+math-hd59[]]: FAIL baseline*",
+        "  target 'picky': its variants were not decided at collection (the probe call skipped in every dtype "
+        "(float32: skipped (head dim 16 unsupported); float16: *; bfloat16: *)): kept every variant of the attention "
+        "kind (+math, +flash); declare at registration what the probe asks to skip it (sdpa=True or sdpa=False)",
+        "*attention[[]picky-fp32+flash-hd59[]]: FAIL baseline*",
+    ])
+    # and once below the summary table
+    assert result.stdout.str().count("target 'picky': its variants were not decided") == 3
+
+
+@pytest.mark.parametrize("body, said", [
+    ("raise SystemExit(0)", "the probe call raised SystemExit: 0"),
+    ("pytest.exit('bye')", "the probe call raised Exit: bye"),
+    ("pytest.fail('probe refused')", "the probe call raised Failed: probe refused"),
+])
+def test_a_target_that_exits_or_fails_at_the_probe_ends_nothing(pytester, body, said):
+    pytester.makeconftest(SOFTMAX + f"""
+CALLS = []
+
+@pytest_precision.register("rude", kind="attention")
+def rude(q, k, v, causal=False):
+    CALLS.append(1)
+    if len(CALLS) == 1:  # only the first call (the probe) misbehaves
+        {body}
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+""")
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest(*ARGS, "--precision-configs=fp32", "-k", "unit")
+    # 1 softmax and 2 backend cases of rude, judged (no goldens: baseline failures)
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines([f"target 'rude': its variants were not decided at collection ({said}): *"])
+
+
+def test_a_target_that_hangs_at_the_probe_fails_its_own_cases_at_once(pytester):
+    pytester.makeconftest(SOFTMAX + """
+@pytest_precision.register("stuck", kind="attention")
+def stuck(q, k, v, causal=False):
+    time.sleep(3600)
+""")
+    pytester.makeini("[pytest]\nprecision_timeout = 2\n")
+    result = pytester.runpytest(*ARGS, "--precision-configs=fp32", "-k", "unit or causal136", "--durations=0")
+    # the softmax's one case is judged; stuck's 4 cases (2 regimes x 2 backends) fail without running
+    result.assert_outcomes(failed=5)
+    result.stdout.fnmatch_lines([
+        "*attention[[]stuck-fp32+math-unit[]]: target 'stuck' (attention): the call that decides its variants at "
+        "collection ran past 2 s (ini precision_timeout), so its cases are not run (each would hang again); where it was:",
+        "*time.sleep(3600)*",
+    ])
+    assert "my_softmax-fp32-unit" in result.stdout.str()
+    durations = [float(line.split("s ")[0]) for line in result.stdout.lines
+                 if re.match(r"\d+\.\d+s call .*stuck", line)]
+    assert all(d < 1.0 for d in durations), result.stdout.str()[-2000:]  # hidden under 5 ms: not run
+
+
+def test_xdist_workers_collect_the_same_cases_when_a_target_answers_differently(pytester):
+    """A target that reaches SDPA in one worker process and not in the other: each worker would
+    collect other node ids, which xdist refuses for the whole session. The first decision is the run's."""
+    pytest.importorskip("xdist")
+    pytester.makeconftest(SOFTMAX + """
+def manual(q, k, v, causal=False):
+    s = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    if causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), float("-inf"))
+    return torch.softmax(s.float(), -1).to(q.dtype) @ v
+
+
+@pytest_precision.register("moody", kind="attention")
+def moody(q, k, v, causal=False):
+    if os.environ.get("PYTEST_XDIST_WORKER") == "gw1":
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return manual(q, k, v, causal)
+""")
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest_subprocess(*ARGS, "-n", "2", "--precision-configs=fp32", "-k", "unit or causal")
+    out = result.stdout.str()
+    assert "Different tests were collected" not in out, out[-3000:]
+    outcomes = _outcomes(result)
+    # 1 softmax case; moody: unit, causal, causal-cross, causal136 under one or two variants
+    assert outcomes.get("failed", 0) in (1 + 4, 1 + 8) and "errors" not in outcomes and "error" not in outcomes, out[-3000:]
+
+
+# ---- a skip from inside the callable on a drawn regime skips that input, not the search ---------
+
+SHORT_ROWS = """
+import pytest
+import torch
+import pytest_precision
+
+
+@pytest_precision.register("short_rows", kind="softmax")
+def short_rows(x):
+    if x.shape[-1] > 64:
+        pytest.skip("rows longer than 64 unsupported")
+    {BODY}
+"""
+CORRECT_BODY = "return torch.softmax(x.float(), -1).to(x.dtype)"
+NO_MAX_BODY = "e = x.exp()  # no max subtraction: overflows past 11 in fp16\n    return e / e.sum(-1, keepdim=True)"
+
+
+@pytest.mark.parametrize("body, outcome", [(CORRECT_BODY, {"passed": 1}), (NO_MAX_BODY, {"failed": 1})],
+                         ids=["correct", "no-max-subtraction"])
+def test_a_skip_on_one_drawn_input_lets_the_search_go_on(pytester, body, outcome):
+    pytester.makeconftest(SHORT_ROWS.format(BODY=body))
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest(*ARGS, "--precision-configs=fp16", "-k", "hypothesis")
+    assert _outcomes(result) == outcome, result.stdout.str()[-3000:]
+    if "failed" in outcome:
+        result.stdout.fnmatch_lines(["*softmax[[]short_rows-fp16-hypothesis[]]: FAIL *Hypothesis found a failing input*"])
+
+
+def test_a_target_that_skips_every_drawn_input_is_skipped_with_its_reason(pytester):
+    pytester.makeconftest(SHORT_ROWS.replace("x.shape[-1] > 64", "True").format(BODY=CORRECT_BODY))
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest(*ARGS, "--precision-configs=fp16", "-k", "hypothesis", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED *short_rows: it skipped every drawn input it was given (rows longer than 64 "
+                                 "unsupported)*"])
