@@ -81,3 +81,82 @@ def test_a_fault_inside_an_interpreted_kernel_names_the_kernel(pytester, monkeyp
                                  "  first * inside Triton kernel softmax_kernel (interpreted; launched at conftest.py:*) "
                                  "under fp32: produced *"])
     assert not [line for line in result.outlines if line.startswith("  first ") and "interpreter.py" in line]
+
+
+# a Triton LayerNorm as kernel libraries write one: a forward kernel keeping mean and rstd for a
+# backward that allocates its buffers with torch.empty, host code that maps the dtypes it knows
+LAYER_NORM = """
+import torch
+import triton
+import triton.language as tl
+import pytest_precision
+
+DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+@triton.jit
+def _ln_forward(X, W, B, Y, Mean, Rstd, N, eps, BLOCK: tl.constexpr, OUT: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < N
+    x = tl.load(X + row * N + cols, mask=mask, other=0.0).to(tl.float32)
+    mean = tl.sum(x, 0) / N
+    {VARIANCE}
+    rstd = 1.0 / tl.sqrt(var + eps)
+    w = tl.load(W + cols, mask=mask).to(tl.float32)
+    b = tl.load(B + cols, mask=mask).to(tl.float32)
+    tl.store(Y + row * N + cols, ((x - mean) * rstd * w + b).to(OUT), mask=mask)
+    tl.store(Mean + row, mean)
+    tl.store(Rstd + row, rstd)
+
+
+class LayerNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        out_dtype = DTYPES[x.dtype]  # the host code knows three dtypes: float64 is refused here
+        rows, n = x.shape
+        y = torch.empty_like(x)
+        mean = torch.empty(rows, dtype=torch.float32)
+        rstd = torch.empty(rows, dtype=torch.float32)
+        _ln_forward[(rows,)](x, weight, bias, y, mean, rstd, n, eps, BLOCK=triton.next_power_of_2(n), OUT=out_dtype)
+        ctx.save_for_backward(x, weight, mean, rstd)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, mean, rstd = ctx.saved_tensors
+        xhat = (x.float() - mean[:, None]) * rstd[:, None]
+        wdy = dy.float() * weight.float()
+        dx = torch.empty_like(x)  # a buffer, filled below: its old contents are nobody's output
+        dx.copy_((wdy - (xhat * wdy).mean(-1, keepdim=True) * xhat - wdy.mean(-1, keepdim=True)) * rstd[:, None])
+        return dx, (dy.float() * xhat).sum(0).to(weight.dtype), dy.float().sum(0).to(weight.dtype), None
+
+
+@pytest_precision.register("triton_ln", kind="layer_norm")
+def triton_ln(x, weight, bias, eps):
+    return LayerNorm.apply(x, weight, bias, eps)
+"""
+TWO_PASS = "var = tl.sum((x - mean) * (x - mean) * (cols < N), 0) / N"
+ONE_PASS = "var = tl.sum(x * x, 0) / N - mean * mean  # E[x^2] - E[x]^2: cancels to below 0 on offset rows"
+
+
+@needs_interpreter
+@pytest.mark.parametrize("variance", [TWO_PASS, ONE_PASS], ids=["two-pass", "one-pass"])
+def test_a_fault_is_named_at_the_kernel_that_lost_the_value_not_at_an_allocation(pytester, monkeypatch, variance):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    pytester.makeconftest(LAYER_NORM.replace("{VARIANCE}", variance))
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest("--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider",
+                                "-k", "offset and not hypothesis", "--precision-configs=fp32")
+    out = result.stdout.str()
+    if variance == TWO_PASS:  # correct: judged (no golden yet), no fault
+        assert "first nan" not in out and "FAIL baseline" in out, out[-3000:]
+        return
+    result.stdout.fnmatch_lines([
+        "*layer_norm[[]triton_ln-fp32-offset*[]]: FAIL *nan*",
+        "  first nan inside Triton kernel _ln_forward (interpreted; launched at conftest.py:*) under fp32: produced nan "
+        "from finite inputs*",
+        "  the first fault is located against the target's float32 run, not a float64 one: it did not run on the "
+        "float64 inputs (*KeyError: torch.float64*)",
+    ])
+    assert "aten::empty" not in out, out[-3000:]

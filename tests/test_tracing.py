@@ -131,3 +131,35 @@ def naive(x):
         "*| aten::exp *| forward *| float16 *| float16 *| *4096 | *16 | *| conftest.py:6 |",
         "softmax[[]naive-fp16-unit[]]:",
     ])
+
+
+def test_an_allocation_is_never_the_fault_and_a_destination_is_no_input():
+    """An uninitialised buffer may hold NaN: ``empty`` produced nothing, and ``copy_`` or an
+    ``out=`` op does not read what its destination held before."""
+    from pytest_precision.explain.faults import locate
+    from pytest_precision.explain.launches import as_harness
+    from pytest_precision.explain.tracing import OpRecord
+
+    x = torch.tensor([1.0, 12.0, -3.0])
+    with as_harness():  # the harness's own ops are not traced: stands for memory that held NaN
+        garbage = torch.full((3,), float("nan"))
+
+    def run():
+        buf = garbage  # a buffer whose old contents are NaN
+        buf.copy_(x)
+        torch.add(x, 1.0, out=buf)
+        return buf.half().exp()  # e^13 overflows fp16
+    records = trace(run, keep_outputs=True)
+    copy = next(r for r in records if r.op == "aten::copy_")
+    out = next(r for r in records if r.op == "aten::add")
+    assert copy.inputs_finite and out.inputs_finite  # the NaN destination is not what they read
+    fault = first_fault(run, lambda: (x.double() + 1).exp())
+    assert fault.op == "aten::exp" and fault.kind == "overflow"
+
+    def record(i, op, nonfinite, inputs_finite, output):
+        return OpRecord(i, op, "forward", (), ("float32",), output.numel(), nonfinite, 0, 0.0, "here.py:1",
+                        inputs_finite, False, output=output)
+    nan_buffer = record(0, "aten::empty", 3, True, torch.full((3,), float("nan")))
+    overflow = record(1, "aten::exp", 1, True, torch.tensor([1.0, float("inf"), 2.0]))
+    assert locate([nan_buffer, overflow]).op == "aten::exp"
+    assert locate([nan_buffer]) is None

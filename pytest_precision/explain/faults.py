@@ -11,6 +11,7 @@ reference's is not is an underflow fault. Runs only for failing cases.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,15 @@ _LAYOUT_OPS = {"_to_copy", "to", "copy_", "clone", "view", "_unsafe_view", "resh
                "permute", "contiguous", "unsqueeze", "squeeze", "slice", "select", "as_strided", "_reshape_alias",
                "empty_like", "zeros_like", "ones_like", "empty", "new_empty", "new_zeros", "fill_", "zero_"}
 _ALIGN_WINDOW = 8
+# ops whose output is memory, not a value: an uninitialised buffer may hold anything, NaN included
+_ALLOCATIONS = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted", "resize_",
+                "set_"}
+
+
+def _candidate(r: OpRecord) -> bool:
+    """Whether ``r`` can be a fault: an op that computes, or a whole interpreted Triton launch;
+    neither an allocation nor one of the interpreter's own ops inside a launch."""
+    return r.name not in _ALLOCATIONS and (r.kernel is None or r.launch)
 
 
 @dataclass(frozen=True)
@@ -61,10 +71,10 @@ class Fault:
 def align(run: list[OpRecord], ref: list[OpRecord]) -> dict[int, OpRecord]:
     """Pair the compute ops of two traces of the same callable, in order: each op of ``run`` with
     the next op of the same name in ``ref`` (within a short window). Layout ops are skipped."""
-    compute = [r for r in ref if r.name not in _LAYOUT_OPS]
+    compute = [r for r in ref if r.name not in _LAYOUT_OPS and _candidate(r)]
     pairs, j = {}, 0
     for r in run:
-        if r.name in _LAYOUT_OPS:
+        if r.name in _LAYOUT_OPS or not _candidate(r):
             continue
         for k in range(j, min(j + _ALIGN_WINDOW, len(compute))):
             if compute[k].name == r.name and compute[k].phase.split(" ")[0] == r.phase.split(" ")[0]:
@@ -74,9 +84,11 @@ def align(run: list[OpRecord], ref: list[OpRecord]) -> dict[int, OpRecord]:
 
 
 def _exact(ref: OpRecord | None, shape) -> torch.Tensor | None:
-    """The reference op's output when it is a float64 result of the same shape. A callable that
-    casts (``q.half()``) runs that op in 16 bits in the reference run too: no reference there."""
-    if ref is None or ref.output is None or ref.output.dtype != torch.float64 or ref.output.shape != shape:
+    """The reference op's output when it is a float64 (or, for a target that refused float64, a
+    float32) result of the same shape. A callable that casts (``q.half()``) runs that op in 16
+    bits in the reference run too: no reference there."""
+    if ref is None or ref.output is None or ref.output.dtype not in (torch.float64, torch.float32) \
+            or ref.output.shape != shape:
         return None
     return ref.output
 
@@ -102,14 +114,18 @@ def _underflowed(r: OpRecord, ref: OpRecord | None) -> torch.Tensor | None:
 def locate(run: list[OpRecord], ref: list[OpRecord] | None = None) -> Fault | None:
     """The first fault in ``run`` (see the module's docstring); ``ref`` is the float64 trace."""
     pairs = align(run, ref) if ref else {}
+    reference_dtype = next((r.out_dtypes[0] for r in ref or () if r.out_dtypes and _candidate(r)
+                            and r.out_dtypes[0] in ("float64", "float32")), "float64")
     for r in run:
-        if not r.nonfinite or not r.inputs_finite or r.output is None:
+        if not r.nonfinite or not r.inputs_finite or r.output is None or not _candidate(r):
             continue
         out, ref_op = r.output, pairs.get(r.index)
         bad = ~torch.isfinite(out)
         exact = _exact(ref_op, out.shape)
-        if exact is not None:
+        if exact is not None and not r.launch:
             bad &= torch.isfinite(exact.to(out.device))  # NaN where the exact result is NaN is right
+        # (not for a whole Triton launch: a kernel computes in float32 inside whatever it is given,
+        # so its float64 run overflows where it does; the reference value is shown, not trusted)
         if not bool(bad.any()):
             continue
         if bool((torch.isnan(out) & bad).any()):
@@ -119,36 +135,18 @@ def locate(run: list[OpRecord], ref: list[OpRecord] | None = None) -> Fault | No
             mask = (out == float(produced)) & bad
             kind = "underflow" if r.name in _POLE_OPS and r.inputs_zero else "overflow"
         cause = _zero_source(run, r, pairs) if kind == "underflow" else None
-        if exact is None and ref_op is not None and ref_op.out_dtypes and ref_op.out_dtypes[0] != "float64":
-            cause = (f"the float64 run computed it in {ref_op.out_dtypes[0]} too (the callable casts its inputs "
-                     "itself, defeating the config), so there is no reference value")
-        return Fault(r.op, kind, produced, r.where, r.phase, _at(ref_op, r, mask), cause, r.kernel)
-    fault = _kernel_fault(run)
-    if fault is not None:
-        return fault
+        if exact is None and ref_op is not None and ref_op.out_dtypes and ref_op.out_dtypes[0] != reference_dtype:
+            cause = (f"the {reference_dtype} run computed it in {ref_op.out_dtypes[0]} too (the callable casts its "
+                     "inputs itself, defeating the config), so there is no reference value")
+        value = _at(ref_op, r, mask)
+        if r.launch and value is not None and not math.isfinite(value):
+            cause, value = (f"the kernel gave {value:g} there in the {reference_dtype} run too (it computes in float32 "
+                            "inside, whatever it is given, or the exact result is not finite)"), None
+        return Fault(r.op, kind, produced, r.where, r.phase, value, cause, r.kernel)
     for r in run:  # nothing went non-finite: the first value lost to 0
         mask = _underflowed(r, pairs.get(r.index))
-        if mask is not None and r.name not in _LAYOUT_OPS:
+        if mask is not None and r.name not in _LAYOUT_OPS and _candidate(r):
             return Fault(r.op, "underflow", "0", r.where, r.phase, _at(pairs.get(r.index), r, mask), kernel=r.kernel)
-    return None
-
-
-def _kernel_fault(run: list[OpRecord]) -> Fault | None:
-    """An interpreted Triton kernel computes in numpy, out of the tracer's sight: when every value
-    was finite before the kernel ran and a value after it is not, the kernel produced it."""
-    kernel = None
-    for r in run:
-        if r.kernel is not None:
-            kernel = kernel or r
-            continue
-        if r.nonfinite and r.output is not None:
-            if kernel is None:
-                return None  # not finite before any kernel ran: not a kernel's doing
-            out = r.output
-            nan = bool(torch.isnan(out).any())
-            produced = "nan" if nan else ("inf" if bool((out == float("inf")).any()) else "-inf")
-            return Fault(f"Triton kernel {kernel.kernel}", "nan" if nan else "overflow", produced, kernel.where,
-                         kernel.phase, kernel=kernel.kernel)
     return None
 
 
@@ -156,7 +154,7 @@ def _zero_source(run: list[OpRecord], pole: OpRecord, pairs: dict[int, OpRecord]
     """The latest op before ``pole`` whose output underflowed to 0 against the reference."""
     for r in reversed(run[:pole.index]):
         mask = _underflowed(r, pairs.get(r.index))
-        if mask is not None and r.name not in _LAYOUT_OPS:
+        if mask is not None and r.name not in _LAYOUT_OPS and _candidate(r):
             v = _at(pairs.get(r.index), r, mask)
             return (f"the 0 came from {r.op} at {r.where} underflowing"
                     + (f" where the reference is {v:.3g}" if v is not None else ""))

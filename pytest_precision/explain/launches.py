@@ -16,10 +16,14 @@ from typing import Iterator
 
 import torch
 
-__all__ = ["Launch", "watch_launches", "current_kernel"]
+__all__ = ["Launch", "watch_launches", "current_kernel", "harness_ops", "as_harness"]
 
 _CURRENT: ContextVar[str | None] = ContextVar("pytest_precision_triton_kernel", default=None)
+# set while the harness itself copies a launch's tensors: the tracer leaves those ops out
+_HARNESS: ContextVar[bool] = ContextVar("pytest_precision_harness_ops", default=False)
 _WATCHERS: list[list] = []
+# callables (kernel name, tensor arguments, their contents before the launch) called after each launch
+_OBSERVERS: list = []
 _original_run = None
 
 
@@ -38,23 +42,49 @@ def current_kernel() -> str | None:
     return _CURRENT.get()
 
 
+def harness_ops() -> bool:
+    """Whether the torch ops running now are the harness's own (``as_harness``), not the user's."""
+    return _HARNESS.get()
+
+
+@contextlib.contextmanager
+def as_harness() -> Iterator[None]:
+    """The torch ops in the block are the harness's own: the tracer leaves them out."""
+    token = _HARNESS.set(True)
+    try:
+        yield
+    finally:
+        _HARNESS.reset(token)
+
+
+def _copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    with as_harness():
+        return [t.detach().clone() for t in tensors]
+
+
 def _run(self, *args, grid, warmup, **kwargs):
     name = getattr(self.fn, "__name__", "?")
-    dtypes = tuple(str(a.dtype).replace("torch.", "") for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor))
+    tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+    dtypes = tuple(str(a.dtype).replace("torch.", "") for a in tensors)
     for launches in _WATCHERS:
         launches.append(Launch(name, dtypes))
+    before = _copies(tensors) if _OBSERVERS else None  # only while a tracer looks: what the kernel wrote
     token = _CURRENT.set(name)
     try:
         return _original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
     finally:
         _CURRENT.reset(token)
+        for observe in list(_OBSERVERS) if before is not None else ():
+            observe(name, tensors, before)
 
 
 @contextlib.contextmanager
-def watch_launches() -> Iterator[list[Launch]]:
+def watch_launches(observe=None) -> Iterator[list[Launch]]:
     """Within the block, every interpreted Triton launch is appended to the list yielded (and
-    marks its torch ops as its own for the tracer). Nothing is watched where triton's interpreter
-    was never imported: nothing can launch there."""
+    marks its torch ops as its own for the tracer); ``observe(kernel, tensors, before)``, if
+    given, is called after each launch with its tensor arguments and copies of their contents
+    from before it ran (a tracer's view of what the kernel wrote). Nothing is watched where
+    triton's interpreter was never imported: nothing can launch there."""
     global _original_run
     launches: list[Launch] = []
     interpreter = sys.modules.get("triton.runtime.interpreter")
@@ -66,9 +96,13 @@ def watch_launches() -> Iterator[list[Launch]]:
         _original_run = cls.run
         cls.run = _run
     _WATCHERS.append(launches)
+    if observe is not None:
+        _OBSERVERS.append(observe)
     try:
         yield launches
     finally:
         _WATCHERS.remove(launches)
+        if observe is not None:
+            _OBSERVERS.remove(observe)
         if not _WATCHERS:
             cls.run = _original_run

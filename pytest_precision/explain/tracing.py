@@ -21,7 +21,7 @@ from tabulate import tabulate
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .launches import current_kernel, watch_launches
+from .launches import as_harness, current_kernel, harness_ops, watch_launches
 
 __all__ = ["OpRecord", "OpTracer", "trace", "render_trace", "user_frame"]
 
@@ -30,6 +30,10 @@ _SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(o
 # ops that only re-label a tensor: left out of traces, they say nothing about precision
 _BOOKKEEPING = {"detach", "alias", "lift_fresh", "lift_fresh_copy", "_has_compatible_shallow_copy_type"}
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+# ops that overwrite their first argument without reading its values (its old contents, perhaps an
+# uninitialised buffer's, are no input of theirs)
+_OVERWRITES = {"copy_", "fill_", "zero_", "set_", "uniform_", "normal_", "bernoulli_", "random_", "exponential_",
+               "geometric_", "cauchy_", "log_normal_", "resize_"}
 
 
 def _is_user_file(filename: str) -> bool:
@@ -76,13 +80,14 @@ class OpRecord:
     inputs_zero: bool  # some floating input element is exactly 0
     output: torch.Tensor | None = field(default=None, repr=False)  # first floating output (kept on request)
     kernel: str | None = None  # the interpreted Triton kernel this op ran inside (its internals), if any
+    launch: bool = False  # the record of a whole interpreted launch: its inputs and what it wrote
 
     @property
     def name(self) -> str:
         return self.op.split("::", 1)[-1]
 
     def row(self) -> tuple:
-        where = self.where if self.kernel is None else f"{self.where} (in Triton kernel {self.kernel})"
+        where = self.where if self.kernel is None or self.launch else f"{self.where} (in Triton kernel {self.kernel})"
         return (self.index, self.op, self.phase, ",".join(self.in_dtypes) or "-", ",".join(self.out_dtypes) or "-",
                 self.numel, self.nonfinite, self.zeros, f"{self.max_abs:.3g}", where)
 
@@ -101,11 +106,16 @@ class OpTracer(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func._schema.name.split("::")[-1]
-        if name in _BOOKKEEPING:
+        if name in _BOOKKEEPING or harness_ops():
             return out
         ins = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        fins = [t for t in ins if t.is_floating_point()]
+        read = _read_inputs(func, name, args, kwargs or {})
+        self._append(f"aten::{name}", ins, outs, read, current_kernel())
+        return out
+
+    def _append(self, op: str, ins: list, outs: list, read: list, kernel: str | None, launch: bool = False) -> None:
+        fins = [t for t in read if t.is_floating_point()]
         fouts = [t for t in outs if t.is_floating_point()]
         node = torch._C._current_autograd_node()
         if node is None:
@@ -122,12 +132,44 @@ class OpTracer(TorchDispatchMode):
             if bool(finite.any()):
                 top = max(top, float(t[finite].abs().max()))
         self.records.append(OpRecord(
-            len(self.records), f"aten::{name}", phase, tuple(_dtype(t) for t in ins), tuple(_dtype(t) for t in outs),
+            len(self.records), op, phase, tuple(_dtype(t) for t in ins), tuple(_dtype(t) for t in outs),
             numel, nonfinite, zeros, top, where,
             inputs_finite=all(bool(torch.isfinite(t).all()) for t in fins),
             inputs_zero=any(bool((t == 0).any()) for t in fins),
-            output=fouts[0].detach() if self.keep_outputs and fouts else None, kernel=current_kernel()))
-        return out
+            output=fouts[0].detach().clone() if self.keep_outputs and fouts and launch else
+            fouts[0].detach() if self.keep_outputs and fouts else None, kernel=kernel, launch=launch))
+
+    def launched(self, kernel: str, tensors: list[torch.Tensor], before: list[torch.Tensor]) -> None:
+        """One record for a whole interpreted launch (``watch_launches``' observer): its inputs are
+        the tensors it left as they were, its outputs those it wrote. The interpreter computes in
+        numpy, out of the dispatcher's sight: this is where a value the kernel lost shows."""
+        with as_harness():  # the comparisons and statistics below are the harness's ops
+            wrote = [not _same_bits(t, b) for t, b in zip(tensors, before)]
+            # what it wrote, a tensor holding a non-finite value first (the one a fault is read from)
+            outs = sorted((t for t, w in zip(tensors, wrote) if w),
+                          key=lambda t: not t.is_floating_point() or bool(torch.isfinite(t).all()))
+            read = [t for t, w in zip(tensors, wrote) if not w]
+            self._append(f"triton::{kernel}", tensors, outs, read, kernel, launch=True)
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point() or a.is_complex():
+        return torch.equal(a.detach().contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+    return torch.equal(a.detach(), b)
+
+
+def _read_inputs(func, name: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensors an op reads: every tensor argument but those it only writes (an ``out=``
+    argument, the destination of ``copy_`` or ``fill_``), whose old contents are no input."""
+    written = set()
+    for i, arg in enumerate(func._schema.arguments):
+        only_written = arg.kwarg_only and arg.name == "out" or (i == 0 and name in _OVERWRITES)
+        if only_written and arg.alias_info is not None and arg.alias_info.is_write:
+            written.add(arg.name)
+    values = [*zip((a.name for a in func._schema.arguments), args), *kwargs.items()]
+    return [t for n, v in values if n not in written for t in tree_flatten(v)[0] if isinstance(t, torch.Tensor)]
 
 
 def trace(fn, *args, keep_outputs: bool = False, **kwargs) -> list[OpRecord]:
@@ -137,7 +179,8 @@ def trace(fn, *args, keep_outputs: bool = False, **kwargs) -> list[OpRecord]:
     tracer = OpTracer(keep_outputs)
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.autograd.set_detect_anomaly(True, check_nan=False))
-        stack.enter_context(watch_launches())  # ops inside an interpreted Triton kernel are marked as its
+        # ops inside an interpreted Triton kernel are marked as its; each launch gets a record of its own
+        stack.enter_context(watch_launches(observe=tracer.launched))
         stack.enter_context(tracer)
         fn(*args, **kwargs)
     return tracer.records

@@ -203,6 +203,7 @@ class Measurement:
     outputs: dict[str, torch.Tensor]  # the target's, as returned
     peer_name: str = ""
     launches: list = field(default_factory=list)  # interpreted Triton kernels the target's call launched
+    rng_state: tuple = ()  # the random state the target's call started from (CPU, and each CUDA device)
     oracle: dict[str, Comparison] = field(default_factory=dict)
     peer: dict[str, Comparison] = field(default_factory=dict)
     peer_budget: dict[str, Budget] = field(default_factory=dict)
@@ -274,6 +275,21 @@ class TensorEvidence(Evidence):
                 lines.append("    worst elements:")
                 lines += ["      " + row for row in o.worst_table().splitlines()]
         return lines
+
+
+def _cuda_devices(device: str) -> list[int]:
+    return list(range(torch.cuda.device_count())) if device.startswith("cuda") else []
+
+
+def _rng_state(device: str) -> tuple:
+    return (torch.get_rng_state(), *(torch.cuda.get_rng_state(i) for i in _cuda_devices(device)))
+
+
+def _set_rng_state(state: tuple) -> None:
+    if state:
+        torch.set_rng_state(state[0])
+        for i, s in enumerate(state[1:]):
+            torch.cuda.set_rng_state(s, i)
 
 
 _DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
@@ -586,6 +602,7 @@ class Kind:
         values = {n: p.value for n, p in prepared.items()}
         exact = {n: p.exact for n, p in prepared.items()}
         refs = self._reference_outputs(exact, inputs, grad_seed, self.case_grad_inputs(case, inputs))
+        rng_state = _rng_state(case.device)  # what a first-fault re-run replays (dropout draws the same mask)
         try:
             with watch_launches() as launches:
                 mine = self.call(case, case.target.fn, values, inputs, grad_seed)
@@ -597,7 +614,7 @@ class Kind:
         peer_fn, peer_name = self.peer_for(case.target)
         peer_where = f"peer ({peer_name}) under config {case.config.id} on regime {case.regime}"
         peer = self.call(replace(case, variant=NO_VARIANT), peer_fn, values, inputs, grad_seed, where=peer_where)
-        m = Measurement(values, exact, mine, peer_name=peer_name, launches=launches)
+        m = Measurement(values, exact, mine, peer_name=peer_name, launches=launches, rng_state=rng_state)
         for name, ref in refs.items():
             rule = self.output_rule(case, name, mine[name], peer[name], ref, exact, inputs)
             m.oracle[name] = rule.oracle(ref)
@@ -683,25 +700,41 @@ class Kind:
 
     def _locate_fault(self, case: Case, m: Measurement, inputs: Any, grad_seed: int, outcome: Outcome):
         """Re-run the target traced under the config, beside the same callable on the float64
-        inputs without autocast or variant, and name the first op that lost the value."""
-        fp64 = replace(case, config=CONFIGS["fp32"], variant=NO_VARIANT)
-        exact = {n: t.to(case.device) for n, t in m.exact.items()}
+        inputs without autocast or variant, and name the first op that lost the value. A target
+        that refuses float64 (its host code maps only the 32- and 16-bit dtypes) is compared with
+        its float32 run instead, and the message says so. Every run starts from the random state
+        the measured call started from, so a target drawing random numbers (dropout) draws the
+        same ones."""
+        plain = replace(case, config=CONFIGS["fp32"], variant=NO_VARIANT)
         why_not: list[str] = []
 
-        def reference():
-            try:
-                return self.call(fp64, case.target.fn, exact, inputs, grad_seed, check=False)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as e:  # a skip or NotImplementedError from a target limited to low precision
-                why_not.append(f"{type(e).__name__}: {getattr(e, 'msg', None) or e}".splitlines()[0])
-                raise RuntimeError(why_not[0]) from None
+        def replayed(fn):
+            def run():
+                with torch.random.fork_rng(devices=_cuda_devices(case.device)):
+                    _set_rng_state(m.rng_state)
+                    return fn()
+            return run
 
-        fault = first_fault(lambda: self.call(case, case.target.fn, m.values, inputs, grad_seed), reference)
-        if why_not:  # the verdict stands; only the explanation is missing
+        def reference():
+            for dtype in (torch.float64, torch.float32):
+                values = {n: t.to(case.device, dtype) for n, t in m.exact.items()}
+                try:
+                    return replayed(lambda: self.call(plain, case.target.fn, values, inputs, grad_seed, check=False))()
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as e:  # a skip or NotImplementedError from a target limited to low precision
+                    why_not.append(f"{type(e).__name__}: {getattr(e, 'msg', None) or e}".splitlines()[0])
+            raise RuntimeError(why_not[-1])
+
+        fault = first_fault(replayed(lambda: self.call(case, case.target.fn, m.values, inputs, grad_seed)), reference)
+        if why_not:  # the verdict stands; only the explanation is weaker (or missing)
             cause = why_not[0].removeprefix("TargetError: ")
-            outcome.details.append(f"no float64 trace to compare with: the target did not run on the float64 inputs "
-                                   f"({cause}); the verdict above stands")
+            if len(why_not) == 1:
+                outcome.details.append(f"the first fault is located against the target's float32 run, not a float64 "
+                                       f"one: it did not run on the float64 inputs ({cause})")
+            else:
+                outcome.details.append(f"no float64 or float32 trace to compare with: the target did not run on the "
+                                       f"float64 inputs ({cause}) nor on float32 ones; the verdict above stands")
         return fault
 
     def _attack(self, case: Case) -> Outcome:
