@@ -113,11 +113,11 @@ def _accept_then_run(pytester, *args):
 def test_gelu_passes_and_another_function_fails_against_the_declared_reference(pytester):
     pytester.makeconftest(GELU)
     result = _accept_then_run(pytester, "--precision-configs=fp32,bf16")
-    # gelu: 2 configs x 2 regimes pass; gelu_tanh passes bf16 (held to its own float32 run) and fails
-    # fp32, where the declared exact GELU run in float32 is its peer
+    # gelu: 2 configs x 2 regimes pass; gelu_tanh passes bf16 (its approximation error is below bf16's
+    # rounding: the declared exact GELU run in bf16 is its peer) and fails fp32, where it is not
     result.assert_outcomes(passed=6, failed=2)
     result.stdout.fnmatch_lines(["*op[[]gelu_tanh-fp32-unit[]]: FAIL accuracy,baseline (oracle: out: max abs * > budget *",
-                                 "*peer (the declared reference run in float32, same config)*"])
+                                 "*peer (the declared reference, same config)*"])
     assert (pytester.path / "precision_baselines/op/gelu/wide/bf16.npz").is_file()
     assert not (pytester.path / "precision_baselines/op/gelu_tanh/unit/fp32.npz").exists()  # not accepted
     result.stdout.fnmatch_lines(["*| gelu *| fp32 *|*2 |*| pass *", "*| gelu_tanh *| bf16 *|*2 |*| pass *"])
@@ -140,8 +140,25 @@ def test_a_sum_kept_in_16_bits_fails_and_fp32_accumulation_passes(pytester):
     result = _accept_then_run(pytester, "--precision-configs=fp32,fp16,bf16")
     result.assert_outcomes(passed=7, failed=2)
     result.stdout.fnmatch_lines(["*op[[]mm_dtype_acc-fp16-k256[]]: FAIL accuracy,baseline (oracle: *RMS abs * > budget *",
-                                 "*peer (its own float32 run, same config): *"])
+                                 "*peer (the exact result rounded as its output (no peer= or reference= declared), same "
+                                 "config): *"])
     result.stdout.fnmatch_lines(["*op[[]mm_dtype_acc-bf16-k256[]]: FAIL accuracy*"])
+
+
+def test_a_defect_at_every_precision_fails_every_config_on_a_first_run(pytester):
+    """The peer of a 16-bit config is the declared reference run in that config, not the target's
+    own float32 run: a defect present at every precision (here GELU approximated as x sigmoid(1.6 x),
+    0.02 off) fails fp16 and bf16 too, with no golden to compare with."""
+    pytester.makeconftest(HEADER + """
+inputs = {"unit": lambda g: torch.randn(32, 128, generator=g)}
+pytest_precision.register("sigmoid_gelu", lambda x: x * torch.sigmoid(1.6 * x), kind="op", inputs=inputs,
+                          reference=F.gelu)
+""")
+    result = _run(pytester, "--precision-configs=fp32,fp16,bf16")
+    result.assert_outcomes(failed=3)
+    for config in ("fp32", "fp16", "bf16"):
+        result.stdout.fnmatch_lines([f"*op[[]sigmoid_gelu-{config}-unit[]]: FAIL *accuracy,baseline (oracle: *",
+                                     "*peer (the declared reference, same config)*"])
 
 
 def test_a_named_peer_sets_the_budget(pytester):
