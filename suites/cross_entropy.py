@@ -15,7 +15,9 @@ are quantised and the loss is not (a loss is a reduction kept in fp32; its gradi
 
 A batch whose rows are all ignored has no mean: the expected loss is NaN (0 / 0, what torch
 returns), and the expected gradient is 0 everywhere (no row contributes). A target returning a
-loss of 0 there fails with "NaN expected but missing"; one whose gradient is NaN fails with NaN.
+loss of 0 there fails with "NaN expected but missing", unless it declares that convention
+(``all_ignored="zero"``, as some kernel libraries choose): then 0 is expected, and NaN fails; one
+whose gradient is NaN fails with NaN either way.
 
 The loss is judged on absolute error in steps of its dtype at max(|loss|, 1) (the log-domain
 rule of log_softmax: a loss near 0 is a probability near 1, where precision is absolute; the
@@ -26,6 +28,7 @@ only there; a target without that keyword is skipped on those regimes with the r
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -53,6 +56,13 @@ class CrossEntropyInputs:
     target: torch.Tensor
     ignore_index: int = IGNORE_INDEX
     label_smoothing: float = 0.0
+    # the loss of a batch whose rows are all ignored, by the target's convention (``all_ignored``
+    # declared): "nan" (torch's 0 / 0) or "zero" (libraries that return 0 there)
+    all_ignored: str = "nan"
+
+    @property
+    def none_counted(self) -> bool:
+        return bool((self.target == self.ignore_index).all())
 
     @property
     def ignores(self) -> bool:
@@ -93,14 +103,16 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
     # p(target) = 1 - 5e-7: the loss is 5e-7, held to fp32's steps at 1.0
     _regime("confident", "the target's logit 20 above the rest: p near 1, loss near 0", margin=20.0),
     _regime("ignored", "a quarter of the rows ignored (target -100)", ignored=0.25),
-    _regime("all-ignored", "every row ignored: expected loss NaN (0 / 0), gradient 0", rows=4, ignored=1.0),
+    _regime("all-ignored", "every row ignored: expected loss NaN (0 / 0; 0 where all_ignored='zero' is declared), "
+            "gradient 0", rows=4, ignored=1.0),
     _regime("smoothing", "label_smoothing 0.1, N(0, 5^2) logits", scale=5.0, label_smoothing=0.1),
 )}
 
 
-def cross_entropy_reference(logits, target, ignore_index=IGNORE_INDEX, label_smoothing=0.0):
+def cross_entropy_reference(logits, target, ignore_index=IGNORE_INDEX, label_smoothing=0.0, all_ignored="nan"):
     """The loss as defined (module docstring), in the dtype of ``logits`` (float64 for the oracle).
-    An all-ignored batch: NaN, added as a constant so that the gradient stays 0."""
+    An all-ignored batch: NaN, added as a constant so that the gradient stays 0 (0 where the
+    target declared ``all_ignored="zero"``)."""
     lse = torch.logsumexp(logits, -1)
     valid = target != ignore_index
     picked = logits.gather(-1, torch.where(valid, target, 0)[:, None]).squeeze(-1)
@@ -109,7 +121,7 @@ def cross_entropy_reference(logits, target, ignore_index=IGNORE_INDEX, label_smo
         per_row = (1 - label_smoothing) * per_row + label_smoothing * (lse - logits.mean(-1))
     count = int(valid.sum())
     loss = torch.where(valid, per_row, torch.zeros_like(per_row)).sum() / max(count, 1)
-    return loss if count else loss + math.nan
+    return loss if count or all_ignored == "zero" else loss + math.nan
 
 
 def composite_cross_entropy(logits, target, ignore_index=IGNORE_INDEX, label_smoothing=0.0):
@@ -170,6 +182,24 @@ class CrossEntropyKind(Kind):
     forward_output = "loss"
     grad_inputs = ("logits",)
 
+    declarations = {
+        **Kind.declarations,
+        "all_ignored": "'nan' (default: torch's 0 / 0) or 'zero': the loss it returns for a batch whose rows are all "
+                       "ignored (its gradient is 0 either way)",
+    }
+
+    def normalise_declaration(self, name, key, value):
+        if key == "all_ignored":
+            if value not in ("nan", "zero"):
+                raise ValueError(f"target {name!r}: all_ignored={value!r}: expected 'nan' (torch's convention) or "
+                                 "'zero'")
+            return value
+        return super().normalise_declaration(name, key, value)
+
+    def for_target(self, case: Case, a: CrossEntropyInputs) -> CrossEntropyInputs:
+        convention = case.target.declared.get("all_ignored", "nan")
+        return a if convention == a.all_ignored else dataclasses.replace(a, all_ignored=convention)
+
     def default_targets(self) -> list[Target]:
         return [Target("torch.cross_entropy", self.peer, self.name, origin="built-in")]
 
@@ -193,7 +223,11 @@ class CrossEntropyKind(Kind):
         return torch.cat([a.logits.flatten(), a.target.to(torch.float32)])
 
     def invoke(self, fn, values, a: CrossEntropyInputs, device):
-        return fn(values["logits"], a.target.to(device), **_keywords(a))
+        out = fn(values["logits"], a.target.to(device), **_keywords(a))
+        if getattr(fn, "__self__", None) is self and a.all_ignored == "zero" and a.none_counted:
+            # the oracle and the peers under the target's convention: 0 for a batch with nothing to count
+            out = torch.where(torch.isnan(out), torch.zeros_like(out), out)
+        return out
 
     def expected_shape(self, values, a):
         return ()

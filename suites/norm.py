@@ -4,7 +4,8 @@ Target contract, the same call for both kinds::
 
     fn(x, weight, bias, eps) -> y       # y shaped and typed as x
 
-``x`` is (rows, n); ``weight`` and ``bias`` are (n,) in x's dtype; ``eps`` is a float.
+``x`` is (rows, n); ``weight`` and ``bias`` are (n,) in x's dtype; ``eps`` is a float. The regimes
+draw the weights as trained norms have them: ``weight`` N(1, 0.1^2), ``bias`` N(0, 0.1^2).
 ``layer_norm``: y = (x - mean) / sqrt(var + eps) * weight + bias, var the biased variance of the
 row. ``rms_norm``: y = x / sqrt(mean(x^2) + eps) * weight, and the target is called with
 ``bias=None``. Outputs: y and the gradients of x, weight (and bias for layer_norm) under a

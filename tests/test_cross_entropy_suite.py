@@ -131,6 +131,49 @@ def test_a_mean_over_every_row_fails_where_rows_are_ignored(pytester):
     assert "all_rows-fp32-unit]: FAIL baseline" in result.stdout.str()
 
 
+# a library's convention: a batch with nothing to count has loss 0 (torch's mean gives 0 / 0 = NaN)
+ZERO_WHEN_EMPTY = HEADER + """
+def zero_when_empty(logits, target, ignore_index=-100, label_smoothing=0.0):
+    valid = target != ignore_index
+    nll = torch.nn.functional.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction="none",
+                                            label_smoothing=label_smoothing)
+    return (nll.sum() / valid.sum().clamp(min=1)).to(logits.dtype)
+
+
+pytest_precision.register("declared_zero", zero_when_empty, kind="cross_entropy", all_ignored="zero")
+pytest_precision.register("undeclared_zero", zero_when_empty, kind="cross_entropy")
+pytest_precision.register("declared_zero_but_nan", torch.nn.functional.cross_entropy, kind="cross_entropy",
+                          all_ignored="zero")
+"""
+
+
+def test_a_declared_all_ignored_convention_is_judged(pytester):
+    _setup(pytester, ZERO_WHEN_EMPTY)
+    # the drawn regime of the declared target too (it draws all-ignored batches); not the others', whose
+    # failing draws depend on Hypothesis's luck outside CI
+    result = _run(pytester, "--precision-configs=fp32,bf16", "-k",
+                  "all-ignored or hypothesis and not undeclared and not but_nan")
+    outcomes = result.parseoutcomes()
+    # declared zero: passes its all-ignored cases (the drawn regime draws some all-ignored batches too);
+    # undeclared: torch's NaN is expected; declared zero but returns NaN: NaN fails
+    for config in ("fp32", "bf16"):
+        result.stdout.fnmatch_lines([f"*cross_entropy[[]undeclared_zero-{config}-all-ignored[]]: FAIL missing_nan,*"])
+        result.stdout.fnmatch_lines([f"*cross_entropy[[]declared_zero_but_nan-{config}-all-ignored[]]: FAIL nan,*"])
+    for config in ("fp32", "bf16"):
+        assert f"[declared_zero-{config}-all-ignored]: FAIL baseline (" in result.stdout.str()  # only its golden missing
+        assert f"[declared_zero-{config}-hypothesis]: FAIL" not in result.stdout.str()
+    # 2 configs x the 3 targets' all-ignored cases (the declared one's golden is missing) fail; its drawn cases pass
+    assert outcomes["failed"] == 6 and outcomes["passed"] == 2, outcomes
+
+
+def test_an_unknown_all_ignored_convention_is_refused():
+    import pytest_precision
+
+    with pytest.raises(ValueError, match="target 'bad': all_ignored='none': expected 'nan'"):
+        pytest_precision.register("bad", torch.nn.functional.cross_entropy, kind="cross_entropy", all_ignored="none")
+    registry.clear()
+
+
 def test_a_gradient_without_the_one_hot_is_caught(pytester):
     _setup(pytester, NO_ONE_HOT)
     result = _run(pytester, "--precision-configs=fp32", "-k", "unit", "-rs")
