@@ -8,7 +8,9 @@ as data at registration, as a torch ``OpInfo`` entry is, rather than written as 
 What a target declares (``OpKind.declarations``), and the decisions behind it:
 
 - ``inputs`` (required): regime name -> generator. A generator gets a CPU ``torch.Generator``
-  seeded from the regime's name (the same bits on every machine) and returns one tensor (the one
+  seeded from the regime's name and runs with its normal draws made portable (``torch.randn`` in
+  float32 draws in float64 and rounds once: the same bits on every CPU, which torch's own float32
+  draw is not), and returns one tensor (the one
   positional argument, named ``arg0``), a tuple (positional arguments ``arg0``, ``arg1``, ...) or
   a dict (keyword arguments, named by their keys). Floating tensors are the inputs a config rounds
   (and whose gradients are judged); anything else (integer positions, bool masks, ints, flags)
@@ -62,6 +64,7 @@ from pytest_precision.kinds.target import Target, TargetError
 from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR, abs_floor
 from pytest_precision.numerics.configs import CONFIGS
 from pytest_precision.numerics.formats import format_of
+from pytest_precision.numerics.inputs import portable_normal_draws
 from pytest_precision.numerics.metrics import compare
 
 __all__ = ["OP", "OpKind", "OpInputs", "OpCall", "round_to_tf32", "BASE_SEED", "GRAD_PEER_FACTOR",
@@ -218,7 +221,10 @@ def _inputs(name: str, value: Any) -> OpInputs:
 def _seeded(name: str, regime: str, make: Callable) -> Callable[[int], Any]:
     def inputs(seed: int):
         try:
-            return make(torch.Generator(device="cpu").manual_seed(seed))
+            # torch's float32 randn draws other bits under another vector ISA: drawn portably, a
+            # golden's inputs are the same on every CPU
+            with portable_normal_draws():
+                return make(torch.Generator(device="cpu").manual_seed(seed))
         except Exception as e:
             raise TargetError(f"target {name!r} (op): the generator of inputs regime {regime!r} raised "
                               f"{type(e).__name__}: {e}") from e

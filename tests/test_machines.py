@@ -71,9 +71,26 @@ def my_attention(q, k, v, causal=False, key_padding_mask=None):
         allowed = allowed & ~key_padding_mask[:, None, None, :]
     p = torch.softmax(s.masked_fill(~allowed, -math.inf), -1)
     return (p @ v.float()).to(q.dtype)
+
+
+ROTARY_NOISE = float(os.environ.get("MY_ROTARY_NOISE", "0"))
+
+
+def my_rotary(x, positions):
+    inv_freq = 1.0 / 10000.0 ** (torch.arange(0, x.shape[-1], 2, dtype=torch.float32) / x.shape[-1])
+    angles = positions.float()[:, None] * inv_freq[None, :]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), -1).flatten(-2)
+    return out * (1 + ROTARY_NOISE) if ROTARY_NOISE else out
+
+
+# inputs drawn with float32 randn, as users write them: other bits under another vector ISA
+pytest_precision.register("my_rotary", my_rotary, kind="op", inputs={
+    "near": lambda g: (torch.randn(2, 16, 64, generator=g), torch.arange(16))})
 """
 ARGS = ["--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider", "-q",
-        "--precision-configs=fp32,bf16", "-k", "(my_softmax or my_attention) and not hypothesis"]
+        "--precision-configs=fp32,bf16", "-k", "(my_softmax or my_attention or my_rotary) and not hypothesis"]
 
 
 def _pytest(cwd: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
@@ -109,6 +126,14 @@ def test_a_real_regression_still_fails_on_another_machine(recorded):
                 "my_softmax and fp32 and unit")
     assert r.returncode == 1, r.stdout[-3000:]
     assert "FAIL regression (golden: " in r.stdout and "golden: mean ULP" in r.stdout, r.stdout[-3000:]
+
+
+def test_inputs_drawn_with_float32_randn_have_the_same_bits_on_another_isa(recorded):
+    """torch's float32 randn draws other bits under another vector ISA; an op's generator draws
+    portably, so the golden's inputs are the same there and judged element by element."""
+    r = _pytest(recorded, VARIANTS["isa-default"], *ARGS[:-1], "my_rotary")
+    assert r.returncode == 0 and "2 passed" in r.stdout, r.stdout[-3000:]
+    assert "inputs changed" not in r.stdout and "bits differ" not in r.stdout, r.stdout[-3000:]
 
 
 @pytest.mark.skipif(not EVERY, reason="the main job under every simulated machine takes minutes: "

@@ -95,6 +95,12 @@ def case_lines(records: list[dict]) -> list[str]:
         if "skipped" in r:
             skipped[r["skipped"]] = skipped.get(r["skipped"], 0) + 1
     lines += [f"{n} case(s) skipped: {reason}" for reason, n in sorted(skipped.items())]
+    moved = sum(1 for r in records if r.get("inputs_moved"))
+    if moved:
+        lines.append(f"{moved} case(s) drew inputs whose bits differ from those their goldens were accepted on, from "
+                     "the same seed and spec (another machine's float32 randn?): judged by their error against the "
+                     "float64 oracle within the golden's budget; pytest_precision.inputs.seeded_normal draws the same "
+                     "bits on every machine")
     notes = {(r["target"], r["variants_note"]) for r in records if r.get("variants_note")}
     lines += [f"target {target!r}: {note}" for target, note in sorted(notes)]
     return lines
