@@ -5,11 +5,12 @@ It records the speed of a softmax target on this machine (serial, idle), then ru
 sessions of the suite against those records and counts each case's speed verdict:
 
 - correct code, serial, idle: every failure is a false alarm;
-- correct code, serial, next to a busy neighbour (a process multiplying matrices on one core);
+- correct code, serial, next to neighbours keeping 1, 2 and 3 cores busy (processes multiplying
+  matrices, one core each; on a 2-core machine 2 and 3 oversubscribe it);
 - correct code under ``pytest -n 2`` (the workers share the CPU with each other);
 - the target planted 1.5 x slower (it computes its softmax three times where it did twice),
   serial, idle: every case that does not fail is a missed slowdown;
-- planted 3 x slower, serial, next to the busy neighbour;
+- planted 3 x slower, serial, idle, and next to one busy neighbour;
 - planted 3 x slower under ``-n 2``: reported, never failed.
 
 Each scenario is one pytest session over the softmax suite's regimes in the configs given; it
@@ -52,29 +53,33 @@ while True:
     a = torch.tanh(a @ a)
 """
 
-# (name, repeats, load, expected): load is "idle", "busy" (a neighbour process) or "xdist" (-n 2)
+# (name, repeats, load, expected): load is "idle", "busy<N>" (N neighbour processes, a core each)
+# or "xdist" (-n 2)
 SCENARIOS = [
     ("correct, idle, serial", 2, "idle", "pass"),
-    ("correct, busy neighbour, serial", 2, "busy", "pass"),
+    ("correct, 1 busy core beside, serial", 2, "busy1", "pass"),
+    ("correct, 2 busy cores beside, serial", 2, "busy2", "pass"),
+    ("correct, 3 busy cores beside, serial", 2, "busy3", "pass"),
     ("correct, pytest -n 2", 2, "xdist", "pass"),
     ("1.5 x slower, idle, serial", 3, "idle", "fail"),
-    ("3 x slower, busy neighbour, serial", 6, "busy", "fail"),
+    ("3 x slower, idle, serial", 6, "idle", "fail"),
+    ("3 x slower, 1 busy core beside, serial", 6, "busy1", "fail"),
     ("3 x slower, pytest -n 2", 6, "xdist", "report"),
 ]
 
 
 @contextmanager
-def _neighbour(busy: bool):
-    if not busy:
-        yield
-        return
-    proc = subprocess.Popen([sys.executable, "-c", NEIGHBOUR])
-    time.sleep(2.0)  # its load shows in the gate's one-second window
+def _neighbours(load: str):
+    count = int(load[len("busy"):]) if load.startswith("busy") else 0
+    procs = [subprocess.Popen([sys.executable, "-c", NEIGHBOUR]) for _ in range(count)]
+    if procs:
+        time.sleep(2.0)  # their load shows in the gate's one-second window
     try:
         yield
     finally:
-        proc.kill()
-        proc.wait()
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def _session(project: Path, configs: str, repeats: int, *extra: str) -> dict:
@@ -104,7 +109,7 @@ def run(configs: str, scenarios=SCENARIOS) -> list[dict]:
         for name, repeats, load, expected in scenarios:
             extra = ("-n", "2") if load == "xdist" else ()
             started = time.monotonic()
-            with _neighbour(load == "busy"):
+            with _neighbours(load):
                 statuses = _speed_statuses(_session(project, configs, repeats, *extra))
             count = {s: sum(1 for t, _, _ in statuses if t == s) for s in ("pass", "noisy", "shared", "slower")}
             ratios = sorted(r for _, r, _ in statuses if r is not None)
@@ -131,9 +136,11 @@ def main(argv=None) -> int:
     parser.add_argument("--configs", default="fp32,bf16,fp16", help="configs of the softmax suite to time (default: %(default)s)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--rounds", type=int, default=1, help="run the scenarios this many times (default: %(default)s)")
+    parser.add_argument("--only", metavar="TEXT", help="only the scenarios whose name contains TEXT")
     args = parser.parse_args(argv)
     from tabulate import tabulate
-    rows = [row for _ in range(args.rounds) for row in run(args.configs)]
+    scenarios = [s for s in SCENARIOS if not args.only or args.only in s[0]]
+    rows = [row for _ in range(args.rounds) for row in run(args.configs, scenarios)]
     print(tabulate([[r["scenario"], r["timed"], r["pass"], r["noisy"], r["shared"], r["slower"],
                      "-" if r["median_ratio"] is None else f"{r['median_ratio']:.2f}", _rate(r)] for r in rows],
                    headers=["scenario", "timed", "pass", "noisy", "shared", "failed", "median x", "verdict"], tablefmt="github"))
