@@ -208,6 +208,8 @@ def test_damaged_baseline_is_named_and_kept(pytester, damage):
 
 
 def test_changed_inputs_are_not_called_a_regression(pytester):
+    """Other bits from the same seed and spec (another machine's draw) are judged on the error
+    statistics, said so; another spec (a generator changed) is refused as no regression."""
     _setup(pytester, CORRECT)
     _run(pytester, "--precision-update-baselines", "--precision-configs=fp32", "-k", "unit").assert_outcomes(passed=1)
     meta = pytester.path / "precision_baselines" / "softmax" / "mine" / "unit" / "fp32.json"
@@ -215,6 +217,12 @@ def test_changed_inputs_are_not_called_a_regression(pytester):
     m["input_checksum"] = "0" * 64
     meta.write_text(json.dumps(m))
     result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["1 case(s) drew inputs whose bits differ from those their goldens were accepted on*"])
+    m["input_spec"]["seed"] += 1
+    meta.write_text(json.dumps(m))
+    result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
+    result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*the inputs changed since the golden was accepted*not a precision regression*"])
 
 

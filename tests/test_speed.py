@@ -115,6 +115,14 @@ def test_memory_gate():
     assert "peak memory 150.0 MiB > 111.0 MiB allowed" in judge_memory(150 << 20, {"peak_bytes": 100 << 20})
 
 
+@pytest.fixture
+def idle_machine(monkeypatch):
+    """The sessions these tests run in-process see an idle machine: under ``pytest -n`` the other
+    worker is a busy neighbour, next to which the gate records no speed."""
+    from pytest_precision.speed import timing
+    monkeypatch.setattr(timing.NEIGHBOURS, "load", lambda: 0.0)
+
+
 class _Golden:
     update = False
 
@@ -125,7 +133,7 @@ class _Golden:
         return self.record
 
 
-def test_a_slowdown_must_be_seen_again_on_fresh_inputs_to_fail():
+def test_a_slowdown_must_be_seen_again_on_fresh_inputs_to_fail(idle_machine):
     recorded = measure(lambda: sum(range(200)), "cpu")
     golden = _Golden({"samples": thin_samples(recorded.samples), "calibration": thin_samples(recorded.calibration)})
     slow, usual = (lambda: sum(range(2000))), (lambda: sum(range(200)))  # about 10 x apart
@@ -160,14 +168,6 @@ def _run(pytester, *args):
     # the CPU's timer and gate (calibration workload, no peak memory), on every machine
     return pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=fp32", *ON_CPU,
                               "-k", "softmax and unit", *args)
-
-
-@pytest.fixture
-def idle_machine(monkeypatch):
-    """The sessions these tests run in-process see an idle machine: under ``pytest -n`` the other
-    worker is a busy neighbour, next to which the gate records no speed."""
-    from pytest_precision.speed import timing
-    monkeypatch.setattr(timing.NEIGHBOURS, "load", lambda: 0.0)
 
 
 def test_gate_records_then_fires_on_a_planted_slowdown(pytester, idle_machine):

@@ -112,7 +112,8 @@ def _underflowed(r: OpRecord, ref: OpRecord | None) -> torch.Tensor | None:
 
 
 def locate(run: list[OpRecord], ref: list[OpRecord] | None = None) -> Fault | None:
-    """The first fault in ``run`` (see the module's docstring); ``ref`` is the float64 trace."""
+    """The first fault in ``run`` (see the module's docstring); ``ref`` is the float64 trace (or,
+    for a target that refused float64, its float32 trace)."""
     pairs = align(run, ref) if ref else {}
     reference_dtype = next((r.out_dtypes[0] for r in ref or () if r.out_dtypes and _candidate(r)
                             and r.out_dtypes[0] in ("float64", "float32")), "float64")
@@ -122,10 +123,12 @@ def locate(run: list[OpRecord], ref: list[OpRecord] | None = None) -> Fault | No
         out, ref_op = r.output, pairs.get(r.index)
         bad = ~torch.isfinite(out)
         exact = _exact(ref_op, out.shape)
-        if exact is not None and not r.launch:
-            bad &= torch.isfinite(exact.to(out.device))  # NaN where the exact result is NaN is right
-        # (not for a whole Triton launch: a kernel computes in float32 inside whatever it is given,
-        # so its float64 run overflows where it does; the reference value is shown, not trusted)
+        # NaN where the exact result is NaN is right; only a float64 op is exact enough to say so
+        # (a float32 run overflows where a float32 case does, and a Triton kernel computes in
+        # float32 inside whatever it is given): elsewhere the reference value is shown, not trusted
+        trusted = exact is not None and not r.launch and reference_dtype == "float64"
+        if trusted:
+            bad &= torch.isfinite(exact.to(out.device))
         if not bool(bad.any()):
             continue
         if bool((torch.isnan(out) & bad).any()):
@@ -139,9 +142,10 @@ def locate(run: list[OpRecord], ref: list[OpRecord] | None = None) -> Fault | No
             cause = (f"the {reference_dtype} run computed it in {ref_op.out_dtypes[0]} too (the callable casts its "
                      "inputs itself, defeating the config), so there is no reference value")
         value = _at(ref_op, r, mask)
-        if r.launch and value is not None and not math.isfinite(value):
-            cause, value = (f"the kernel gave {value:g} there in the {reference_dtype} run too (it computes in float32 "
-                            "inside, whatever it is given, or the exact result is not finite)"), None
+        if value is not None and not math.isfinite(value):
+            why = ("it computes in float32 inside, whatever it is given, or the exact result is not finite" if r.launch
+                   else "not an exact result: the target refused float64")
+            cause, value = f"the {reference_dtype} run gave {value:g} there too ({why})", None
         return Fault(r.op, kind, produced, r.where, r.phase, value, cause, r.kernel)
     for r in run:  # nothing went non-finite: the first value lost to 0
         mask = _underflowed(r, pairs.get(r.index))
