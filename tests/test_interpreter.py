@@ -160,6 +160,17 @@ def test_the_canary_sees_a_defect_the_emulation_leaves(monkeypatch):
     assert "ones(16, 16) @ ones(16, 16) gives" in str(residual[0])
 
 
+@needs_interpreter
+def test_the_emulation_is_entered_only_where_the_canary_found_a_defect(monkeypatch):
+    from pytest_precision.kinds.interpreter_bf16 import emulating
+
+    with kinds_triton.bf16_as_on_gpu():
+        assert emulating() == bool(interpreter_defects())
+    monkeypatch.setattr(kinds_triton, "interpreter_defects", lambda: ())  # a triton whose interpreter is right
+    with kinds_triton.bf16_as_on_gpu():
+        assert not emulating()
+
+
 # ---- verdicts -------------------------------------------------------------------------------------
 
 @needs_interpreter

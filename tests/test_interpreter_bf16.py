@@ -417,3 +417,22 @@ def test_the_interpreter_is_restored_when_the_emulation_ends():
         with interpret_env(True):
             elementwise[(1,)](X, Y, Z, out, N=N, OP=OPS["mul"][0])
         assert float(out[0]) != 3.0
+
+
+def test_the_emulations_roundings_are_not_taken_for_the_users_ops():
+    """The emulation rounds with torch: the op tracer and the audit, which speak of the user's torch
+    ops, see no more under it than under the raw interpreter (no "cast to bfloat16 in user code")."""
+    from pytest_precision.explain.audit import audit
+    from pytest_precision.explain.tracing import trace
+
+    out = torch.empty(N, dtype=BF16)
+
+    def call():
+        elementwise[(1,)](X, Y, Z, out, N=N, OP=OPS["add"][0])
+
+    with interpret_env(True):
+        raw = [r.op for r in trace(call)]
+        with emulate_bf16():
+            emulated = [r.op for r in trace(call)]
+            flags = audit(call, autocast=False)["flags"]
+    assert emulated == raw and flags == [], (raw, emulated, flags)
