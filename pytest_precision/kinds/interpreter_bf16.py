@@ -96,8 +96,9 @@ _OP_NAMES = {"create_extern_elementwise": "an extern (libdevice) function", "cre
 # ---- values -------------------------------------------------------------------------------------
 
 def _is_bf16(value) -> bool:
-    """A handle holding bf16 bits (comparison results keep their operands' dtype with bool data)."""
-    return isinstance(value, TensorHandle) and value.data.dtype == _BITS and value.dtype == tl.bfloat16
+    """A handle holding bf16 bits (comparison results keep their operands' dtype with bool data).
+    Names are compared rather than dtypes: every builder call asks, and ``tl.dtype.__eq__`` is slower."""
+    return isinstance(value, TensorHandle) and value.data.dtype == _BITS and value.dtype.name == "bf16"
 
 
 def _widened(bits: np.ndarray) -> np.ndarray:
@@ -153,10 +154,11 @@ def _note(ops: str) -> None:
 def _computed(original: Callable, ops: str) -> Callable:
     """An arithmetic or min/max op (class ``ops``): on widened operands, its bf16 result rounded."""
     def op(*args):
-        if not any(_is_bf16(a) for a in args):
-            return original(*args)
-        _note(ops)
-        return _narrow(original(*(_widen(a) for a in args)))
+        for a in args:
+            if _is_bf16(a):
+                _note(ops)
+                return _narrow(original(*(_widen(a) for a in args)))
+        return original(*args)
     return op
 
 
@@ -173,8 +175,7 @@ def _compared(original: Callable) -> Callable:
 def _cast(original: Callable) -> Callable:
     """``cast_impl``, which every plain cast goes through (fp ext/trunc, int <-> float)."""
     def cast_impl(src, dst_type):
-        to_bf16 = dst_type.scalar == tl.bfloat16
-        if not (to_bf16 or _is_bf16(src)):
+        if not (dst_type.scalar.name == "bf16" or _is_bf16(src)):
             return original(src, dst_type)
         _note(CAST)
         if _is_bf16(src):
