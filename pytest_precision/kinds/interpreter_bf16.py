@@ -125,7 +125,7 @@ def _toward_zero_bf16(values: np.ndarray) -> np.ndarray:
             narrow = values.astype(np.float32)
         over = np.abs(narrow.astype(np.float64)) > np.abs(values.astype(np.float64))
         values = np.where(over, np.nextafter(narrow, np.float32(0)), narrow)
-    bits = (np.ascontiguousarray(values, dtype=np.float32).view(np.uint32) >> 16).astype(_BITS)
+    bits = (np.ascontiguousarray(values, dtype=np.float32).view(np.uint32) >> 16).astype(_BITS).reshape(values.shape)
     nan = np.isnan(values)
     return np.where(nan, round_to_bf16(values), bits).astype(_BITS) if nan.any() else bits
 
