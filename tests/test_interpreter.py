@@ -1,23 +1,42 @@
-"""Triton's interpreter on the CPU: its bfloat16 defects are detected by a canary and not blamed
-on a user's kernel, and a fault inside an interpreted kernel names the kernel."""
+"""Triton's interpreter on the CPU: a canary measures its bfloat16 defects, the harness computes bf16
+as a GPU does where they are, so bf16 kernels are judged (a correct one passes, a bf16-only defect
+fails); a case is excused only where its launches met what the emulation cannot fix, naming it; and
+a fault inside an interpreted kernel names the kernel."""
 import pytest
 
 pytest.importorskip("triton")
 pytest_plugins = ["pytester"]
 
-from pytest_precision.kinds.triton import interpreter_defects, interpreting  # noqa: E402
+from pytest_precision.explain.launches import Launch  # noqa: E402
+from pytest_precision.kinds import triton as kinds_triton  # noqa: E402
+from pytest_precision.kinds.triton import (interpret_env, interpreter_defects, interpreter_excuse,  # noqa: E402
+                                           interpreting, residual_interpreter_defects)
 
 needs_interpreter = pytest.mark.skipif(not interpreting(), reason="triton was imported without the interpreter")
+needs_defects = pytest.mark.skipif(not (interpreting() and interpreter_defects()),
+                                   reason="this triton's interpreter computes bf16 right: nothing is emulated")
 
-# the Triton tutorials' fused softmax, as a user would register it: it stores its fp32 result
-# straight into the output's dtype, which is where the interpreter's bf16 store truncates
-TUTORIAL = """
+# How a user registers a row-softmax kernel (the tutorial's launch); {KERNEL} defines softmax_kernel
+REGISTER = """
 import torch
 import triton
 import triton.language as tl
 import pytest_precision
 
+{KERNEL}
 
+@pytest_precision.register("{NAME}", kind="softmax")
+def softmax(x):
+    x2 = x.reshape(-1, x.shape[-1])
+    y = torch.empty_like(x2)
+    softmax_kernel[(x2.shape[0],)](y, x2, x2.stride(0), y.stride(0), x2.shape[1],
+                                   BLOCK_SIZE=triton.next_power_of_2(x2.shape[1]))
+    return y.reshape(x.shape)
+"""
+
+# the Triton tutorials' fused softmax: it upcasts on load and stores its fp32 result straight into
+# the output's dtype, which is where the raw interpreter's bf16 store truncates
+TUTORIAL_KERNEL = """
 @triton.jit
 def softmax_kernel(output_ptr, input_ptr, input_row_stride, output_row_stride, n_cols, BLOCK_SIZE: tl.constexpr):
     row_idx = tl.program_id(0)
@@ -27,53 +46,203 @@ def softmax_kernel(output_ptr, input_ptr, input_row_stride, output_row_stride, n
     numerator = tl.exp(row{SUBTRACT_MAX})
     out = numerator / tl.sum(numerator, axis=0)
     tl.store(output_ptr + row_idx * output_row_stride + col_offsets, out, mask=mask)
+"""
+TUTORIAL = REGISTER.format(KERNEL=TUTORIAL_KERNEL, NAME="tutorial")
+
+# A defect that shows only in bf16: x - max is computed in the logits' own dtype. At logits of scale
+# 20 (max about 50), fp16's probabilities leave its normal range below e^-10, where x is within a
+# factor 2 of the max and x - max is exact in fp16; bf16 has fp32's range, so probabilities down to
+# e^-87 are judged, and there x - max (64 to 87) is rounded to a multiple of 0.5: off by up to 0.25,
+# a relative error of up to 28 % in the probability. fp32 computes it in fp32.
+SHIFT_IN_DTYPE = REGISTER.format(NAME="shift16", KERNEL="""
+@triton.jit
+def softmax_kernel(output_ptr, input_ptr, input_row_stride, output_row_stride, n_cols, BLOCK_SIZE: tl.constexpr):
+    row_idx = tl.program_id(0)
+    col_offsets = tl.arange(0, BLOCK_SIZE)
+    mask = col_offsets < n_cols
+    row = tl.load(input_ptr + row_idx * input_row_stride + col_offsets, mask=mask, other=-float('inf'))
+    row_max = tl.max(row, axis=0).to(row.dtype)  # kept in the logits' dtype (tl.max returns fp32 for 16 bits)
+    numerator = tl.exp((row - row_max).to(tl.float32))
+    out = numerator / tl.sum(numerator, axis=0)
+    tl.store(output_ptr + row_idx * output_row_stride + col_offsets, out, mask=mask)
+""")
+
+# A kernel that keeps its running sum of exponentials in the input's dtype, block by block: in bf16
+# every addition rounds to 8 bits (on a GPU, and now under the interpreter)
+RUNNING_SUM_IN_DTYPE = REGISTER.format(NAME="sum16", KERNEL="""
+@triton.jit
+def softmax_kernel(output_ptr, input_ptr, input_row_stride, output_row_stride, n_cols, BLOCK_SIZE: tl.constexpr):
+    BLOCK: tl.constexpr = 128
+    cols = tl.arange(0, BLOCK)
+    x_row = input_ptr + tl.program_id(0) * input_row_stride
+    y_row = output_ptr + tl.program_id(0) * output_row_stride
+    m = -float('inf')
+    for start in range(0, n_cols, BLOCK):
+        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float('inf')).to(tl.float32)
+        m = tl.maximum(m, tl.max(x, 0))
+    s = tl.zeros([], input_ptr.dtype.element_ty)
+    for start in range(0, n_cols, BLOCK):
+        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float('inf')).to(tl.float32)
+        s += tl.sum(tl.exp(x - m).to(input_ptr.dtype.element_ty), 0)
+    for start in range(0, n_cols, BLOCK):
+        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=-float('inf')).to(tl.float32)
+        tl.store(y_row + start + cols, tl.exp(x - m) / s, mask=start + cols < n_cols)
+""")
+
+# The tutorial's kernel, plus a per-call statistic accumulated with tl.atomic_add in the input's dtype:
+# the interpreter has no bf16 atomics (it raises), and the emulation does not cover them
+ATOMIC_STATISTIC = """
+import torch
+import triton
+import triton.language as tl
+import pytest_precision
 
 
-@pytest_precision.register("tutorial", kind="softmax")
+@triton.jit
+def softmax_kernel(output_ptr, input_ptr, total_ptr, input_row_stride, output_row_stride, n_cols, BLOCK_SIZE: tl.constexpr):
+    row_idx = tl.program_id(0)
+    col_offsets = tl.arange(0, BLOCK_SIZE)
+    mask = col_offsets < n_cols
+    row = tl.load(input_ptr + row_idx * input_row_stride + col_offsets, mask=mask, other=-float('inf')).to(tl.float32)
+    numerator = tl.exp(row - tl.max(row, axis=0))
+    denominator = tl.sum(numerator, axis=0)
+    tl.atomic_add(total_ptr, denominator.to(total_ptr.dtype.element_ty))
+    tl.store(output_ptr + row_idx * output_row_stride + col_offsets, numerator / denominator, mask=mask)
+
+
+@pytest_precision.register("atomic", kind="softmax")
 def softmax(x):
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty_like(x2)
-    softmax_kernel[(x2.shape[0],)](y, x2, x2.stride(0), y.stride(0), x2.shape[1],
+    total = torch.zeros(1, dtype=x.dtype)
+    softmax_kernel[(x2.shape[0],)](y, x2, total, x2.stride(0), y.stride(0), x2.shape[1],
                                    BLOCK_SIZE=triton.next_power_of_2(x2.shape[1]))
     return y.reshape(x.shape)
 """
 
 
-@needs_interpreter
-def test_the_canary_shows_the_interpreters_bf16_defects():
-    defects = interpreter_defects()
-    if not defects:
-        pytest.skip("this triton's interpreter computes bf16 right: cases that use it are judged as any other")
-    assert any("bf16 store rounds wrong (1.004882812 stored as 1," in d for d in defects), defects
+def _session(pytester, monkeypatch, conftest: str):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the user's triton.jit reads it
+    pytester.makeconftest(conftest)
+    pytester.makeini("[pytest]\n")
 
+
+ARGS = ("--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider", "-rfx")
+
+
+# ---- the canary -----------------------------------------------------------------------------------
+
+@needs_defects
+def test_the_canary_measures_each_bf16_defect_and_none_remains_under_the_emulation():
+    defects = interpreter_defects()
+    assert [d.ops for d in defects] == ["arithmetic", "comparison", "cast", "cast", "dot", "sum"], defects
+    evidence = [str(d) for d in defects]
+    assert evidence[0] == "its bf16 arithmetic is wrong (1.5 * 2 gives 0, not 3)"
+    assert evidence[1] == "its bf16 comparisons are wrong (-1 < -2 gives True)"
+    assert evidence[2].startswith("its fp32 -> bf16 store rounds wrong (1.004882812 stored as 1, correctly rounded "
+                                  "1.0078125)")
+    assert evidence[3].startswith("its fp32 -> bf16 cast garbles subnormals (1.828e-40 gives 1.157e-38")
+    assert residual_interpreter_defects() == ()
+
+
+@needs_defects
+def test_the_canary_sees_a_defect_the_emulation_leaves(monkeypatch):
+    """Planted: the emulation without its dot. The canary run under it reports exactly the dot."""
+    import numpy as np
+
+    from pytest_precision.kinds import interpreter_bf16
+    from pytest_precision.kinds.triton_canary import measure_defects
+
+    monkeypatch.setattr(interpreter_bf16, "_dot", lambda original: original)
+    with interpret_env(True), np.errstate(all="ignore"), interpreter_bf16.emulate_bf16():
+        residual = measure_defects()
+    assert [d.ops for d in residual] == ["dot"], residual
+    assert "ones(16, 16) @ ones(16, 16) gives" in str(residual[0])
+
+
+@needs_interpreter
+def test_the_emulation_is_entered_only_where_the_canary_found_a_defect(monkeypatch):
+    from pytest_precision.kinds.interpreter_bf16 import emulating
+
+    with kinds_triton.bf16_as_on_gpu():
+        assert emulating() == bool(interpreter_defects())
+    monkeypatch.setattr(kinds_triton, "interpreter_defects", lambda: ())  # a triton whose interpreter is right
+    with kinds_triton.bf16_as_on_gpu():
+        assert not emulating()
+
+
+# ---- verdicts -------------------------------------------------------------------------------------
 
 @needs_interpreter
 def test_a_bf16_kernel_is_not_failed_for_the_interpreters_rounding(pytester, monkeypatch):
-    if not interpreter_defects():
-        pytest.skip("this triton's interpreter computes bf16 right")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the user's triton.jit reads it
-    pytester.makeconftest(TUTORIAL.format(SUBTRACT_MAX=" - tl.max(row, axis=0)"))
-    pytester.makeini("[pytest]\n")
-    args = ("--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider", "-k", "tutorial and scale20 and not scale200",
-            "--precision-configs=fp32,bf16", "-rx")
+    """The tutorial's softmax in bf16 (xfailed before the emulation: the raw interpreter truncated
+    its stores) is judged and passes, like its fp32 case."""
+    _session(pytester, monkeypatch, TUTORIAL.format(SUBTRACT_MAX=" - tl.max(row, axis=0)"))
+    args = (*ARGS, "-k", "tutorial and scale20 and not scale200", "--precision-configs=fp32,bf16")
     pytester.runpytest(*args, "--precision-update-baselines")
     result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["| tutorial | bf16 * | pass *"])
+    assert "Triton's interpreter" not in result.stdout.str()
+
+
+@needs_defects
+def test_a_bf16_only_defect_fails(pytester, monkeypatch):
+    """x - max in the logits' dtype: right in fp32, invisible in fp16 at this scale, and failed in
+    bf16, on the kernel's own numbers (before the emulation it was xfailed as the interpreter's)."""
+    _session(pytester, monkeypatch, SHIFT_IN_DTYPE)
+    result = pytester.runpytest(*ARGS, "-k", "shift16 and scale20 and not scale200",
+                                "--precision-configs=fp32,fp16,bf16", "--precision-update-baselines")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*softmax[[]shift16-bf16-scale20[]]: FAIL accuracy*oracle: max ULP *"])
+    out = result.stdout.str()
+    assert "Triton's interpreter" not in out and "XFAIL" not in out, out[-3000:]
+
+
+@needs_defects
+def test_a_kernel_summing_in_bf16_fails(pytester, monkeypatch):
+    _session(pytester, monkeypatch, RUNNING_SUM_IN_DTYPE)
+    result = pytester.runpytest(*ARGS, "-k", "sum16 and len32768", "--precision-configs=fp32,bf16",
+                                "--precision-update-baselines")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*softmax[[]sum16-bf16-len32768[]]: FAIL accuracy*oracle: max ULP *"])
+    assert "Triton's interpreter" not in result.stdout.str()
+
+
+@needs_defects
+def test_a_bf16_op_the_emulation_does_not_cover_is_xfailed_naming_it(pytester, monkeypatch):
+    _session(pytester, monkeypatch, ATOMIC_STATISTIC)
+    result = pytester.runpytest(*ARGS, "-k", "atomic and scale20 and not scale200", "--precision-configs=fp32,bf16",
+                                "--precision-update-baselines")
     result.assert_outcomes(passed=1, xfailed=1)
-    result.stdout.fnmatch_lines(["XFAIL *softmax[[]tutorial-bf16-scale20[]] - Triton's interpreter (triton *) cannot judge "
-                                 "bfloat16 kernels: its fp32 -> bf16 store rounds wrong (1.004882812 stored as 1,*the "
-                                 "failing call ran softmax_kernel on bfloat16 tensors there*"])
-    # the table and the notes below it say the same: not a crash of the target, not a failure
+    result.stdout.fnmatch_lines([
+        "XFAIL *softmax[[]atomic-bf16-scale20[]] - Triton's interpreter (triton *) cannot judge this bfloat16 case: "
+        "kernel softmax_kernel ran tl.atomic_add on bfloat16 operands, which the interpreter does not run as a "
+        "GPU does and the harness does not emulate; the call raised InterpreterError: *Unsupported data type*"])
     out = result.stdout.str()
     assert "FAIL 1/1: crash" not in out and "crashed:" not in out, out[-3000:]
-    result.stdout.fnmatch_lines(["| tutorial | bf16 * | skip: expected to fail: Triton's interpreter*",
-                                 "1 case(s) skipped: expected to fail: Triton's interpreter*"])
+
+
+@needs_defects
+def test_the_excuse_names_only_what_a_launch_met(monkeypatch):
+    from pytest_precision.kinds.triton_canary import Defect
+
+    clean = Launch("clean_kernel", ("bfloat16", "bfloat16"), bf16_ops={"arithmetic", "cast", "sum"})
+    assert interpreter_excuse([clean]) is None  # bf16 emulated throughout: judged like any other case
+    noted = Launch("scaled_kernel", ("bfloat16",), bf16_ops={"cast"}, unemulated={"tl.dot_scaled"})
+    assert "kernel scaled_kernel ran tl.dot_scaled on bfloat16 operands" in interpreter_excuse([clean, noted])
+    assert "clean_kernel" not in interpreter_excuse([clean, noted])
+    # a defect the emulation left: cited where the launch computed that class of op, and only there
+    monkeypatch.setattr(kinds_triton, "residual_interpreter_defects", lambda: (Defect("dot", "its dot is off"),))
+    assert interpreter_excuse([clean]) is None
+    dotted = Launch("dot_kernel", ("bfloat16",), bf16_ops={"dot"})
+    assert interpreter_excuse([clean, dotted]).count("kernel dot_kernel computed bf16 dot, and even under the "
+                                                     "harness's bf16 emulation its dot is off") == 1
 
 
 @needs_interpreter
 def test_a_fault_inside_an_interpreted_kernel_names_the_kernel(pytester, monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    pytester.makeconftest(TUTORIAL.format(SUBTRACT_MAX=""))  # no max subtraction: exp overflows past 88
-    pytester.makeini("[pytest]\n")
+    _session(pytester, monkeypatch, TUTORIAL.format(SUBTRACT_MAX=""))  # no max subtraction: exp overflows past 88
     result = pytester.runpytest("--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider",
                                 "-k", "tutorial and scale200", "--precision-configs=fp32")
     result.assert_outcomes(failed=1)

@@ -1,24 +1,45 @@
-"""The Triton kernels a call launches under Triton's interpreter: their names and the dtypes of
-their tensor arguments, and which kernel is running now.
+"""The Triton kernels a call launches under Triton's interpreter: their names, the dtypes of
+their tensor arguments, what they computed in bfloat16, and which kernel is running now.
 
 The interpreter runs a kernel as Python and numpy, and the torch ops it issues meanwhile
 (``aten::set_``, ``aten::empty_like``) are its internals, not the user's code: a trace names them
-"inside Triton kernel <name> (interpreted)" with the line that launched it. A launch with bfloat16
-tensors meets the interpreter's bfloat16 defects (``kinds.triton.interpreter_defects``).
+"inside Triton kernel <name> (interpreted)" with the line that launched it. Where the interpreter's
+bfloat16 is wrong, the harness computes it as a GPU does (``kinds.interpreter_bf16``), and notes on
+the running launch which classes of bf16 ops it computed so and which ops with bf16 operands it
+left to the interpreter (``kinds.triton.interpreter_excuse`` reads them).
 """
 from __future__ import annotations
 
 import contextlib
 import sys
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
 
-__all__ = ["Launch", "watch_launches", "current_kernel", "harness_ops", "as_harness"]
+__all__ = ["Launch", "watch_launches", "unwatched", "current_kernel", "current_launch", "harness_ops", "as_harness"]
 
-_CURRENT: ContextVar[str | None] = ContextVar("pytest_precision_triton_kernel", default=None)
+
+@dataclass(eq=False)
+class Launch:
+    """One interpreted launch. ``bf16_ops`` and ``unemulated`` fill in while it runs."""
+
+    kernel: str
+    dtypes: tuple[str, ...]  # of its tensor arguments, in order
+    # classes of bf16 ops ("arithmetic", "comparison", "cast", "dot", "sum") computed as a GPU does
+    bf16_ops: set[str] = field(default_factory=set)
+    # ops that met bf16 operands and ran as the interpreter has them (not emulated): "tl.atomic_add"
+    unemulated: set[str] = field(default_factory=set)
+
+    @property
+    def bf16(self) -> bool:
+        """Whether it was given bfloat16 tensors."""
+        return "bfloat16" in self.dtypes
+
+
+_CURRENT: ContextVar[Launch | None] = ContextVar("pytest_precision_triton_launch", default=None)
+_UNWATCHED: ContextVar[bool] = ContextVar("pytest_precision_triton_unwatched", default=False)
 # set while the harness itself copies a launch's tensors: the tracer leaves those ops out
 _HARNESS: ContextVar[bool] = ContextVar("pytest_precision_harness_ops", default=False)
 _WATCHERS: list[list] = []
@@ -27,18 +48,8 @@ _OBSERVERS: list = []
 _original_run = None
 
 
-@dataclass(frozen=True)
-class Launch:
-    kernel: str
-    dtypes: tuple[str, ...]  # of its tensor arguments, in order
-
-    @property
-    def bf16(self) -> bool:
-        return "bfloat16" in self.dtypes
-
-
-def current_kernel() -> str | None:
-    """The interpreted Triton kernel running now in this thread, or None."""
+def current_launch() -> Launch | None:
+    """The watched interpreted Triton launch running now in this thread, or None."""
     return _CURRENT.get()
 
 
@@ -62,14 +73,22 @@ def _copies(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         return [t.detach().clone() for t in tensors]
 
 
+def current_kernel() -> str | None:
+    """The name of the interpreted Triton kernel running now in this thread, or None."""
+    launch = _CURRENT.get()
+    return None if launch is None else launch.kernel
+
+
 def _run(self, *args, grid, warmup, **kwargs):
+    if _UNWATCHED.get():
+        return _original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
     name = getattr(self.fn, "__name__", "?")
     tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-    dtypes = tuple(str(a.dtype).replace("torch.", "") for a in tensors)
+    launch = Launch(name, tuple(str(a.dtype).replace("torch.", "") for a in tensors))
     for launches in _WATCHERS:
-        launches.append(Launch(name, dtypes))
+        launches.append(launch)
     before = _copies(tensors) if _OBSERVERS else None  # only while a tracer looks: what the kernel wrote
-    token = _CURRENT.set(name)
+    token = _CURRENT.set(launch)
     try:
         return _original_run(self, *args, grid=grid, warmup=warmup, **kwargs)
     finally:
@@ -106,3 +125,15 @@ def watch_launches(observe=None) -> Iterator[list[Launch]]:
             _OBSERVERS.remove(observe)
         if not _WATCHERS:
             cls.run = _original_run
+
+
+@contextlib.contextmanager
+def unwatched() -> Iterator[None]:
+    """Within the block, launches are nobody's: not recorded, no current launch (the harness's
+    own kernels, such as the interpreter canary, run inside a target's call without joining it)."""
+    hidden, current = _UNWATCHED.set(True), _CURRENT.set(None)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(current)
+        _UNWATCHED.reset(hidden)

@@ -9,9 +9,17 @@ interpreter mode for good (``interpreting()`` asks triton itself).
 A target callable marked with :func:`needs_triton` (the project's kernels are) is skipped, with
 the reason, where Triton cannot run, instead of failing; under the interpreter it is not timed
 (its time is the interpreter's, seconds per call).
+
+bfloat16 under the interpreter: a canary (``triton_canary``) measures once per process whether the
+interpreter computes bf16 wrong (``interpreter_defects``); where it does, every call of a target
+runs inside ``bf16_as_on_gpu``, which computes bf16 as a GPU does (``interpreter_bf16``), and the
+canary, run again under it, lists what is still wrong (``residual_interpreter_defects``: none in
+triton 3.9.0). A failing case is excused (``interpreter_excuse``) only where its launches met one
+of those, or an op with bf16 operands that the emulation does not cover.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -21,7 +29,8 @@ from unittest import mock
 from ..numerics.devices import interpret_requested
 
 __all__ = ["INTERPRET_HINT", "triton_error", "first_launch_failure", "forget_launch_failures", "interpret_env", "needs_triton", "uses_triton", "triton_installed", "interpret_requested",
-           "interpreting", "unavailable", "skip_reason", "interpreted", "interpreter_defects", "interpreter_excuse"]
+           "interpreting", "unavailable", "skip_reason", "interpreted", "interpreter_defects",
+           "residual_interpreter_defects", "bf16_as_on_gpu", "interpreter_excuse"]
 
 INTERPRET_HINT = "set TRITON_INTERPRET=1 before starting pytest to run them on the CPU under Triton's interpreter"
 
@@ -113,49 +122,74 @@ def interpret_env(interpret: bool):
 
 
 @functools.lru_cache(maxsize=1)
-def interpreter_defects() -> tuple[str, ...]:
-    """The bfloat16 defects of this process's Triton interpreter, each as its evidence (empty when
-    the canary kernels compute right, or no interpreter runs here). Measured once per process:
-    triton 3.9.0's interpreter stores fp32 -> bf16 by truncation and garbles fp32 subnormals, and
-    its ``tl.dot`` on bf16 operands multiplies the raw bit patterns."""
+def interpreter_defects() -> tuple:
+    """The bfloat16 defects of this process's Triton interpreter as it is (``triton_canary.Defect``
+    s: the class of ops, and the evidence), empty when the canary kernels compute right or no
+    interpreter runs here. Measured once per process: triton 3.9.0's interpreter computes bf16
+    arithmetic, comparisons, sums and dots on the raw bit patterns and truncates fp32 -> bf16 casts
+    (garbling subnormals)."""
     if not (triton_installed() and interpreting()):
         return ()
+    from .interpreter_bf16 import emulating
+
+    if emulating():
+        raise RuntimeError("the raw interpreter canary cannot run inside the bf16 emulation")
+    return _canary()
+
+
+@functools.lru_cache(maxsize=1)
+def residual_interpreter_defects() -> tuple:
+    """The defects the canary still sees with the bf16 emulation on (expected: none); empty where
+    the interpreter had none to emulate."""
+    if not interpreter_defects():
+        return ()
+    from .interpreter_bf16 import emulate_bf16
+
+    with emulate_bf16():
+        return _canary()
+
+
+def _canary() -> tuple:
     import numpy as np
-    import torch
 
-    found = []
     with interpret_env(True), np.errstate(all="ignore"):
-        from . import triton_canary
+        from .triton_canary import measure_defects
 
-        x = torch.tensor([1.0048828125, 1.828e-40, 3.0, -1.0048828125], dtype=torch.float32)
-        y = torch.empty(4, dtype=torch.bfloat16)
-        triton_canary.store_bf16[(1,)](x, y, N=4)
-        right = x.to(torch.bfloat16)
-        if not torch.equal(y.view(torch.int16), right.view(torch.int16)):
-            i = int((y.view(torch.int16) != right.view(torch.int16)).nonzero()[0])
-            found.append(f"its fp32 -> bf16 store rounds wrong ({x[i].item():.10g} stored as {y[i].item():.4g}, "
-                         f"correctly rounded {right[i].item():.10g})")
-        a = torch.ones(16, 16, dtype=torch.bfloat16)
-        c = torch.empty(16, 16, dtype=torch.float32)
-        triton_canary.dot_bf16[(1,)](a, a, c, N=16)
-        if float(c[0, 0]) != 16.0:
-            found.append(f"its tl.dot of bf16 operands is wrong (ones(16, 16) @ ones(16, 16) gives {float(c[0, 0]):.4g}, "
-                         "not 16)")
-    return tuple(found)
+        return measure_defects()
 
 
-def interpreter_excuse(launches) -> str | None:
-    """Why a failing case is the interpreter's fault rather than the target's: it launched
-    interpreted Triton kernels with bfloat16 tensors, and this interpreter's bfloat16 is wrong.
-    None when that is not so."""
-    kernels = sorted({launch.kernel for launch in launches if launch.bf16})
-    if not kernels:
+def bf16_as_on_gpu():
+    """A context within which interpreted Triton code computes bfloat16 as a GPU does
+    (``interpreter_bf16.emulate_bf16``), where this process's interpreter gets bf16 wrong; a no-op
+    where triton is not imported, runs compiled, or its interpreter computes bf16 right (a triton
+    that fixes its interpreter runs untouched)."""
+    if "triton.language.standard" not in sys.modules or not interpreting() or not interpreter_defects():
+        return contextlib.nullcontext()
+    from .interpreter_bf16 import emulate_bf16
+
+    return emulate_bf16()
+
+
+def interpreter_excuse(launches, error: BaseException | None = None) -> str | None:
+    """Why a failing case (or, with ``error``, one whose call raised it) is the interpreter's fault
+    rather than the target's: a launch it made ran an op with bfloat16 operands that the bf16
+    emulation does not cover, or computed a class of bf16 ops in which the canary still sees a
+    defect under the emulation. The reason names each op or defect and its kernel. None otherwise:
+    the case is judged like any other."""
+    if not interpreter_defects():
         return None
-    defects = interpreter_defects()
-    if not defects:
+    residual = residual_interpreter_defects()
+    reasons: list[str] = []
+    for launch in launches:
+        reasons += [f"kernel {launch.kernel} ran {op} on bfloat16 operands, which the interpreter does not run "
+                    "as a GPU does and the harness does not emulate" for op in sorted(launch.unemulated)]
+        reasons += [f"kernel {launch.kernel} computed bf16 {d.ops}, and even under the harness's bf16 emulation "
+                    f"{d.evidence}" for d in residual if d.ops in launch.bf16_ops]
+    if not reasons:
         return None
     import triton
 
-    return (f"Triton's interpreter (triton {triton.__version__}) cannot judge bfloat16 kernels: "
-            f"{'; '.join(defects)}; the failing call ran {', '.join(kernels)} on bfloat16 tensors there. "
-            "Run the case on a GPU (or convert bf16 to fp32 at the kernel boundary under the interpreter).")
+    raised = "" if error is None else f"; the call raised {type(error).__name__}: {error}"
+    return (f"Triton's interpreter (triton {triton.__version__}) cannot judge this bfloat16 case: "
+            f"{'; '.join(dict.fromkeys(reasons))}{raised}. Run the case on a GPU (or compute that part in fp32 "
+            "under the interpreter).")
