@@ -163,3 +163,16 @@ def test_an_allocation_is_never_the_fault_and_a_destination_is_no_input():
     overflow = record(1, "aten::exp", 1, True, torch.tensor([1.0, float("inf"), 2.0]))
     assert locate([nan_buffer, overflow]).op == "aten::exp"
     assert locate([nan_buffer]) is None
+
+
+def test_a_constant_is_not_the_fault():
+    """SDPA's math path builds its -inf mask value with scalar_tensor: a constant computes nothing
+    from finite inputs, and neither does full_like, which reads only its argument's shape."""
+    x = torch.tensor([1.0, 13.0, -3.0])
+
+    def run():
+        masked = torch.scalar_tensor(float("-inf"))
+        nan_like = torch.full_like(x, float("nan"))
+        return x.half().exp(), masked, nan_like  # e^13 overflows fp16
+    fault = first_fault(run)
+    assert fault is not None and fault.op == "aten::exp" and fault.kind == "overflow", fault

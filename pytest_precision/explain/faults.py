@@ -118,15 +118,19 @@ def locate(run: list[OpRecord], ref: list[OpRecord] | None = None) -> Fault | No
     reference_dtype = next((r.out_dtypes[0] for r in ref or () if r.out_dtypes and _candidate(r)
                             and r.out_dtypes[0] in ("float64", "float32")), "float64")
     for r in run:
-        if not r.nonfinite or not r.inputs_finite or r.output is None or not _candidate(r):
+        # a constant -inf (SDPA's math path makes one with scalar_tensor) or NaN computes nothing
+        if not r.nonfinite or not r.inputs_finite or not r.inputs_floating or r.output is None or not _candidate(r):
             continue
         out, ref_op = r.output, pairs.get(r.index)
         bad = ~torch.isfinite(out)
         exact = _exact(ref_op, out.shape)
-        # NaN where the exact result is NaN is right; only a float64 op is exact enough to say so
-        # (a float32 run overflows where a float32 case does, and a Triton kernel computes in
-        # float32 inside whatever it is given): elsewhere the reference value is shown, not trusted
-        trusted = exact is not None and not r.launch and reference_dtype == "float64"
+        # NaN where the exact result is NaN is right (a masked row); the reference says so where it
+        # is wider than the run: a float64 op, or a float32 one beside a 16-bit run (a target that
+        # refused float64). A float32 run of a float32 case overflows where the case does, and a
+        # Triton kernel computes in float32 inside whatever it is given: there the reference
+        # value is shown, not trusted
+        trusted = exact is not None and not r.launch and (exact.dtype == torch.float64
+                                                          or out.dtype in (torch.float16, torch.bfloat16))
         if trusted:
             bad &= torch.isfinite(exact.to(out.device))
         if not bool(bad.any()):

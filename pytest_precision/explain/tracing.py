@@ -34,6 +34,9 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 # uninitialised buffer's, are no input of theirs)
 _OVERWRITES = {"copy_", "fill_", "zero_", "set_", "uniform_", "normal_", "bernoulli_", "random_", "exponential_",
                "geometric_", "cauchy_", "log_normal_", "resize_"}
+# ops that read only the shape, dtype and device of their tensor arguments, never their values
+_SHAPE_ONLY = {"full_like", "zeros_like", "ones_like", "empty_like", "new_full", "new_zeros", "new_ones", "new_empty",
+               "new_empty_strided", "rand_like", "randn_like", "randint_like"}
 
 
 def _is_user_file(filename: str) -> bool:
@@ -78,6 +81,7 @@ class OpRecord:
     where: str  # user's source line; for backward ops, the forward line that built the node
     inputs_finite: bool
     inputs_zero: bool  # some floating input element is exactly 0
+    inputs_floating: bool = True  # it read some floating value (False: a constant, an allocation, a draw)
     output: torch.Tensor | None = field(default=None, repr=False)  # first floating output (kept on request)
     kernel: str | None = None  # the interpreted Triton kernel this op ran inside (its internals), if any
     launch: bool = False  # the record of a whole interpreted launch: its inputs and what it wrote
@@ -135,7 +139,7 @@ class OpTracer(TorchDispatchMode):
             len(self.records), op, phase, tuple(_dtype(t) for t in ins), tuple(_dtype(t) for t in outs),
             numel, nonfinite, zeros, top, where,
             inputs_finite=all(bool(torch.isfinite(t).all()) for t in fins),
-            inputs_zero=any(bool((t == 0).any()) for t in fins),
+            inputs_zero=any(bool((t == 0).any()) for t in fins), inputs_floating=bool(fins),
             output=fouts[0].detach().clone() if self.keep_outputs and fouts and launch else
             fouts[0].detach() if self.keep_outputs and fouts else None, kernel=kernel, launch=launch))
 
@@ -162,7 +166,10 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def _read_inputs(func, name: str, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     """The tensors an op reads: every tensor argument but those it only writes (an ``out=``
-    argument, the destination of ``copy_`` or ``fill_``), whose old contents are no input."""
+    argument, the destination of ``copy_`` or ``fill_``), whose old contents are no input, and
+    none for an op that reads only shapes (``full_like``)."""
+    if name in _SHAPE_ONLY:
+        return []
     written = set()
     for i, arg in enumerate(func._schema.arguments):
         only_written = arg.kwarg_only and arg.name == "out" or (i == 0 and name in _OVERWRITES)
