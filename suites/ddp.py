@@ -9,7 +9,7 @@ what to add.
 
 A case fails when a compressed gradient is not finite where the uncompressed one is; when more
 than 5 % of a parameter's significant gradients within the hook dtype's normal range are 0 with
-the hook (judged against the exact all-reduced gradient: a parameter whose exact gradient is 0,
+the hook (counted in elements, past a count's spread between machines: training.limits) (judged against the exact all-reduced gradient: a parameter whose exact gradient is 0,
 such as the key part of an attention bias, is not counted; gradients below the range are shown);
 when the SQNR of the gradients is below what the format's precision gives a correct all-reduce
 (6.02 dB per mantissa bit, less 6 dB for the 16-bit sum and the division by the world size:

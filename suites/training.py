@@ -24,14 +24,18 @@ from the compute format's mantissa bits):
   [1/2, 2]);
 - in some parameter more than 5 % of the significant gradients underflowed (0 here, within the
   format's range at the loop's loss scale in the float64 step), or more than 5 % of the updates the
-  float64 step makes and fp32 weights keep were never made, except in the configs that exist to
+  float64 step makes and fp32 weights keep were never made (counted in elements, past a count's
+  spread between machines: ``training.limits.limit_count``), except in the configs that exist to
   show that (amp-fp16 without a scaler shows underflow and what follows from it, pure bf16 lost
   updates): those report it, and the regression budget holds it where it was accepted;
 - and against the golden (training/baseline.py): the fp32 reference moved, or a metric grew past
   its accepted budget.
 
 A failing case with a non-finite value or an underflow re-runs its first step traced, beside the
-same step in float64, and names the first op that lost the value (explain.faults.first_fault).
+same step in float64, and names the first op that lost the value (explain.faults.first_fault);
+both re-runs start from the random state the run had at that step, so dropout draws the run's
+masks. A model_fn that builds its model in another dtype than float32 is said once per target (a
+``ModelDtypeWarning``), under the table and in each failing case's message.
 """
 from __future__ import annotations
 

@@ -176,10 +176,11 @@ def test_training_goldens_from_one_machine_hold_on_another(recorded_training, va
 
 @pytest.mark.skipif(not EVERY, reason=TRAINING_REASON)
 def test_a_training_regression_still_fails_on_another_machine(recorded_training):
-    """Master weights rounded to bf16 after every step lose every update of the LayerNorm weights
-    (at 1.0, AdamW steps of 3e-3 are below half a bf16 ULP) where the accepted run lost none: the
-    golden fails it on another machine, counted in elements."""
+    """Master weights rounded to bf16 after every step lose half the updates of the LayerNorm
+    weights (at 1.0, AdamW steps of 3e-3 are below half a bf16 ULP: 33 of 64 on AVX512) where the
+    accepted run lost none: the golden fails it on another machine, counted in elements."""
     r = _pytest(recorded_training, {**VARIANTS["isa-default"], "MY_TRAINING_DEFECT": "1"}, *TRAINING_ARGS[:-1],
                 "gpt-amp-bf16-trajectory")
     assert r.returncode == 1, r.stdout[-3000:]
-    assert "golden: update-lost rate 64 of 64 elements (100 %) in " in r.stdout, r.stdout[-3000:]
+    assert "golden: update-lost rate " in r.stdout and " of 64 elements (" in r.stdout, r.stdout[-3000:]
+    assert "> budget 13 elements (20.3 %)" in r.stdout, r.stdout[-3000:]
