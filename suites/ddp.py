@@ -9,7 +9,7 @@ what to add.
 
 A case fails when a compressed gradient is not finite where the uncompressed one is; when more
 than 5 % of a parameter's significant gradients within the hook dtype's normal range are 0 with
-the hook (judged against the exact all-reduced gradient: a parameter whose exact gradient is 0,
+the hook (counted in elements, past a count's spread between machines: training.limits) (judged against the exact all-reduced gradient: a parameter whose exact gradient is 0,
 such as the key part of an attention bias, is not counted; gradients below the range are shown);
 when the SQNR of the gradients is below what the format's precision gives a correct all-reduce
 (6.02 dB per mantissa bit, less 6 dB for the 16-bit sum and the division by the world size:
@@ -28,7 +28,7 @@ from pytest_precision.kinds.target import TargetError
 from pytest_precision.training import LossContractError, TrainConfig, TrainSpec
 from pytest_precision.training.baseline import DDPEntry, rates_line
 from pytest_precision.training.distributed import DDPComparisonError, HookComparison, compare_ddp_hooks
-from pytest_precision.training.limits import DDP_MARGIN_DB, UNDERFLOW_LIMIT, sqnr_floor_db as _floor
+from pytest_precision.training.limits import DDP_MARGIN_DB, UNDERFLOW_LIMIT, limit_sentence, sqnr_floor_db as _floor
 
 __all__ = ["DDPEvidence", "run_case", "sqnr_floor_db"]
 
@@ -70,6 +70,7 @@ class DDPEvidence(Evidence):
     def record_fields(self, outcome) -> dict:
         name, rate = self.worst()
         return {"training": {"steps": 1, "max_loss_deviation": None, "grad_sqnr_db": self.result.grad_sqnr_db,
+                             "underflow_elements": self.result.underflow_elements.get(name),
                              "param_sqnr_db": None, "max_underflow_rate": rate, "underflow_param": name,
                              "max_update_lost_rate": 0.0, "update_lost_param": "-", "update_ratio": None,
                              "skipped_steps": [], "first_nonfinite": None, "step_time_s": None,
@@ -81,10 +82,10 @@ class DDPEvidence(Evidence):
                  f"    gradients: SQNR {r.grad_sqnr_db:.4g} dB (floor {sqnr_floor_db(c.compute_dtype):.4g} dB), max rel "
                  f"{r.max_rel:.4g}, overflow {r.overflow}, norm {r.grad_norm:.4g} vs {r.ref_grad_norm:.4g} uncompressed",
                  rates_line("gradient-underflow rate (0 with the hook, significant in the exact all-reduced gradient)",
-                            r.underflow_rate)]
+                            r.underflow_rate, r.underflow_elements)]
         if any(r.below_range_underflow.values()):
             lines.append(rates_line(f"lost below {c.ddp_hook}'s normal range (the hook has no loss scaling; shown)",
-                                    r.below_range_underflow))
+                                    r.below_range_underflow, r.below_range_elements))
         return lines
 
 
@@ -100,10 +101,9 @@ def run_case(kind, case: Case, spec: TrainSpec, baseline: BaselineCheck) -> Outc
                       baseline.check(DDPEntry(config, r)))
     if r.overflow:
         outcome.add("oracle", "overflow", f"{r.overflow} gradient elements not finite with the hook, finite without")
-    name, rate = evidence.worst()
-    if rate > UNDERFLOW_LIMIT:
-        outcome.add("oracle", "underflow", f"gradient-underflow rate {100 * rate:.1f} % in {name} > "
-                                           f"{100 * UNDERFLOW_LIMIT:g} % allowed")
+    sentence = limit_sentence("gradient-underflow rate", r.underflow_rate, r.underflow_elements, UNDERFLOW_LIMIT)
+    if sentence:
+        outcome.add("oracle", "underflow", sentence)
     floor = sqnr_floor_db(config.compute_dtype)
     if not r.overflow and not r.grad_sqnr_db >= floor:
         outcome.add("oracle", "accuracy", f"gradient SQNR {r.grad_sqnr_db:.4g} dB < {floor:.4g} dB, what "

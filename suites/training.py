@@ -24,19 +24,24 @@ from the compute format's mantissa bits):
   [1/2, 2]);
 - in some parameter more than 5 % of the significant gradients underflowed (0 here, within the
   format's range at the loop's loss scale in the float64 step), or more than 5 % of the updates the
-  float64 step makes and fp32 weights keep were never made, except in the configs that exist to
+  float64 step makes and fp32 weights keep were never made (counted in elements, past a count's
+  spread between machines: ``training.limits.limit_count``), except in the configs that exist to
   show that (amp-fp16 without a scaler shows underflow and what follows from it, pure bf16 lost
   updates): those report it, and the regression budget holds it where it was accepted;
 - and against the golden (training/baseline.py): the fp32 reference moved, or a metric grew past
   its accepted budget.
 
 A failing case with a non-finite value or an underflow re-runs its first step traced, beside the
-same step in float64, and names the first op that lost the value (explain.faults.first_fault).
+same step in float64, and names the first op that lost the value (explain.faults.first_fault);
+both re-runs start from the random state the run had at that step, so dropout draws the run's
+masks. A model_fn that builds its model in another dtype than float32 is said once per target (a
+``ModelDtypeWarning``), under the table and in each failing case's message.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 import weakref
 
 from tabulate import tabulate
@@ -53,9 +58,11 @@ from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainC
                                        prepare_training, run_training)
 from pytest_precision.training.baseline import TrajectoryEntry, rates_line
 from pytest_precision.training.compare import speedup_text
+from pytest_precision.training.run import ModelDtypeWarning, RngState, built_dtype_note
 from pytest_precision.training.distributed import ddp_skip_reason
-from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND, first_step_floor_db,
-                                              grad_norm_band, later_step_floor_db)
+from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND,
+                                              first_step_floor_db, grad_norm_band, later_step_floor_db, limit_sentence,
+                                              percent)
 
 from . import ddp
 
@@ -88,6 +95,8 @@ class TrainingEvidence(Evidence):
         uname, urate = m.worst(m.underflow_rate)
         lname, lrate = m.worst(m.update_lost_rate)
         return {"steps": m.steps, "max_loss_deviation": m.max_loss_deviation,
+                "underflow_elements": m.underflow_elements.get(uname), "update_lost_elements": m.update_elements.get(lname),
+                "model_dtypes": sorted(m.built_dtypes),
                 "grad_sqnr_db": min(m.group_grad_sqnr_db.values(), default=m.grad_sqnr_db),
                 "group_grad_sqnr_db": dict(m.group_grad_sqnr_db), "worst_grad_sqnr_db": m.worst_grad_sqnr_db,
                 "grad_norm_ratio": m.worst_grad_norm_ratio,
@@ -133,12 +142,16 @@ class TrainingEvidence(Evidence):
         if len(m.groups) > 1:
             lines += [f"    {g}: {len(names)} tensors ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
                       for g, names in m.groups.items()]
-        lines.append(rates_line(f"gradient-underflow rate (0 here, significant in {m.truth}, first step)", m.underflow_rate))
+        lines.append(rates_line(f"gradient-underflow rate (0 here, significant in {m.truth}, first step)", m.underflow_rate,
+                                m.underflow_elements))
         if any(m.below_range_underflow.values()):
             lines.append(rates_line(f"lost below {c.precision_name}'s range at the loop's scale (shown, not judged)",
-                                    m.below_range_underflow))
+                                    m.below_range_underflow, m.below_range_elements))
         lines.append(rates_line(f"update-lost rate (never moved here; {m.truth}'s first update fp32 keeps)",
-                                m.update_lost_rate))
+                                m.update_lost_rate, m.update_elements))
+        note = built_dtype_note(m.built_dtypes, sum(len(names) for names in m.groups.values()) or None)
+        if note:
+            lines.append(f"    {note}")
         return lines
 
 
@@ -155,8 +168,13 @@ def _with_spread(step: float, spread: float | None) -> str:
     return format_seconds(step) + ("" if spread is None else f" \u00b1{100 * spread:.0f} %")
 
 
-def _rate(rate: float, param: str) -> str:
-    return "0" if not rate else f"{100 * rate:.3g} % {param}"
+def _rate(rate: float, param: str, elements: int | None) -> str:
+    """A table cell: the worst parameter's rate with the count that decides it."""
+    if not rate:
+        return "0"
+    if not elements:
+        return f"{percent(rate)} {param}"
+    return f"{percent(rate)} ({round(rate * elements)}/{elements}) {param}"
 
 
 class TrainingTable(SummaryTable):
@@ -186,10 +204,18 @@ class TrainingTable(SummaryTable):
             worst = t.get("worst_grad_sqnr_db")
             sqnr = _opt(t["grad_sqnr_db"]) + ("" if worst is None else f", {_opt(worst)}")
             rows.append((r["target"], r["config"], t["steps"], _opt(t["max_loss_deviation"]), sqnr,
-                         _opt(t["param_sqnr_db"]), _rate(t["max_underflow_rate"], t["underflow_param"]),
-                         _rate(t["max_update_lost_rate"], t["update_lost_param"]), len(t["skipped_steps"]),
+                         _opt(t["param_sqnr_db"]),
+                         _rate(t["max_underflow_rate"], t["underflow_param"], t.get("underflow_elements")),
+                         _rate(t["max_update_lost_rate"], t["update_lost_param"], t.get("update_lost_elements")),
+                         len(t["skipped_steps"]),
                          _with_spread(step, spread) if timed else "-", speedup, verdict))
-        return tabulate(rows, headers=self.HEADERS, tablefmt="github")
+        table = tabulate(rows, headers=self.HEADERS, tablefmt="github")
+        built = sorted({(r["target"], ", ".join(r["training"]["model_dtypes"])) for r in records
+                        if "training" in r and r["training"].get("model_dtypes")})
+        for target, dtypes in built:  # said where a passing run is read too (the message says it in full)
+            table += (f"\n{target}: model_fn() built parameters in {dtypes}; every config started from them cast to "
+                      "float32 master weights (see the warning; return a float32 model to start from yours)")
+        return table
 
 
 TRAINING_TABLE = TrainingTable()
@@ -201,6 +227,8 @@ def _clip_cause(m: TrainMetrics, ratio: float) -> str:
     scaled = [m.grad_norms[i] * m.scales_used[i] for i in ran if i < len(m.scales_used) and m.scales_used[i]]
     if not scaled or not ratio < 0.5:
         return ""
+    if max(scaled) == 0:  # nothing was clipped: nothing reached the optimizer
+        return ": every gradient the optimizer applied is 0"
     scale = next(s for s in m.scales_used if s)
     same = len(scaled) > 1 and max(scaled) <= 1.01 * min(scaled)
     if same:  # clip_grad_norm_ on the scaled gradients leaves norm c; unscale_ then divides by the scale
@@ -246,12 +274,12 @@ def judge(outcome: Outcome) -> None:
             s += (f", about 1 / the loss scale {scale:g}: the gradients were clipped or changed before "
                   "scaler.unscale_(optimizer)")
         shown_or_failed("update_size", "accuracy", s, f"the band {low:g} to {high:g}")
-    for key, rates, limit, word, cat in (("underflow", m.underflow_rate, UNDERFLOW_LIMIT, "gradient-underflow rate", "underflow"),
-                                         ("update_lost", m.update_lost_rate, UPDATE_LOST_LIMIT, "update-lost rate", "accuracy")):
-        name, rate = m.worst(rates)
-        if rate > limit:
-            shown_or_failed(key, cat, f"{word} {100 * rate:.1f} % in {name} > {100 * limit:g} % allowed",
-                            f"the {100 * limit:g} % limit")
+    for key, rates, elements, limit, word, cat in (
+            ("underflow", m.underflow_rate, m.underflow_elements, UNDERFLOW_LIMIT, "gradient-underflow rate", "underflow"),
+            ("update_lost", m.update_lost_rate, m.update_elements, UPDATE_LOST_LIMIT, "update-lost rate", "accuracy")):
+        sentence = limit_sentence(word, rates, elements, limit)
+        if sentence:
+            shown_or_failed(key, cat, sentence, f"the {100 * limit:g} % limit")
     outcome.problems += baseline_problems(outcome.baseline)
 
 
@@ -353,20 +381,28 @@ class TrainStepKind(Kind):
                 runs[case.device] = run_training(spec, fp32, case.device, self._where(case.target, fp32))
             except TrainingError as e:
                 raise TargetError(str(e)) from e.__cause__
+            ref = runs[case.device]
+            note = built_dtype_note(ref.built_dtypes, len(ref.initial))
+            if note:  # once per target and session: the table's line points here
+                warnings.warn(ModelDtypeWarning(f"target {case.target.name!r} (train_step): {note}"), stacklevel=2)
         return runs[case.device]
 
-    def _exact(self, case: Case, spec: TrainSpec, step: int | None) -> ExactStep | str:
-        """The float64 first step (cached per step index), or why it could not run."""
+    def _exact(self, case: Case, spec: TrainSpec, run: Trajectory) -> ExactStep | str:
+        """The float64 first step of ``run`` (cached per step index and the random state the run
+        had there: it draws the run's dropout masks), or why it could not run."""
+        step = run.first_step
         if step is None:
             return "no step ran"
+        rng = run.rng_states[step]
         cache = _EXACT.setdefault(spec, {})
-        if (case.device, step) not in cache:
+        key = (case.device, step, rng.digest)
+        if key not in cache:
             try:
-                cache[case.device, step] = exact_first_step(spec, step, case.device,
-                                                            f"target {case.target.name!r}: the float64 step {step}")
+                cache[key] = exact_first_step(spec, step, case.device,
+                                              f"target {case.target.name!r}: the float64 step {step}", rng)
             except TrainingError as e:
-                cache[case.device, step] = str(e)
-        return cache[case.device, step]
+                cache[key] = str(e)
+        return cache[key]
 
     def run(self, case: Case, baseline: BaselineCheck) -> Outcome:
         reason = self.skip_reason(case)
@@ -385,7 +421,7 @@ class TrainStepKind(Kind):
         if changed is not None:
             raise TargetError(f"{self._where(case.target, config)}: batch_fn({changed}) returned other data than it "
                               "did for the fp32 run: each config must see the same batches; nothing was written")
-        exact = self._exact(case, spec, run.first_step)
+        exact = self._exact(case, spec, run)
         metrics = compare_trajectories(run, ref, config, exact if isinstance(exact, ExactStep) else None,
                                        "float64" if isinstance(exact, ExactStep) else f"the fp32 run ({exact})")
         result = baseline.check(TrajectoryEntry(config, run, ref, metrics, spec.batch_fn(0), spec.seed,
@@ -394,18 +430,20 @@ class TrainStepKind(Kind):
                           TrainingEvidence(config, metrics), result)
         judge(outcome)
         if any(p.category in ("overflow", "nan", "underflow") for p in outcome.problems):
-            try:
-                outcome.fault = first_fault(self._step_call(spec, config, case.device),
-                                            self._step_call(spec, FLOAT64, case.device))
+            try:  # both re-runs draw the random numbers the run drew at its first step (dropout masks)
+                rng = run.rng_states[0]
+                outcome.fault = first_fault(self._step_call(spec, config, case.device, rng),
+                                            self._step_call(spec, FLOAT64, case.device, rng))
             except TrainingError:  # a model that cannot run in float64 still fails; only the fault is unnamed
                 outcome.fault = None
         return outcome
 
     @staticmethod
-    def _step_call(spec: TrainSpec, config: TrainConfig, device: str):
+    def _step_call(spec: TrainSpec, config: TrainConfig, device: str, rng: RngState | None = None):
         """The first step, traceable: a fresh seeded model and optimizer built now, outside the trace,
-        and a call that runs the spec's step once on them."""
-        return prepare_training(dataclasses.replace(spec, steps=1), config, device)
+        and a call that runs the spec's step once on them, from the random state ``rng`` (default:
+        the one every run's first step starts from), whatever ran before it."""
+        return prepare_training(dataclasses.replace(spec, steps=1), config, device, rng_state=rng)
 
     def bench_call(self, case: Case):
         return None  # steps are timed inside the run and shown against fp32, not gated

@@ -17,7 +17,10 @@ with it, with the budgets derived from them:
   spread of a correct run between machines (``limits.SPREAD``): the loss deviation, the gradient
   SQNR of each parameter group at the first step and the worst over steps and groups, the final
   parameters' SQNR (as errors, 10^(-SQNR/20)), the gradient-norm and update ratios (as |log|),
-  and each parameter's gradient-underflow and update-lost rates (plus two of its elements);
+  and each parameter's gradient-underflow and update-lost rates, as counts of its elements
+  (``REGRESSION_SLACK`` x the accepted count plus what another summation order adds to it,
+  ``limits.count_bound``; derived from the accepted counts when judged, so a golden accepted before
+  gets it too);
 - no more steps skipped by the GradScaler than accepted plus one, and no non-finite step where the
   accepted run had none.
 
@@ -37,19 +40,24 @@ from ..numerics.devices import device_class
 from .compare import TrainMetrics
 from .configs import TrainConfig
 from .distributed import HookComparison
-from .limits import CROSS_KEY_RTOL, SAME_KEY_RTOL, db_to_error, error_to_db, spread_floor
+from .limits import (CROSS_KEY_RTOL, SAME_KEY_RTOL, count_bound, count_text, db_to_error, error_to_db, percent,
+                     rate_budget_count, spread_floor)
 from .run import Trajectory
 
 __all__ = ["TrajectoryEntry", "DDPEntry", "OUTPUT", "rates_line", "fp32_reference", "fp32_moved", "budget_for"]
 
 OUTPUT = "trajectory"  # the one output name under which budgets are filed (baseline tools read it)
-RATE_ELEMENTS = 2  # a rate's absolute floor, in elements of its parameter (measured: one of a LayerNorm's 64)
 
 
-def rates_line(word: str, rates: dict[str, float]) -> str:
-    """The five highest nonzero per-parameter rates, as a message line."""
+def rates_line(word: str, rates: dict[str, float], elements: dict[str, int]) -> str:
+    """The five highest nonzero per-parameter rates, as a message line, each with its count."""
     top = sorted(((r, n) for n, r in rates.items() if r > 0), reverse=True)[:5]
-    return f"    {word}: " + (", ".join(f"{n} {100 * r:.1f} %" for r, n in top) if top else "none")
+    return f"    {word}: " + (", ".join(f"{n} {rate_text(r, elements.get(n, 0))}" for r, n in top) if top else "none")
+
+
+def rate_text(rate: float, elements: int) -> str:
+    """A rate over ``elements`` as the count that decides it: "3 of 12288 elements (0.0244 %)"."""
+    return count_text(round(rate * elements), elements) if elements else percent(rate)
 
 
 def _dtype_name(config: TrainConfig) -> str:
@@ -72,7 +80,24 @@ def _sqnr_budget(metric: str, accepted_db: float) -> float:
 
 
 def _rates_budget(accepted: dict[str, list]) -> dict[str, float]:
-    return {n: min(1.0, _error_budget("rate", r) + RATE_ELEMENTS / max(1, count)) for n, (r, count) in accepted.items()}
+    """Per parameter, the rate allowed: ``REGRESSION_SLACK`` x the accepted count plus what another
+    summation order adds to it (``limits.count_bound``), over the parameter's elements."""
+    return {n: min(1.0, rate_budget_count(round(r * count), REGRESSION_SLACK) / max(1, count))
+            for n, (r, count) in accepted.items()}
+
+
+def _with_count_slack(budget: dict, accepted: dict, keys: tuple[tuple[str, str], ...]) -> dict:
+    """``budget`` with each per-parameter rate budget at least the one its accepted counts give
+    today (a golden accepted under the earlier two-element floor travels too)."""
+    out = dict(budget)
+    for bkey, akey in keys:
+        derived = _rates_budget(accepted[akey])
+        stored = budget[bkey]
+        out[bkey] = {n: max(stored.get(n, 0.0), derived.get(n, 0.0)) for n in set(stored) | set(derived)}
+    return out
+
+
+_TRAJECTORY_RATES = (("max_underflow_rate", "underflow_rate"), ("max_update_lost_rate", "update_lost_rate"))
 
 
 def budget_for(acc: dict) -> dict:
@@ -192,6 +217,7 @@ class TrajectoryEntry(BaselineEntry):
         self.input_checksum = _inputs_checksum(ref, batch0)
         self.reference = fp32_reference(ref)
         self.reference_compared = False  # judge: whether a machine of this device type recorded one
+        self.built_in = sorted(ref.built_dtypes)  # the dtypes model_fn built parameters in, float32 aside
 
     def arrays(self) -> dict[str, torch.Tensor]:
         return {"fp32_loss": torch.tensor(self.ref.losses), "loss": torch.tensor(self.run.losses),
@@ -209,7 +235,7 @@ class TrajectoryEntry(BaselineEntry):
                 "input_spec": {"steps": len(self.ref.losses)}, "input_checksum": self.input_checksum}
 
     def key_record(self) -> dict:
-        return {**self.reference, "input_checksum": self.input_checksum}
+        return {**self.reference, "input_checksum": self.input_checksum, "model_built_in": self.built_in}
 
     def inconsistency(self, base: Baseline, key: str, command: str) -> str | None:
         old = _older_format(base, key, "min_grad_sqnr_db", command)
@@ -218,10 +244,20 @@ class TrajectoryEntry(BaselineEntry):
         mine = base.meta.get("budgets", {}).get(key)
         if not isinstance(mine, dict):
             return None
+        then = mine.get("model_built_in")
+        if isinstance(then, list) and then != self.built_in:
+            return (f"{base.json_path}: model_fn() now builds the model's parameters in {_built(self.built_in)}; when "
+                    f"the golden was accepted on {key} it built them in {_built(then)}. Every config starts from "
+                    "the built weights cast to float32, so the run starts from other weights: not a precision "
+                    f"regression. Return the model as it was to keep this golden, or re-accept with: {command}")
         if mine.get("input_checksum") not in (None, self.input_checksum):
+            hint = ""
+            if then is None and self.built_in:  # a golden from before the build dtype was recorded
+                hint = (f"; model_fn() builds parameters in {_built(self.built_in)}: if it built them in float32 then, "
+                        "that is the change")
             return (f"{base.json_path}: the initial parameters or the first batch changed since the golden was "
-                    f"accepted on {key} (a seed, model or data change, not a precision regression); re-accept with: "
-                    f"{command}")
+                    f"accepted on {key} (a seed, model or data change, not a precision regression{hint}); re-accept "
+                    f"with: {command}")
         stored = mine.get("fp32_loss")
         if not isinstance(stored, list) or len(stored) != len(self.ref.losses):
             return (f"{base.json_path}: holds {len(stored) if isinstance(stored, list) else 0} fp32 steps for {key}, "
@@ -229,7 +265,7 @@ class TrajectoryEntry(BaselineEntry):
         return None
 
     def budget_from(self, name: str, records: list[dict], borrowed: bool) -> dict:
-        return _widest([r["budget"] for r in records])
+        return _widest([_with_count_slack(r["budget"], r["accepted"], _TRAJECTORY_RATES) for r in records])
 
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
         recorded = base.meta.get("budgets", {})
@@ -248,13 +284,13 @@ class TrajectoryEntry(BaselineEntry):
         result.budgets[OUTPUT] = budgets[OUTPUT]  # a dict: training budgets have their own fields
 
     def describe(self, outputs: dict[str, dict]) -> str:
-        b = outputs[OUTPUT]["budget"]
-        worst = lambda d: max(d.values(), default=0.0)  # noqa: E731
+        b, acc = outputs[OUTPUT]["budget"], outputs[OUTPUT]["accepted"]
         return (f"max loss deviation {b['max_loss_deviation']:.3g}, gradient SQNR >= "
                 f"{min(b['min_grad_sqnr_db'].values(), default=math.inf):.4g} dB (first step), "
                 f"{b['min_worst_grad_sqnr_db']:.4g} dB (worst step), parameter SQNR >= {b['min_param_sqnr_db']:.4g} dB, "
-                f"underflow rate {100 * worst(b['max_underflow_rate']):.1f} %, update-lost rate "
-                f"{100 * worst(b['max_update_lost_rate']):.1f} %, skipped steps {b['skipped_steps']}")
+                f"{_rates_describe('gradient underflow', acc['underflow_rate'], b['max_underflow_rate'])}, "
+                f"{_rates_describe('update lost', acc['update_lost_rate'], b['max_update_lost_rate'])}, "
+                f"skipped steps {b['skipped_steps']}")
 
     def changes(self, old: dict[str, dict], new: dict[str, dict]) -> list[str]:
         before = old.get(OUTPUT, {}).get("budget", {}) or {}
@@ -263,6 +299,10 @@ class TrajectoryEntry(BaselineEntry):
             if before.get(k) != v:
                 moved.append(f"{k} {_short(before.get(k))} -> {_short(v)}")
         return moved
+
+
+def _built(dtypes: list[str]) -> str:
+    return "float32" if not dtypes else " and ".join(dtypes) + " (not float32)"
 
 
 def _short(v) -> str:
@@ -304,7 +344,8 @@ class DDPEntry(BaselineEntry):
         return _older_format(base, key, "max_underflow_rate", command, dict)
 
     def budget_from(self, name: str, records: list[dict], borrowed: bool) -> dict:
-        budgets = [r["budget"] for r in records]
+        budgets = [_with_count_slack(r["budget"], r["accepted"], (("max_underflow_rate", "underflow_rate"),))
+                   for r in records]
         return {"min_grad_sqnr_db": min(b["min_grad_sqnr_db"] for b in budgets),
                 "max_underflow_rate": _per_name(budgets, "max_underflow_rate", max),
                 "overflow": max(b["overflow"] for b in budgets)}
@@ -321,9 +362,10 @@ class DDPEntry(BaselineEntry):
             result.problems.append(("overflow", f"overflow {acc['overflow']} > {budget['overflow']} allowed"))
 
     def describe(self, outputs: dict[str, dict]) -> str:
-        b = outputs[OUTPUT]["budget"]
-        return (f"SQNR >= {b['min_grad_sqnr_db']:.4g} dB, underflow rate <= "
-                f"{100 * max(b['max_underflow_rate'].values(), default=0.0):.1f} %, overflow <= {b['overflow']}")
+        b, acc = outputs[OUTPUT]["budget"], outputs[OUTPUT]["accepted"]
+        return (f"SQNR >= {b['min_grad_sqnr_db']:.4g} dB, "
+                f"{_rates_describe('gradient underflow', acc['underflow_rate'], b['max_underflow_rate'])}, "
+                f"overflow <= {b['overflow']}")
 
 
 def _older_format(base: Baseline, this_key: str, field: str, command: str, kind: type | None = None) -> str | None:
@@ -348,17 +390,38 @@ def _inputs_checksum(ref: Trajectory, batch0) -> str:
     return checksum(torch.cat([p.to(torch.float64) for p in parts]))
 
 
+def _allowed_count(budget: dict[str, float], name: str, elements: int) -> float:
+    """The count of ``name``'s ``elements`` its budget allows (a parameter without one: what
+    another summation order gives where none was lost)."""
+    rate = budget.get(name)
+    return count_bound(0) if rate is None else rate * elements
+
+
 def _rates_problem(word: str, accepted: dict[str, list], budget: dict[str, float]) -> str | None:
-    """The parameter furthest past its budget (a parameter without one is held to two elements)."""
+    """The parameter furthest past its budget, counted in its elements."""
     worst = None
-    for n, (rate, count) in accepted.items():
-        allowed = budget.get(n, min(1.0, RATE_ELEMENTS / max(1, count)))
-        if rate > allowed and (worst is None or rate - allowed > worst[0]):
-            worst = (rate - allowed, n, rate, allowed)
+    for n, (rate, elements) in accepted.items():
+        count, allowed = round(rate * elements), _allowed_count(budget, n, elements)
+        if count > allowed + 1e-9 and (worst is None or (count - allowed) / max(1, elements) > worst[0]):
+            worst = ((count - allowed) / max(1, elements), n, count, elements, allowed)
     if worst is None:
         return None
-    _, n, rate, allowed = worst
-    return f"{word} {100 * rate:.1f} % in {n} > budget {100 * allowed:.1f} %"
+    _, n, count, elements, allowed = worst
+    allowed = min(elements, math.floor(allowed + 1e-9))
+    return f"{word} {count_text(count, elements)} in {n} > budget {allowed} elements ({percent(allowed / max(1, elements))})"
+
+
+def _rates_describe(word: str, accepted: dict[str, list], budget: dict[str, float]) -> str:
+    """The rate budgets of a new golden in a phrase: the parameter with the most accepted, and a
+    parameter at 0."""
+    counted = [(round(r * elements), elements, n) for n, (r, elements) in accepted.items()]
+    top = max(counted, default=None, key=lambda t: (t[0], t[2]))
+    zero = f"{count_bound(0)} elements where none was accepted"
+    if top is None or top[0] == 0:
+        return f"{word} 0 accepted, budget {zero}"
+    count, elements, n = top
+    allowed = min(elements, math.floor(_allowed_count(budget, n, elements) + 1e-9))
+    return f"{word} in {n} {count} of {elements} accepted, budget {allowed} elements ({zero})"
 
 
 def _violations(acc: dict, budget: dict) -> list[tuple[str, str]]:

@@ -65,6 +65,7 @@ class GradientLoss:
     rate: dict[str, float] = field(default_factory=dict)
     below_range: dict[str, float] = field(default_factory=dict)
     elements: dict[str, int] = field(default_factory=dict)  # the significant elements ``rate`` counts over
+    below_elements: dict[str, int] = field(default_factory=dict)  # the significant elements ``below_range`` counts over
 
 
 def underflow_rates(out: dict[str, torch.Tensor], exact: dict[str, torch.Tensor], threshold: float = 0.0) -> GradientLoss:
@@ -80,8 +81,7 @@ def underflow_rates(out: dict[str, torch.Tensor], exact: dict[str, torch.Tensor]
             total = int(mask.sum())
             if total:
                 rates[n] = 1.0 if g is None else int(((g == 0) & mask).sum()) / total
-                if rates is loss.rate:
-                    loss.elements[n] = total
+                (loss.elements if rates is loss.rate else loss.below_elements)[n] = total
     return loss
 
 
@@ -137,6 +137,8 @@ class TrainMetrics:
     truth: str = "float64"  # what the rates were judged against
     underflow_elements: dict[str, int] = field(default_factory=dict)  # significant gradients per parameter
     update_elements: dict[str, int] = field(default_factory=dict)  # significant first updates per parameter
+    below_range_elements: dict[str, int] = field(default_factory=dict)  # significant gradients below the range
+    built_dtypes: dict[str, list[str]] = field(default_factory=dict)  # parameters model_fn built not in float32
 
     def worst(self, rates: dict[str, float]) -> tuple[str, float]:
         name = max(rates, key=lambda n: (rates[n], n)) if rates else None
@@ -225,7 +227,8 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
         losses=run.losses, fp32_losses=ref.losses, step_time_s=_median_step(run), fp32_step_time_s=_median_step(ref),
         step_time_spread=step_spread(run), fp32_step_time_spread=step_spread(ref),
         groups=groups, truth=truth if exact is not None or first is None else "the fp32 run (no float64 step)",
-        underflow_elements=loss.elements, update_elements=lost_elements)
+        underflow_elements=loss.elements, update_elements=lost_elements, below_range_elements=loss.below_elements,
+        built_dtypes=dict(run.built_dtypes))
 
 
 def _cosine(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:

@@ -78,11 +78,13 @@ class HookComparison:
     ref_grad_norm: float
     below_range_underflow: dict[str, float] = field(default_factory=dict)
     underflow_elements: dict[str, int] = field(default_factory=dict)  # the significant elements a rate counts over
+    below_range_elements: dict[str, int] = field(default_factory=dict)  # those ``below_range_underflow`` counts over
 
     def as_dict(self) -> dict:
         return dict(self.__dict__, underflow_rate=dict(self.underflow_rate),
                     below_range_underflow=dict(self.below_range_underflow),
-                    underflow_elements=dict(self.underflow_elements))
+                    underflow_elements=dict(self.underflow_elements),
+                    below_range_elements=dict(self.below_range_elements))
 
 
 def _bf16_hook(process_group, bucket):
@@ -304,6 +306,7 @@ def _compare(hook: str, out: dict[str, torch.Tensor], ref: dict[str, torch.Tenso
     return HookComparison(
         hook=hook, grad_sqnr_db=tensors_sqnr_db(out, ref), max_rel=float(rel.max()) if rel.numel() else 0.0,
         underflow_rate=lost.rate, below_range_underflow=lost.below_range, underflow_elements=lost.elements,
+        below_range_elements=lost.below_elements,
         overflow=int((~torch.isfinite(o) & torch.isfinite(r)).sum()),
         grad_norm=float(torch.linalg.vector_norm(o)), ref_grad_norm=ref_norm)
 

@@ -11,6 +11,19 @@ bit for bit: a run is compared with another run of the same spec, so a spec that
 itself would be reported as precision failures (and, under the update flag, accepted as wide
 budgets). ``exact_first_step`` runs the first applied step in float64: the truth the gradient
 and update rates are judged against.
+
+**Random draws replay.** A step that draws random numbers (dropout, a sampled mask) draws them from
+torch's global generators. A run records their state at the start of every step
+(``Trajectory.rng_states``), and a re-run of a step (the float64 step, the traced re-runs that
+locate a first fault) starts from the state the run had there, inside ``torch.random.fork_rng``:
+it draws the same masks as the run it explains, however many draws ran before it, and leaves the
+caller's generators as they were.
+
+**The master weights.** Every config starts from the model ``model_fn`` built, in float32: a model
+built in another dtype (bfloat16 from a checkpoint, say) is cast to float32 once (exact from 16
+bits; float64 is rounded), and each config casts those weights to its own parameter dtype, so the
+fp32 reference, the AMP configs, pure bf16 and the float64 step all start from the same values.
+``Trajectory.built_dtypes`` says which parameters were not float32 (``built_dtype_note`` words it).
 """
 from __future__ import annotations
 
@@ -31,7 +44,7 @@ from .recipes import fp8_linears, stochastic_rounding_updates
 from .spec import TrainSpec, takes_model
 
 __all__ = ["Trajectory", "TrainingError", "run_training", "prepare_training", "check_determinism", "ExactStep",
-           "exact_first_step", "data_digest"]
+           "exact_first_step", "data_digest", "RngState", "built_dtype_note", "built_dtypes", "ModelDtypeWarning"]
 
 
 @dataclass
@@ -56,10 +69,61 @@ class Trajectory:
     groups: list[list[str]] = field(default_factory=list)  # parameter names of each optimizer param group
     scales_used: list[float | None] = field(default_factory=list)  # loss scale each step ran with (None: no scaler)
     batch_digests: list[str] = field(default_factory=list)  # sha256 of each step's batch as batch_fn returned it
+    rng_states: list["RngState"] = field(repr=False, default_factory=list)  # torch's generators at each step's start
+    built_dtypes: dict[str, list[str]] = field(default_factory=dict)  # dtype -> parameters model_fn built not in float32
+
+
+@dataclass(frozen=True)
+class RngState:
+    """torch's global generators at one moment: the CPU one and, for a run on a CUDA device, that
+    device's."""
+
+    cpu: torch.Tensor
+    cuda: tuple[int, torch.Tensor] | None = None
+
+    @classmethod
+    def capture(cls, device: str) -> "RngState":
+        cuda = None
+        if torch.device(device).type == "cuda":
+            index = _cuda_index(device)
+            cuda = (index, torch.cuda.get_rng_state(index))
+        return cls(torch.get_rng_state(), cuda)
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda[1], self.cuda[0])
+
+    @property
+    def digest(self) -> str:
+        h = hashlib.sha256(self.cpu.numpy().tobytes())
+        if self.cuda is not None:
+            h.update(f"cuda{self.cuda[0]}".encode() + self.cuda[1].numpy().tobytes())
+        return h.hexdigest()
+
+    def forked(self) -> contextlib.AbstractContextManager:
+        """``torch.random.fork_rng`` over the generators this state holds: what runs inside may
+        draw, the caller's states are back on exit."""
+        return torch.random.fork_rng(devices=[self.cuda[0]] if self.cuda is not None else [], device_type="cuda")
+
+
+def _cuda_index(device: str) -> int:
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
+
+
+def _forked_rng(device: str) -> contextlib.AbstractContextManager:
+    devices = [_cuda_index(device)] if torch.device(device).type == "cuda" else []
+    return torch.random.fork_rng(devices=devices, device_type="cuda")
 
 
 class TrainingError(Exception):
     """A target's model_fn, optimizer_fn, batch_fn or step raised; the message names which."""
+
+
+class ModelDtypeWarning(UserWarning):
+    """A target's model_fn built parameters in another dtype than float32: what the harness did with
+    them, and what to do (``built_dtype_note``)."""
 
 
 def _cast_batch(batch: Any, dtype: torch.dtype, device: str) -> Any:
@@ -151,9 +215,40 @@ def run_training(spec: TrainSpec, config: TrainConfig, device: str, where: str =
     return prepare_training(spec, config, device, where)()
 
 
-def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "") -> Callable[[], Trajectory]:
+def built_dtypes(model: nn.Module) -> dict[str, list[str]]:
+    """The floating parameters of ``model`` not in float32, by dtype name (``{"bfloat16": [names]}``)."""
+    out: dict[str, list[str]] = {}
+    for n, p in model.named_parameters():
+        if p.is_floating_point() and p.dtype != torch.float32:
+            out.setdefault(str(p.dtype).replace("torch.", ""), []).append(n)
+    return out
+
+
+def built_dtype_note(built: dict[str, list[str]], total: int | None = None) -> str | None:
+    """What the harness did with a model built in another dtype than float32, and what to do, or
+    None for a float32 model."""
+    if not built:
+        return None
+    parts = []
+    for dtype, names in sorted(built.items()):
+        some = ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
+        parts.append(f"{dtype} ({len(names)}{'' if total is None else f' of {total}'} parameter tensors: {some})")
+    exact = all(d in ("bfloat16", "float16") for d in built)
+    how = "exact" if exact else "rounded once"
+    return (f"model_fn() built the model in {', '.join(parts)}: every config starts from these weights cast to float32 "
+            f"master weights ({how}; pure bf16 casts them to bfloat16, the float64 step to float64), so all configs "
+            "and machines start from the same weights and its goldens stay comparable. The fp32 and amp-* rows train "
+            "float32 from these values; a bf16 training of yours is the bf16 and bf16-sr rows. To start from a float32 "
+            "initialisation, return the model in float32 (drop .to(torch.bfloat16) or torch_dtype=torch.bfloat16)")
+
+
+def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "",
+                     rng_state: RngState | None = None) -> Callable[[], Trajectory]:
     """Build the seeded model, optimizer and scaler now; the returned call runs the steps. The
-    tracer and the audit trace only that call, not the model's construction."""
+    tracer and the audit trace only that call, not the model's construction. The steps start from
+    ``rng_state`` (default: the generators' state once the model and optimizer are built, the state
+    every run of the spec starts its first step from), inside ``fork_rng``: each call draws the same
+    random numbers, and neither the construction nor the call moves the caller's generators."""
     where = where or f"train_step under {config.id}"
     if config.ddp_hook is not None:
         raise ValueError(f"{config.id} is a DDP comparison: distributed.compare_ddp_hooks runs it, not run_training")
@@ -168,18 +263,24 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
         except Exception as e:
             raise TrainingError(f"{where}: {what} raised {type(e).__name__}: {e}") from e
 
-    torch.manual_seed(spec.seed)
-    model = call("model_fn()", spec.model_fn)
-    if not isinstance(model, nn.Module):
-        raise TrainingError(f"{where}: model_fn() returned {type(model).__name__}, expected an nn.Module")
-    model = model.to(device=device, dtype=config.param_dtype)
-    model.train()
-    names = {p: n for n, p in model.named_parameters()}
-    optimizer = call("optimizer_fn(model)" if takes_model(spec.optimizer_fn) else "optimizer_fn(params)",
-                     spec.make_optimizer, model)
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TrainingError(f"{where}: optimizer_fn returned {type(optimizer).__name__}, expected a torch.optim.Optimizer")
-    scaler = torch.amp.GradScaler(device, enabled=config.loss_scaling)
+    with _forked_rng(device):
+        torch.manual_seed(spec.seed)
+        model = call("model_fn()", spec.model_fn)
+        if not isinstance(model, nn.Module):
+            raise TrainingError(f"{where}: model_fn() returned {type(model).__name__}, expected an nn.Module")
+        built = built_dtypes(model)
+        if built:  # the float32 master weights every config starts from (the module docstring)
+            model = model.to(dtype=torch.float32)
+        model = model.to(device=device, dtype=config.param_dtype)
+        model.train()
+        names = {p: n for n, p in model.named_parameters()}
+        optimizer = call("optimizer_fn(model)" if takes_model(spec.optimizer_fn) else "optimizer_fn(params)",
+                         spec.make_optimizer, model)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TrainingError(f"{where}: optimizer_fn returned {type(optimizer).__name__}, expected a "
+                                "torch.optim.Optimizer")
+        scaler = torch.amp.GradScaler(device, enabled=config.loss_scaling)
+        rng_start = rng_state if rng_state is not None else RngState.capture(device)
     step_fn = spec.step()
 
     seen: dict = {}
@@ -199,11 +300,14 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
     initial = _snapshot(model)
     changed = {n: torch.zeros(p.shape, dtype=torch.bool) for n, p in initial.items()}
     t = Trajectory(config.id, [], [], [], [], [], None, None, {}, initial, {})
+    t.built_dtypes = built
     t.groups = [[names[p] for p in g["params"] if p in names] for g in optimizer.param_groups]
 
     def run() -> Trajectory:
         previous = t.initial
         with contextlib.ExitStack() as stack:
+            stack.enter_context(rng_start.forked())
+            rng_start.restore()
             hook = optimizer.register_step_pre_hook(watch)
             stack.callback(hook.remove)
             if config.stochastic_rounding:
@@ -215,6 +319,7 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
                 stack.enter_context(tf32_flags(config.tf32))
             autocast = config.autocast(device)
             for i in range(spec.steps):
+                t.rng_states.append(RngState.capture(device))
                 raw = call(f"batch_fn({i})", spec.batch_fn, i)
                 t.batch_digests.append(data_digest(raw))
                 batch = _cast_batch(raw, config.param_dtype, device)
@@ -265,12 +370,15 @@ class ExactStep:
     initial: dict[str, torch.Tensor]
 
 
-def exact_first_step(spec: TrainSpec, step: int, device: str, where: str = "") -> ExactStep:
+def exact_first_step(spec: TrainSpec, step: int, device: str, where: str = "",
+                     rng_state: RngState | None = None) -> ExactStep:
     """Step ``step``'s batch run once in float64 from the seeded initial model (a step the scaler
     skipped leaves the model as it was, so the first applied step starts from the initial
-    weights). Raises TrainingError when the model cannot run in float64."""
+    weights), drawing its random numbers from ``rng_state``: the state the run it judges had at
+    the start of that step (``Trajectory.rng_states[step]``; default: a first step's). Raises
+    TrainingError when the model cannot run in float64."""
     one = dataclasses.replace(spec, steps=1, batch_fn=lambda _i: spec.batch_fn(step))
-    t = run_training(one, FLOAT64, device, where or f"the float64 step {step}")
+    t = prepare_training(one, FLOAT64, device, where or f"the float64 step {step}", rng_state)()
     if t.first_step is None:
         raise TrainingError(f"{where or 'the float64 step'}: optimizer.step() did not run")
     return ExactStep(step, t.grads0, {n: t.final[n] - t.initial[n] for n in t.initial}, t.initial)
