@@ -9,10 +9,12 @@ Most runs pass --precision-update-baselines: their verdicts are the oracle's, th
 counts', what a repository adopting the harness sees on its first run; the goldens are checked
 where a defect only they can see is planted. CI runs the fast subset below; the tests marked
 ``clients_full`` (every config and regime of the slow clients) run with PRECISION_CLIENTS=all."""
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
+import torch
 from machine import ON_CPU
 
 pytest_plugins = ["pytester"]
@@ -27,9 +29,21 @@ def full(test):
     return pytest.mark.clients_full(skip(test))
 
 
-needs_transformers = pytest.mark.skipif(not __import__("importlib").util.find_spec("transformers"),
+needs_transformers = pytest.mark.skipif(not importlib.util.find_spec("transformers"),
                                         reason="transformers is not installed (pip install -e '.[hf]')")
 CPU_CONFIGS = ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8-e4m3")  # tf32 is skipped on the CPU
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One intra-op thread in these sessions. Under ``pytest -n 2`` on a 2-core machine each worker's
+    torch otherwise runs 2 OpenMP threads whose spin-waits, with anything else running, multiplied
+    this module's wall time 3 to 5 times (a session of 198 attention cases: 64 s, against 14 s with
+    one thread, measured here). Goldens are written and checked within one test, under one setting."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def _vendor(pytester, module: str, *plants: tuple[str, str]) -> None:
@@ -446,7 +460,7 @@ def test_a_client_that_skips_inside_its_callable_leaves_every_other_target_judge
 # ---- the Triton tutorials' fused softmax (tests/clients/triton_fused_softmax.py) ----------------
 
 needs_interpreter = pytest.mark.skipif(
-    not __import__("importlib").util.find_spec("triton") or __import__("torch").cuda.is_available(),
+    not importlib.util.find_spec("triton") or torch.cuda.is_available(),
     reason="the Triton client runs under Triton's interpreter on a CPU machine")
 
 TRITON_SOFTMAX = """
