@@ -170,8 +170,9 @@ def _probe_inputs(target: Target, device: str, dtype: torch.dtype):
 def reaches_sdpa(target: Target, device: str) -> bool:
     """Whether the SDPA backend variants apply to ``target``: what it declared (``sdpa=``), else
     what one call on the unit regime's inputs dispatched. A Triton kernel does not. The call is
-    tried in each dtype the target declared (else float32, float16, bfloat16) until one runs: a
-    target that declines a dtype from inside the callable (``pytest.skip``) is asked in the next.
+    tried in each dtype the target declared (else float32, float16, bfloat16), without and then with
+    the causal mask, until one runs: a target that declines a dtype or a mask from inside the callable
+    (``pytest.skip``; nanoGPT's flash path is causal only) is asked the next.
     A call that raises, or a target that skips in every dtype, raises TargetError saying so: the
     runner, which contains this call (``runner.variants``), then keeps every backend and the cases
     say why."""
@@ -183,21 +184,24 @@ def reaches_sdpa(target: Target, device: str) -> bool:
     import pytest
 
     declined = []
+    masks = (False,) if target.declared.get("causal", "top-left") is None else (False, True)
     for dtype in target.declared.get("dtypes") or (torch.float32, torch.float16, torch.bfloat16):
-        watch = _SdpaWatch()
-        try:
-            q, k, v = _probe_inputs(target, device, dtype)
-            with torch.no_grad(), watch:
-                target.fn(q, k, v, causal=False)
-            return watch.reached
-        except pytest.skip.Exception as e:  # declined this dtype: ask in the next
-            declined.append(f"{str(dtype).removeprefix('torch.')}: skipped ({e.msg})")
-        except Exception as e:
-            if watch.reached:
-                return True
-            if triton_error(e) is not None:  # a Triton kernel that cannot launch here is not SDPA
-                return False
-            raise TargetError(f"the probe call raised {type(e).__name__}: {e}") from e
+        for causal in masks:
+            watch = _SdpaWatch()
+            try:
+                q, k, v = _probe_inputs(target, device, dtype)
+                with torch.no_grad(), watch:
+                    target.fn(q, k, v, causal=causal)
+                return watch.reached
+            except pytest.skip.Exception as e:  # declined this dtype or mask: ask the next
+                declined.append(f"{str(dtype).removeprefix('torch.')}{', causal' if causal else ''}: "
+                                f"skipped ({e.msg})")
+            except Exception as e:
+                if watch.reached:
+                    return True
+                if triton_error(e) is not None:  # a Triton kernel that cannot launch here is not SDPA
+                    return False
+                raise TargetError(f"the probe call raised {type(e).__name__}: {e}") from e
     raise TargetError(f"the probe call skipped in every dtype ({'; '.join(declined)})")
 
 

@@ -53,6 +53,26 @@ def test_a_target_that_skips_a_dtype_in_the_callable_loses_nothing(pytester):
     assert result.ret == 0
 
 
+def test_a_causal_only_target_is_asked_again_with_the_mask(pytester):
+    """nanoGPT's flash path is causal only: it skips a call without the mask, as the probe's first is."""
+    pytester.makeconftest(SOFTMAX + """
+@pytest_precision.register("causal_only", kind="attention")
+def causal_only(q, k, v, causal=False):
+    if not causal:
+        pytest.skip("causal only")
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
+""")
+    pytester.makeini("[pytest]\n")
+    args = (*ARGS, "--precision-configs=fp32", "-k", "causal and not cross and not causal136 or unit and softmax")
+    result = pytester.runpytest(*args, "--precision-update-baselines", "-v")
+    # the softmax, and the causal regime under both SDPA backends: the probe saw SDPA with the mask
+    outcomes = _outcomes(result)
+    assert outcomes["passed"] == 1 + 2 and "failed" not in outcomes, result.stdout.str()[-3000:]
+    result.stdout.fnmatch_lines(["*attention[[]causal_only-fp32+math-causal[]] PASSED*",
+                                 "*attention[[]causal_only-fp32+flash-causal[]] PASSED*"])
+    assert "its variants were not decided" not in result.stdout.str()
+
+
 def test_a_target_that_skips_every_probe_call_keeps_every_backend_and_says_why(pytester):
     pytester.makeconftest(SOFTMAX + """
 @pytest_precision.register("picky", kind="attention")
@@ -68,7 +88,8 @@ def picky(q, k, v, causal=False):
     result.stdout.fnmatch_lines([
         "*attention[[]picky-fp32+math-hd59[]]: FAIL baseline*",
         "  target 'picky': its variants were not decided at collection (the probe call skipped in every dtype "
-        "(float32: skipped (head dim 16 unsupported); float16: *; bfloat16: *)): kept every variant of the attention "
+        "(float32: skipped (head dim 16 unsupported); float32, causal: skipped (head dim 16 unsupported); float16: *; "
+        "bfloat16, causal: *)): kept every variant of the attention "
         "kind (+math, +flash); declare at registration what the probe asks to skip it (sdpa=True or sdpa=False)",
         "*attention[[]picky-fp32+flash-hd59[]]: FAIL baseline*",
     ])
