@@ -170,3 +170,28 @@ def test_the_time_limit_setting_is_checked(pytester):
     result = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*precision_timeout = soon: give seconds (0: no limit)*"])
+
+
+def test_the_limit_holds_in_the_first_fault_re_runs(pytester):
+    """A target wrong in fp16 is re-run traced to locate its first fault, beside a float64 run. One
+    that hangs on float64 inputs ends the case at the limit: the limit is not taken for the
+    target's refusal of float64 (after which the float32 re-run would have run unlimited)."""
+    pytester.makeconftest("""
+import time
+import torch
+import pytest_precision
+
+@pytest_precision.register("mine", kind="softmax")
+def mine(x):
+    if x.dtype is torch.float64:
+        time.sleep(3600)
+    return torch.exp(x) / torch.exp(x).sum(-1, keepdim=True)  # no max subtracted: fp16 overflows at scale20
+""")
+    pytester.makeini("[pytest]\nprecision_timeout = 3\n")
+    start = time.monotonic()
+    result = pytester.runpytest("--precision-suite", "--precision-configs=fp16", "--precision-no-speed",
+                                "-p", "no:cacheprovider", "-k", "softmax and mine-fp16-scale20]")
+    assert time.monotonic() - start < 60
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*softmax[[]mine-fp16-scale20[]]: timed out after 3 s (ini precision_timeout)*"])
+    assert "float32 run" not in result.stdout.str()

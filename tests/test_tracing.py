@@ -1,4 +1,5 @@
 """Op tracing, first-fault localisation against the float64 run, and the autocast audit."""
+import pytest
 import torch
 
 from pytest_precision.audit import audit
@@ -176,3 +177,25 @@ def test_a_constant_is_not_the_fault():
         return x.half().exp(), masked, nan_like  # e^13 overflows fp16
     fault = first_fault(run)
     assert fault is not None and fault.op == "aten::exp" and fault.kind == "overflow", fault
+
+
+def test_each_reference_attempt_is_traced_on_its_own():
+    """A float64 re-run abandoned halfway (the target refused float64 after some ops) leaves none of
+    its ops in the trace the fault is compared with: the float32 attempt's values are what it reads."""
+    x = torch.tensor([1.0, 12.0, -3.0])
+
+    def refuses_float64():
+        (x.double() * 0).exp()  # ops of the abandoned attempt, with other values
+        raise NotImplementedError("float64 is not supported")
+    fault = first_fault(lambda: x.half().exp(), (refuses_float64, lambda: x.float().exp()))
+    assert fault.op == "aten::exp" and abs(fault.reference - 162754.79) < 1, fault
+
+    class Stop(BaseException):  # stands for the case's time limit: no later attempt runs
+        pass
+    ran = []
+
+    def times_out():
+        raise Stop()
+    with pytest.raises(Stop):
+        first_fault(lambda: x.half().exp(), (times_out, lambda: ran.append(1)))
+    assert not ran

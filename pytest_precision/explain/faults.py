@@ -170,14 +170,16 @@ def _zero_source(run: list[OpRecord], pole: OpRecord, pairs: dict[int, OpRecord]
 
 
 def first_fault(fn, reference=None) -> Fault | None:
-    """Run ``fn()`` traced (and ``reference()``, the same callable on float64 inputs, if given)
-    and return the first fault, or None. Exceptions from ``fn`` propagate; a reference that
-    raises only costs the reference values."""
+    """Run ``fn()`` traced (and ``reference()``, the same callable on float64 inputs, if given;
+    or a sequence of such callables, each traced on its own until one completes) and return the
+    first fault, or None. Exceptions from ``fn`` propagate; a reference that raises an Exception
+    only costs the reference values (a BaseException, such as the case's time limit, propagates)."""
     run = trace(fn, keep_outputs=True)
     ref = None
-    if reference is not None:
+    for attempt in (() if reference is None else (reference,) if callable(reference) else reference):
         try:
-            ref = trace(reference, keep_outputs=True)
+            ref = trace(attempt, keep_outputs=True)
+            break
         except Exception:  # a target that cannot run in float64 still gets its fault named
             ref = None
     return locate(run, ref)

@@ -726,18 +726,25 @@ class Kind:
                     return fn()
             return run
 
-        def reference():
-            for dtype in (torch.float64, torch.float32):
-                values = {n: t.to(case.device, dtype) for n, t in m.exact.items()}
-                try:
-                    return replayed(lambda: self.call(plain, case.target.fn, values, inputs, grad_seed, check=False))()
-                except (KeyboardInterrupt, SystemExit):
-                    raise
-                except BaseException as e:  # a skip or NotImplementedError from a target limited to low precision
-                    why_not.append(f"{type(e).__name__}: {getattr(e, 'msg', None) or e}".splitlines()[0])
-            raise RuntimeError(why_not[-1])
+        import pytest
 
-        fault = first_fault(replayed(lambda: self.call(case, case.target.fn, m.values, inputs, grad_seed)), reference)
+        def reference(dtype):
+            values = {n: t.to(case.device, dtype) for n, t in m.exact.items()}
+            run = replayed(lambda: self.call(plain, case.target.fn, values, inputs, grad_seed, check=False))
+
+            def attempt():
+                try:
+                    return run()
+                # a skip or NotImplementedError from a target limited to low precision; a case's time
+                # limit (CaseTimeout), an interrupt or an exit are not refusals and end the case
+                except (Exception, pytest.skip.Exception, pytest.fail.Exception) as e:
+                    why_not.append(f"{type(e).__name__}: {getattr(e, 'msg', None) or e}".splitlines()[0])
+                    raise RuntimeError(why_not[-1]) from e
+            return attempt
+
+        # each attempt is traced on its own: a float64 run abandoned halfway leaves no ops in the float32 one's trace
+        fault = first_fault(replayed(lambda: self.call(case, case.target.fn, m.values, inputs, grad_seed)),
+                            (reference(torch.float64), reference(torch.float32)))
         if why_not:  # the verdict stands; only the explanation is weaker (or missing)
             cause = why_not[0].removeprefix("TargetError: ")
             if len(why_not) == 1:
