@@ -13,7 +13,7 @@ from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,
 from .runner.options import OPTIONS_KEY, RECORDS_KEY, RunOptions
 from .runner.outputs import RunOutputs, add_output_options
 from .runner.timelimit import DEFAULT_TIMEOUT
-from .runner.variants import SHARED_DIR_KEY, make_shared_dir, remove_shared_dir
+from .runner.variants import SharedDecisions
 
 WORKER_RECORDS = "precision_records"  # xdist workeroutput key
 
@@ -153,16 +153,15 @@ class _XdistController:
     the workers one directory to share the run's variant decisions in (``runner.variants``)."""
 
     def __init__(self):
-        self.shared_dir: str | None = None
+        self.decisions = SharedDecisions()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
         if node.config.stash[OPTIONS_KEY].run_suite:
-            self.shared_dir = self.shared_dir or make_shared_dir()
-            node.workerinput[SHARED_DIR_KEY] = self.shared_dir
+            self.decisions.hand_to(node.workerinput)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
-        remove_shared_dir(self.shared_dir)
+        self.decisions.remove()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:

@@ -172,10 +172,10 @@ def reaches_sdpa(target: Target, device: str) -> bool:
     what one call on the unit regime's inputs dispatched. A Triton kernel does not. The call is
     tried in each dtype the target declared (else float32, float16, bfloat16), without and then with
     the causal mask, until one runs: a target that declines a dtype or a mask from inside the callable
-    (``pytest.skip``; nanoGPT's flash path is causal only) is asked the next.
-    A call that raises, or a target that skips in every dtype, raises TargetError saying so: the
-    runner, which contains this call (``runner.variants``), then keeps every backend and the cases
-    say why."""
+    (``pytest.skip``; nanoGPT's flash path is causal only), or raises for it (flash-attn refuses
+    float32), is asked the next. A target that runs in none raises TargetError saying what each call
+    did: the runner, which contains this call (``runner.variants``), then keeps every backend and
+    the cases say why."""
     declared = target.declared.get("sdpa")
     if declared is not None:
         return declared
@@ -194,15 +194,21 @@ def reaches_sdpa(target: Target, device: str) -> bool:
                     target.fn(q, k, v, causal=causal)
                 return watch.reached
             except pytest.skip.Exception as e:  # declined this dtype or mask: ask the next
-                declined.append(f"{str(dtype).removeprefix('torch.')}{', causal' if causal else ''}: "
-                                f"skipped ({e.msg})")
+                declined.append(f"{asked(dtype, causal)}: skipped ({e.msg})")
+            except pytest.exit.Exception:  # an exit is no refusal of a dtype (contained by the runner)
+                raise
             except Exception as e:
                 if watch.reached:
                     return True
                 if triton_error(e) is not None:  # a Triton kernel that cannot launch here is not SDPA
                     return False
-                raise TargetError(f"the probe call raised {type(e).__name__}: {e}") from e
-    raise TargetError(f"the probe call skipped in every dtype ({'; '.join(declined)})")
+                # flash-attn refuses float32 by raising: ask the next as for a skip
+                declined.append(f"{asked(dtype, causal)}: raised {type(e).__name__}: {e}".splitlines()[0])
+    raise TargetError(f"the probe call ran in no dtype ({'; '.join(declined)})")
+
+
+def asked(dtype: torch.dtype, causal: bool) -> str:
+    return str(dtype).removeprefix("torch.") + (", causal" if causal else "")
 
 
 def _head_dims(name: str, value) -> "Callable[[int], bool]":

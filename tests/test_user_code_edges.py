@@ -2,10 +2,12 @@
 target's variants (does it reach SDPA?) is contained. A target that skips, raises, exits, hangs or
 answers differently in two xdist workers concerns its own cases alone; every other target of the
 repository is still judged."""
+import json
 import re
 
 import pytest
 from machine import ON_CPU
+from pytest_precision.report import REPORT_SCHEMA
 
 pytest_plugins = ["pytester"]
 
@@ -73,6 +75,22 @@ def causal_only(q, k, v, causal=False):
     assert "its variants were not decided" not in result.stdout.str()
 
 
+def test_a_target_that_raises_for_a_dtype_is_asked_in_the_next(pytester):
+    """flash-attn refuses float32 by raising (RuntimeError), not by skipping: the probe asks in fp16."""
+    pytester.makeconftest(SOFTMAX + """
+@pytest_precision.register("flash_like", kind="attention")
+def flash_like(q, k, v, causal=False):
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise RuntimeError("FlashAttention only support fp16 and bf16 data type")
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
+""")
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest(*ARGS, "--precision-configs=fp16", "-k", "unit", "--precision-update-baselines")
+    # the softmax, and flash_like's unit case under both SDPA backends, seen reaching SDPA in fp16
+    result.assert_outcomes(passed=1 + 2)
+    assert "its variants were not decided" not in result.stdout.str()
+
+
 def test_a_target_that_skips_every_probe_call_keeps_every_backend_and_says_why(pytester):
     pytester.makeconftest(SOFTMAX + """
 @pytest_precision.register("picky", kind="attention")
@@ -82,12 +100,13 @@ def picky(q, k, v, causal=False):
     return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 """)
     pytester.makeini("[pytest]\n")
-    result = pytester.runpytest(*ARGS, "--precision-configs=fp32", "-k", "hd59 or unit and softmax")
+    result = pytester.runpytest(*ARGS, "--precision-configs=fp32", "-k", "hd59 or unit and softmax",
+                                "--precision-report=report.json")
     # the softmax is judged (no golden: baseline failure), picky runs hd59 under both backends
     result.assert_outcomes(failed=3)
     result.stdout.fnmatch_lines([
         "*attention[[]picky-fp32+math-hd59[]]: FAIL baseline*",
-        "  target 'picky': its variants were not decided at collection (the probe call skipped in every dtype "
+        "  target 'picky': its variants were not decided at collection (the probe call ran in no dtype "
         "(float32: skipped (head dim 16 unsupported); float32, causal: skipped (head dim 16 unsupported); float16: *; "
         "bfloat16, causal: *)): kept every variant of the attention "
         "kind (+math, +flash); declare at registration what the probe asks to skip it (sdpa=True or sdpa=False)",
@@ -96,6 +115,12 @@ def picky(q, k, v, causal=False):
     # and once below the summary table (counted above pytest's short summary, which CI=true leaves untruncated)
     report = result.stdout.str().split("short test summary info")[0]
     assert report.count("target 'picky': its variants were not decided") == 3
+    # and in the JSON report, on each of picky's cases
+    cases = json.loads((pytester.path / "report.json").read_text())["cases"]
+    notes = {c["target"]: c.get("variants_note", "") for c in cases}
+    assert notes["picky"].startswith("its variants were not decided at collection") and not notes["my_softmax"]
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(json.loads((pytester.path / "report.json").read_text()), REPORT_SCHEMA)
 
 
 @pytest.mark.parametrize("body, said", [
@@ -128,9 +153,11 @@ def stuck(q, k, v, causal=False):
     time.sleep(3600)
 """)
     pytester.makeini("[pytest]\nprecision_timeout = 2\n")
-    result = pytester.runpytest(*ARGS, "--precision-configs=fp32", "-k", "unit or causal136", "--durations=0")
-    # the softmax's one case is judged; stuck's 4 cases (2 regimes x 2 backends) fail without running
-    result.assert_outcomes(failed=5)
+    result = pytester.runpytest(*ARGS, "--precision-configs=fp32", "-k", "unit or causal136 or padded",
+                                "--durations=0", "--durations-min=0")
+    # the softmax's one case is judged; stuck's 4 cases (2 regimes x 2 backends) fail without running,
+    # and the 2 it does not support (padded: no key_padding_mask keyword) are skipped as without the hang
+    result.assert_outcomes(failed=5, skipped=2)
     result.stdout.fnmatch_lines([
         "*attention[[]stuck-fp32+math-unit[]]: target 'stuck' (attention): the call that decides its variants at "
         "collection ran past 2 s (ini precision_timeout), so its cases are not run (each would hang again); where it was:",
@@ -138,8 +165,8 @@ def stuck(q, k, v, causal=False):
     ])
     assert "my_softmax-fp32-unit" in result.stdout.str()
     durations = [float(line.split("s ")[0]) for line in result.stdout.lines
-                 if re.match(r"\d+\.\d+s call .*stuck", line)]
-    assert all(d < 1.0 for d in durations), result.stdout.str()[-2000:]  # hidden under 5 ms: not run
+                 if re.match(r"\d+\.\d+s call .*stuck-fp32\+\w+-(unit|causal136)", line)]
+    assert len(durations) == 4 and all(d < 1.0 for d in durations), result.stdout.str()[-2000:]  # not run
 
 
 def test_xdist_workers_collect_the_same_cases_when_a_target_answers_differently(pytester):

@@ -398,6 +398,19 @@ class Kind:
                     f"{case.config.id} feeds it {str(fed).removeprefix('torch.')}")
         return None
 
+    def why_skipped(self, case: Case) -> str | None:
+        """Why ``case`` is skipped without calling its target (the config, or what the target
+        declared about the config or the seeded regime's inputs), or None: the runner asks it
+        where a case cannot run (a hung variant probe), so the skips stay what they would be."""
+        reason = self.skip_reason(case)
+        if reason:
+            return reason
+        reason = self.unsupported(case)
+        regime = self.regimes_for(case.target).get(case.regime)
+        if not reason and regime is not None:
+            reason = self.unsupported(case, self.for_target(case, regime.inputs()))
+        return f"{case.target.name}: {reason}" if reason else None
+
     def for_target(self, case: Case, inputs: Any) -> Any:
         """The regime's inputs as the case's target reads them (attention: its causal alignment)."""
         return inputs

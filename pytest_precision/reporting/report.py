@@ -100,6 +100,10 @@ REPORT_SCHEMA: dict = {
                 "golden_note": {"type": ["string", "null"],
                                 "description": "why the golden did not judge, or whose budget it borrowed"},
                 "borrowed_budget": {"type": "boolean"},
+                "variants_note": {"type": "string", "description": "the target's variants were not decided at "
+                                  "collection (its probe call ran in no dtype, or exited): every variant was kept, and why"},
+                "inputs_moved": {"type": "boolean", "description": "the inputs' bits differ from those the golden was "
+                                 "accepted on (same seed and spec): judged against this run's oracle within its budget"},
                 "baseline_update": {"type": ["string", "null"]},
                 "baseline_refused": {"type": ["string", "null"],
                                      "description": "under the update flag: the golden not written, and why"},
@@ -138,7 +142,7 @@ REPORT_SCHEMA: dict = {
 _TIMING = ("time_s", "speed_status", "speed_ratio", "peak_bytes")
 _METRICS = ("max_ulp", "max_rel", "sqnr_db", "overflow", "underflow", "nan")
 _CARRIED = ("categories", "headline", "outputs", "golden_note", "borrowed_budget", "baseline_update", "baseline_refused",
-            "error_by_magnitude", "training", "training_detail")
+            "variants_note", "inputs_moved", "error_by_magnitude", "training", "training_detail")
 
 
 def json_safe(value):

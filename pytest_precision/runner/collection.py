@@ -26,7 +26,7 @@ from ..speed.alignment import tensor_core_misalignments, warn_misalignments
 from ..speed.gate import check_speed
 from .options import OPTIONS_KEY, RECORDS_KEY, RunOptions
 from .timelimit import CaseTimeout, case_limit, time_limit
-from .variants import SHARED_DIR_KEY, VariantDecision, decide_variants
+from .variants import VariantDecision, decide_variants, shared_dir
 
 __all__ = ["SuiteCollector", "SuiteItem", "suite_targets", "suites", "keyword_expressions", "crash_reason",
            "users_traceback"]
@@ -78,7 +78,7 @@ class SuiteCollector(pytest.Collector):
                 except ValueError as e:  # an op target without inputs= (an ini line)
                     raise self.CollectError(str(e)) from None
                 decision = decide_variants(kind, target, options.device, options.timeout, "ini precision_timeout",
-                                           getattr(self.config, "workerinput", {}).get(SHARED_DIR_KEY))
+                                           shared_dir(self.config))
                 variants = decision.variants(kind, options.device)
                 if options.compile and kind.compiles:
                     variants = [*variants, Compiled(NO_VARIANT, options.device)]
@@ -207,7 +207,10 @@ class SuiteItem(pytest.Item):
         reason = case.config.skip_reason(options.device)
         if reason:
             pytest.skip(reason)
-        if self.decision.problem:
+        if self.decision.problem:  # a case the target does not support is skipped, hung probe or not
+            reason = case.kind.why_skipped(case)
+            if reason:
+                pytest.skip(reason)
             raise TargetError(f"target {case.target.name!r} ({case.kind.name}): {self.decision.problem}")
         outcome = case.kind.run(case, baseline)
         if self.decision.note:

@@ -12,16 +12,20 @@ contained, and what it does concerns that target's cases alone:
 - when it raises, skips or exits, every variant is kept and each case of the target says why;
 - when it runs past the limit, the target's cases fail at once with where it was, unrun (each
   would only hang again, a full time limit apiece);
-- under xdist the run has one decision per target: the first worker to decide writes it to a
-  directory the controller made for the run (an atomic link, which fails if a decision is already
-  there), and every other worker reads that one instead of deciding again.
+- under xdist the run has one decision per target, in a directory the controller made for the
+  run: the first worker to claim the target (a file created exclusively) decides and writes the
+  decision there; the others wait for it (up to the time limit and a margin) and read it. A worker
+  that waited in vain decides itself, and the first decision written (an atomic link, refused when
+  one is there) is still every worker's.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,10 +35,12 @@ from ..kinds.base import NO_VARIANT, Kind, Variant
 from ..kinds.target import Target, TargetError
 from .timelimit import CaseTimeout, time_limit
 
-__all__ = ["VariantDecision", "decide_variants", "SHARED_DIR_KEY", "make_shared_dir", "remove_shared_dir"]
+__all__ = ["VariantDecision", "decide_variants", "SharedDecisions", "shared_dir"]
 
 # xdist workerinput key: the directory where the run's variant decisions are shared
 SHARED_DIR_KEY = "precision_variant_decisions"
+# how long past the time limit a worker waits for another's decision before deciding itself
+_WAIT_MARGIN = 30.0
 
 
 @dataclass(frozen=True)
@@ -89,11 +95,18 @@ def decide_variants(kind: Kind, target: Target, device: str, seconds: float, sou
     the same in every xdist worker of the run when ``shared_dir`` is given."""
     if shared_dir is None:
         return _decide(kind, target, device, seconds, source)
-    path = Path(shared_dir) / f"{kind.name}--{target.name}--{device.replace(':', '_')}.json"
+    # hashed: a target's name may hold ':' (an ini target, pkg.mod:fn), which not every file system takes
+    key = hashlib.sha256(f"{kind.name}\0{target.name}\0{device}".encode()).hexdigest()[:32]
+    path = Path(shared_dir) / f"{key}.json"
     try:
-        return VariantDecision.from_json(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        pass
+        os.close(os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:  # another worker is deciding: wait for its decision
+        deadline = time.monotonic() + (seconds if seconds > 0 else 600.0) + _WAIT_MARGIN
+        while time.monotonic() < deadline:
+            try:
+                return VariantDecision.from_json(path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                time.sleep(0.05)
     decision = _decide(kind, target, device, seconds, source)
     fd, tmp = tempfile.mkstemp(dir=shared_dir, suffix=".tmp")
     try:
@@ -107,11 +120,22 @@ def decide_variants(kind: Kind, target: Target, device: str, seconds: float, sou
     return decision
 
 
-def make_shared_dir() -> str:
-    """A fresh directory for one run's decisions (made by the xdist controller)."""
-    return tempfile.mkdtemp(prefix="pytest-precision-variants-")
+class SharedDecisions:
+    """The xdist controller's side: one fresh directory for the run's decisions, handed to each
+    worker in its workerinput, removed when the run ends."""
+
+    def __init__(self):
+        self.path: str | None = None
+
+    def hand_to(self, workerinput: dict) -> None:
+        self.path = self.path or tempfile.mkdtemp(prefix="pytest-precision-variants-")
+        workerinput[SHARED_DIR_KEY] = self.path
+
+    def remove(self) -> None:
+        if self.path:
+            shutil.rmtree(self.path, ignore_errors=True)
 
 
-def remove_shared_dir(path: str | None) -> None:
-    if path:
-        shutil.rmtree(path, ignore_errors=True)
+def shared_dir(config: pytest.Config) -> str | None:
+    """A worker's directory of shared decisions (None outside xdist, or when the controller gave none)."""
+    return getattr(config, "workerinput", {}).get(SHARED_DIR_KEY)
