@@ -325,7 +325,7 @@ def test_inputs_whose_bits_moved_are_judged_on_their_error_within_the_golden_bud
 import os
 
 def make(g):
-    x = torch.randn(64, 128, generator=g)
+    x = torch.randn(*((128, 64) if os.environ.get("OTHER_SHAPE") else (64, 128)), generator=g)
     if os.environ.get("OTHER_MACHINE"):
         x[0, 0] = torch.nextafter(x[0, 0], torch.tensor(10.0))
     return x
@@ -347,3 +347,8 @@ pytest_precision.register("gelu", lambda x: F.gelu(x) * (1 + NOISE), kind="op", 
     result.stdout.fnmatch_lines(["*op[[]gelu-fp32-unit[]]: FAIL *regression (*golden: *",
                                  "*(the inputs' bits differ from those the golden was accepted on, drawn from the same "
                                  "seed and spec*"])
+    monkeypatch.delenv("GELU_NOISE")
+    monkeypatch.setenv("OTHER_SHAPE", "1")  # the generator itself changed: refused, not judged
+    result = _run(pytester, "--precision-configs=fp32")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*the inputs changed since the golden was accepted*"])

@@ -73,6 +73,26 @@ def test_an_oversubscribed_machine_judges_no_speed(monkeypatch):
     assert judge_speed(Timing(three, neighbour_load=2.0), base, 0.2, "fp").failed
 
 
+def test_available_cores_read_the_containers_cpu_quota(monkeypatch, tmp_path):
+    """A runner limited to 2 CPUs by its cgroup on a larger host has 2 cores, whatever its affinity."""
+    from pytest_precision.speed import gate
+
+    from pytest_precision.speed import timing
+
+    monkeypatch.setattr(gate.os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setattr(timing, "CGROUP", str(tmp_path))
+    quota = tmp_path / "cpu.max"
+    for text, cores in (("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1), ("max 100000\n", 64)):
+        quota.write_text(text)
+        assert gate.available_cores() == cores, text
+    # with a quota, the neighbours' CPU time is the container's (cpu.stat), not the host's (/proc/stat)
+    quota.write_text("200000 100000\n")
+    (tmp_path / "cpu.stat").write_text("usage_usec 12500000\nuser_usec 10000000\n")
+    assert timing._cpu_seconds() == 12.5
+    quota.unlink()  # no cgroup v2 file: the affinity, and the machine's CPU time
+    assert gate.available_cores() == 64 and timing._cpu_seconds() != 12.5
+
+
 def test_a_slowdown_fails_only_where_the_clock_and_the_calibration_workload_both_see_it():
     """The ratio on the clock and the one relative to the calibration workload each move with noise
     the other lacks (a whole machine slowed; a calibration workload that alone ran slow or fast in

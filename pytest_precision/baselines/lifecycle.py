@@ -303,8 +303,8 @@ class TensorOutputs(BaselineEntry):
         if moved:
             result.moved_inputs = (
                 "the inputs' bits differ from those the golden was accepted on, drawn from the same seed and spec "
-                "(another machine's float32 randn? pytest_precision.inputs.seeded_normal draws the same bits "
-                "everywhere): judged by this run's error against its float64 oracle within the golden's budget, "
+                "(another machine's float32 randn, or an edit of the generator that kept its shapes and dtypes? "
+                "pytest_precision.inputs.seeded_normal draws the same bits everywhere): judged by this run's error against its float64 oracle within the golden's budget, "
                 "not element by element")
         for name, o in self.outputs.items():
             # with moved inputs the stored reference is another input's: the error is taken against

@@ -36,7 +36,7 @@ import numpy as np
 
 import torch
 
-from .timing import Bench, Timing, format_seconds, measure
+from .timing import Bench, Timing, cgroup_quota_cores, format_seconds, measure
 
 __all__ = ["DEFAULT_THRESHOLD", "MEMORY_THRESHOLD", "BUSY_NEIGHBOURS", "CONTENDED_THRESHOLD", "available_cores",
            "oversubscribed", "SpeedComparison", "ratio_interval", "ratio_intervals", "judge_speed",
@@ -99,11 +99,15 @@ CONTENDED_THRESHOLD = 1.0  # 2 x
 
 
 def available_cores() -> int:
-    """The cores this process may run on (its affinity, else the machine's count)."""
+    """The cores this process may run on: its affinity (else the machine's count), within the
+    container's CPU quota where cgroup v2 sets one (a runner limited to 2 CPUs on a large host;
+    its neighbours' load is then the container's own, ``timing.NeighbourLoad``)."""
     try:
-        return len(os.sched_getaffinity(0))
+        cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        return os.cpu_count() or 1
+        cores = os.cpu_count() or 1
+    quota = cgroup_quota_cores()
+    return cores if quota is None else min(cores, quota)
 
 
 def oversubscribed(busy: float | None, cores: int | None = None) -> bool:

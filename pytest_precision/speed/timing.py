@@ -143,9 +143,32 @@ NEIGHBOURS = NeighbourLoad()
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") and "SC_CLK_TCK" in os.sysconf_names else 100
 
 
+CGROUP = "/sys/fs/cgroup"  # cgroup v2: cpu.max ("<quota> <period>" or "max <period>"), cpu.stat (usage_usec)
+
+
+def cgroup_quota_cores() -> int | None:
+    """The CPUs the container's cgroup v2 quota allows (rounded up), or None without one."""
+    try:
+        with open(os.path.join(CGROUP, "cpu.max"), encoding="ascii") as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else max(1, -(-int(quota) // int(period)))
+    except (OSError, ValueError):
+        return None
+
+
 def _cpu_seconds() -> float | None:
     """CPU seconds all processes have used since boot (Linux /proc/stat: user, nice, system, irq,
-    softirq, steal), or None elsewhere."""
+    softirq, steal), or None elsewhere. In a container with a CPU quota, the container's own
+    (cgroup cpu.stat): /proc/stat there counts the whole host's tenants, who share none of its quota."""
+    if cgroup_quota_cores() is not None:
+        try:
+            with open(os.path.join(CGROUP, "cpu.stat"), encoding="ascii") as f:
+                for line in f:
+                    key, value = line.split()[:2]
+                    if key == "usage_usec":
+                        return int(value) / 1e6
+        except (OSError, ValueError):
+            pass
     try:
         with open("/proc/stat", encoding="ascii") as f:
             fields = f.readline().split()
