@@ -51,6 +51,7 @@ from pytest_precision.explain.faults import first_fault
 from pytest_precision.kinds.base import Case, Kind, skip
 from pytest_precision.kinds.outcome import Evidence, Outcome, baseline_problems
 from pytest_precision.kinds.tables import SummaryTable, fmt
+from pytest_precision.kinds.triton import bf16_as_on_gpu
 from pytest_precision.kinds.target import Target, TargetError
 from pytest_precision.speed.timing import format_seconds
 from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainConfig, TrainingError, TrainMetrics,
@@ -408,6 +409,12 @@ class TrainStepKind(Kind):
         reason = self.skip_reason(case)
         if reason:
             skip(reason)
+        # interpreted Triton kernels in the model compute bfloat16 as a GPU does where the interpreter's
+        # is wrong, in every run of the case (the configs, the float64 step, the first-fault re-runs)
+        with bf16_as_on_gpu():
+            return self._run(case, baseline)
+
+    def _run(self, case: Case, baseline: BaselineCheck) -> Outcome:
         config = case.config
         spec = self.check_spec(case)
         if config.ddp_hook is not None:

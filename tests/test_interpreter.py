@@ -329,3 +329,65 @@ def test_a_fault_is_named_at_the_kernel_that_lost_the_value_not_at_an_allocation
         "float64 inputs (*KeyError: torch.float64*)",
     ])
     assert "aten::empty" not in out, out[-3000:]
+
+
+# a model whose activation is an interpreted Triton kernel squaring in the activations' dtype
+TRAINED_KERNEL = """
+import torch
+import triton
+import triton.language as tl
+import pytest_precision
+
+
+@triton.jit
+def square_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask)
+    tl.store(y_ptr + offs, x * x, mask=mask)  # bf16 x bf16 under the bf16 configs
+
+
+class Square(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        x = x.contiguous()
+        y = torch.empty_like(x)
+        square_kernel[(triton.cdiv(x.numel(), 256),)](x, y, x.numel(), BLOCK=256)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 32), torch.nn.Linear(32, 1)
+
+    def forward(self, x, y):
+        return torch.nn.functional.mse_loss(self.fc2(Square.apply(self.fc1(x))).float(), y)
+
+
+def batch(i):
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(64, 16, generator=g), torch.randn(64, 1, generator=g)
+
+
+pytest_precision.register("squared", pytest_precision.TrainSpec(
+    Net, lambda p: torch.optim.SGD(p, lr=0.01), batch, steps=4), kind="train_step")
+"""
+
+
+@needs_defects
+def test_a_training_step_with_a_bf16_kernel_is_judged_as_on_a_gpu(pytester, monkeypatch):
+    """The bf16 emulation covers training cases too: a model whose Triton kernel squares bf16
+    activations trains within the bf16 limits of its fp32 run (the raw interpreter's bf16 products
+    of the bit patterns sent its loss far off)."""
+    _session(pytester, monkeypatch, TRAINED_KERNEL)
+    result = pytester.runpytest(*ARGS, "-k", "train_step", "--precision-configs=fp32,bf16,amp-bf16",
+                                "--precision-update-baselines")
+    result.assert_outcomes(passed=5)  # fp32, amp-bf16, bf16, and with them bf16-sr and ddp-bf16
+    result.stdout.fnmatch_lines(["| squared *| bf16 *|*| pass *|"])
