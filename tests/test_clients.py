@@ -46,6 +46,20 @@ def _one_thread():
     torch.set_num_threads(threads)
 
 
+@pytest.fixture(autouse=True)
+def _derandomised(monkeypatch):
+    """The drawn regime's examples the same in every run, as under CI (the pytester sessions run in
+    this process, where the suites' Hypothesis profile was registered on import): a planted defect
+    the assertions expect the drawn regime to find is found every run, not most."""
+    from pytest_precision.strategies import register_profile
+
+    monkeypatch.setenv("CI", "true")
+    register_profile()
+    yield
+    monkeypatch.undo()
+    register_profile()
+
+
 def _vendor(pytester, module: str, *plants: tuple[str, str]) -> None:
     """Put a vendored module in the user's repository (pytester's rootdir, importable as its code
     is), with each planted defect (old, new) replacing text found exactly once upstream."""
