@@ -327,8 +327,8 @@ class OpKind(Kind):
         if fn == self.reference:
             return self._reference(call, values, device)
         args, kwargs = call.arguments(values, device)
-        if fn == self.peer:  # without a source, the target runs and output_rule sets the exact result in its place
-            fn = call.peer_source or call.target.fn
+        if fn == self.peer:  # the declared reference in the config (without one, no peer runs: peer_is_exact)
+            fn = call.peer_source
         return fn(*args, **kwargs)
 
     def reference(self, *args, **kwargs):
@@ -398,6 +398,9 @@ class OpKind(Kind):
             m.peer_name = ("the declared reference" if call.peer_source is not None else
                            "the exact result rounded as its output (no peer= or reference= declared)")
         return m
+
+    def peer_is_exact(self, case: Case, call: OpCall) -> bool:
+        return case.target.declared.get("peer") is None and call.peer_source is None
 
     def output_rule(self, case, name, out, peer, ref, exact, call: OpCall) -> OutputRule:
         if case.target.declared.get("peer") is None:

@@ -1,6 +1,8 @@
 """The op kind end to end (pytester): GELU, rotary embeddings, a custom matmul and a fused MLP
 registered as data; each correct one passes, each planted defect is caught and named; malformed
 registrations are refused naming the target."""
+import json
+
 import pytest
 import torch
 
@@ -352,3 +354,30 @@ pytest_precision.register("gelu", lambda x: F.gelu(x) * (1 + NOISE), kind="op", 
     result = _run(pytester, "--precision-configs=fp32")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*the inputs changed since the golden was accepted*"])
+
+
+def test_a_target_without_a_reference_runs_once_in_the_config(pytester):
+    """Its peer is the exact result rounded: the target is not run a second time in the config as a
+    stand-in peer whose output would be thrown away (each Hypothesis example cost two calls)."""
+    pytester.makeconftest(HEADER + """
+import collections
+import json
+import pathlib
+
+CALLS = collections.Counter()
+
+def gelu(x):
+    CALLS[str(x.dtype)] += 1
+    return F.gelu(x)
+
+def pytest_sessionfinish(session):
+    pathlib.Path("calls.json").write_text(json.dumps(CALLS))
+
+pytest_precision.register("gelu", gelu, kind="op", inputs={"unit": lambda g: torch.randn(8, 16, generator=g)})
+""")
+    pytester.makeini("[pytest]\n")
+    result = _run(pytester, "--precision-configs=fp32,bf16", "--precision-update-baselines")
+    result.assert_outcomes(passed=2)
+    calls = json.loads((pytester.path / "calls.json").read_text())
+    # one measured call per config; the float64 ones are the oracle's (the target on float64 inputs)
+    assert calls["torch.float32"] == 1 and calls["torch.bfloat16"] == 1, calls
