@@ -391,3 +391,27 @@ def test_a_training_step_with_a_bf16_kernel_is_judged_as_on_a_gpu(pytester, monk
                                 "--precision-update-baselines")
     result.assert_outcomes(passed=5)  # fp32, amp-bf16, bf16, and with them bf16-sr and ddp-bf16
     result.stdout.fnmatch_lines(["| squared *| bf16 *|*| pass *|"])
+
+
+@needs_defects
+def test_a_model_importing_its_kernel_only_when_built_is_emulated_from_its_first_step(pytester, monkeypatch):
+    """A model_fn importing its Triton module when called: no triton in the process before the first
+    case (a fresh process), yet its bf16 run is emulated from step 0, not only from a later case."""
+    _session(pytester, monkeypatch, "")
+    kernel, spec = TRAINED_KERNEL.split("\n\ndef batch(i):", 1)
+    pytester.makepyfile(squared_model=kernel)
+    pytester.makeconftest("""
+import torch
+import pytest_precision
+
+
+def model():
+    from squared_model import Net  # imports triton now
+    return Net()
+
+
+def batch(i):""" + spec.replace("    Net, lambda p", "    model, lambda p"))
+    result = pytester.runpytest_subprocess(*ARGS, "-k", "train_step", "--precision-configs=bf16",
+                                           "--precision-update-baselines")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) >= 1 and "failed" not in outcomes, result.stdout.str()[-3000:]

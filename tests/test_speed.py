@@ -73,23 +73,31 @@ def test_an_oversubscribed_machine_judges_no_speed(monkeypatch):
     assert judge_speed(Timing(three, neighbour_load=2.0), base, 0.2, "fp").failed
 
 
-def test_available_cores_read_the_containers_cpu_quota(monkeypatch, tmp_path):
-    """A runner limited to 2 CPUs by its cgroup on a larger host has 2 cores, whatever its affinity."""
-    from pytest_precision.speed import gate
-
-    from pytest_precision.speed import timing
+def test_available_cores_read_the_cgroups_cpu_quota(monkeypatch, tmp_path):
+    """A runner limited by its cgroup (or an ancestor's: a container, a systemd unit, a scheduler's
+    job) has the quota's cores, fractions included, whatever its affinity; its neighbours' CPU time
+    is then that cgroup's (cpu.stat), not the host's (/proc/stat)."""
+    from pytest_precision.speed import gate, timing
 
     monkeypatch.setattr(gate.os, "sched_getaffinity", lambda pid: set(range(64)))
     monkeypatch.setattr(timing, "CGROUP", str(tmp_path))
-    quota = tmp_path / "cpu.max"
-    for text, cores in (("200000 100000\n", 2), ("150000 100000\n", 2), ("50000 100000\n", 1), ("max 100000\n", 64)):
-        quota.write_text(text)
+    monkeypatch.setattr(timing, "PROC_SELF_CGROUP", str(tmp_path / "self"))
+    monkeypatch.setattr(timing, "_CPU_SOURCE", [])
+    (tmp_path / "self").write_text("0::/job/step\n")
+    job, step = tmp_path / "job", tmp_path / "job" / "step"
+    step.mkdir(parents=True)
+    (step / "cpu.max").write_text("max 100000\n")
+    for text, cores in (("200000 100000\n", 2), ("150000 100000\n", 1.5), ("50000 100000\n", 0.5),
+                        ("max 100000\n", 64)):
+        (job / "cpu.max").write_text(text)
         assert gate.available_cores() == cores, text
-    # with a quota, the neighbours' CPU time is the container's (cpu.stat), not the host's (/proc/stat)
-    quota.write_text("200000 100000\n")
-    (tmp_path / "cpu.stat").write_text("usage_usec 12500000\nuser_usec 10000000\n")
+    (job / "cpu.max").write_text("150000 100000\n")
+    (job / "cpu.stat").write_text("usage_usec 12500000\nuser_usec 10000000\n")
     assert timing._cpu_seconds() == 12.5
-    quota.unlink()  # no cgroup v2 file: the affinity, and the machine's CPU time
+    # with a quota of 1.5 cores, neighbours using 0.8 leave the timing less than its one core; 0.4 do not
+    assert gate.oversubscribed(0.8) and not gate.oversubscribed(0.4)
+    (job / "cpu.max").unlink()  # no quota: the affinity, and the machine's CPU time
+    monkeypatch.setattr(timing, "_CPU_SOURCE", [])
     assert gate.available_cores() == 64 and timing._cpu_seconds() != 12.5
 
 

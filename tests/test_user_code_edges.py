@@ -3,6 +3,7 @@ target's variants (does it reach SDPA?) is contained. A target that skips, raise
 answers differently in two xdist workers concerns its own cases alone; every other target of the
 repository is still judged."""
 import json
+import os
 import re
 
 import pytest
@@ -232,3 +233,72 @@ def test_a_target_that_skips_every_drawn_input_is_skipped_with_its_reason(pytest
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["SKIPPED *short_rows: it skipped every drawn input it was given (rows longer than 64 "
                                  "unsupported)*"])
+
+
+# ---- the xdist claim on a target's decision (runner.variants), unit by unit -----------------------
+
+def _decisions(monkeypatch, decide, name="pkg.mod:fn"):
+    from types import SimpleNamespace
+
+    from pytest_precision.runner import variants
+
+    calls = []
+
+    def counted(*args):
+        calls.append(args)
+        return decide()
+    monkeypatch.setattr(variants, "_decide", counted)
+    kind, target = SimpleNamespace(name="attention"), SimpleNamespace(name=name)
+    return calls, lambda shared: variants.decide_variants(kind, target, "cpu", 5.0, "limit", shared)
+
+
+def _claim(shared, name="pkg.mod:fn"):
+    import hashlib
+
+    return shared / (hashlib.sha256(f"attention\0{name}\0cpu".encode()).hexdigest()[:32] + ".claim")
+
+
+def test_a_worker_waits_for_the_claimants_decision_and_does_not_probe(monkeypatch, tmp_path):
+    import threading
+
+    from pytest_precision.runner.variants import VariantDecision
+
+    calls, decide = _decisions(monkeypatch, lambda: VariantDecision(("",)))
+    assert decide(str(tmp_path)) == VariantDecision(("",)) and len(calls) == 1  # claimed and published
+    assert _claim(tmp_path).read_text() == str(os.getpid())
+    # another target, claimed by a live process (this one) that publishes a moment later
+    calls, decide = _decisions(monkeypatch, lambda: VariantDecision(("",)), name="other")
+    _claim(tmp_path, "other").write_text(str(os.getpid()))
+    theirs = VariantDecision(("+math", "+flash"))
+    publish = threading.Timer(0.3, lambda: _claim(tmp_path, "other").with_suffix(".json").write_text(theirs.to_json()))
+    publish.start()
+    assert decide(str(tmp_path)) == theirs and not calls  # read, not probed again
+    publish.join()
+
+
+def test_a_dead_claimant_is_not_waited_for(monkeypatch, tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    from pytest_precision.runner.variants import VariantDecision
+
+    calls, decide = _decisions(monkeypatch, lambda: VariantDecision(("+math",)))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    _claim(tmp_path).write_text(dead.stdout.strip())  # a worker killed while probing
+    start = time.monotonic()
+    assert decide(str(tmp_path)) == VariantDecision(("+math",)) and len(calls) == 1
+    assert time.monotonic() - start < 2  # not the limit and its margin (35 s here)
+
+
+def test_a_claimant_that_fails_releases_its_claim_and_a_missing_directory_decides_alone(monkeypatch, tmp_path):
+    from pytest_precision.runner.variants import VariantDecision
+
+    def interrupted():
+        raise KeyboardInterrupt
+    calls, decide = _decisions(monkeypatch, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        decide(str(tmp_path))
+    assert not list(tmp_path.glob("*.claim"))  # a waiting worker would decide at once
+    calls, decide = _decisions(monkeypatch, lambda: VariantDecision(("",)))
+    assert decide(str(tmp_path / "on-the-controller-only")) == VariantDecision(("",)) and len(calls) == 1

@@ -756,8 +756,9 @@ class Kind:
             def attempt():
                 try:
                     return run()
-                # a skip or NotImplementedError from a target limited to low precision; a case's time
-                # limit (CaseTimeout), an interrupt or an exit are not refusals and end the case
+                # a skip or NotImplementedError from a target limited to low precision (self.call makes
+                # any Exception, pytest.exit's too, a TargetError); the case's time limit (CaseTimeout),
+                # KeyboardInterrupt and SystemExit are not refusals and end the case
                 except (Exception, pytest.skip.Exception, pytest.fail.Exception) as e:
                     why_not.append(f"{type(e).__name__}: {getattr(e, 'msg', None) or e}".splitlines()[0])
                     raise RuntimeError(why_not[-1]) from e

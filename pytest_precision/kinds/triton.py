@@ -161,8 +161,12 @@ def _canary() -> tuple:
 def bf16_as_on_gpu():
     """A context within which interpreted Triton code computes bfloat16 as a GPU does
     (``interpreter_bf16.emulate_bf16``), where this process's interpreter gets bf16 wrong; a no-op
-    where triton is not imported, runs compiled, or its interpreter computes bf16 right (a triton
-    that fixes its interpreter runs untouched)."""
+    where triton is neither imported nor requested in interpreter mode, runs compiled, or its
+    interpreter computes bf16 right (a triton that fixes its interpreter runs untouched)."""
+    if "triton.language.standard" not in sys.modules and interpret_requested() and triton_installed():
+        # the target may import its kernels only when called (a model_fn importing its module): the
+        # interpreter it will get is imported now, so the emulation covers its first call too
+        import triton.language  # noqa: F401
     if "triton.language.standard" not in sys.modules or not interpreting() or not interpreter_defects():
         return contextlib.nullcontext()
     from .interpreter_bf16 import emulate_bf16

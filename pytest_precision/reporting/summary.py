@@ -98,7 +98,8 @@ def case_lines(records: list[dict]) -> list[str]:
     moved = sum(1 for r in records if r.get("inputs_moved"))
     if moved:
         lines.append(f"{moved} case(s) drew inputs whose bits differ from those their goldens were accepted on, from "
-                     "the same seed and spec (another machine's float32 randn?): judged by their error against the "
+                     "the same seed and spec (another machine's float32 randn, or a generator edited without changing its "
+                     "shapes and dtypes?): judged by their error against the "
                      "float64 oracle within the golden's budget; pytest_precision.inputs.seeded_normal draws the same "
                      "bits on every machine")
     notes = {(r["target"], r["variants_note"]) for r in records if r.get("variants_note")}

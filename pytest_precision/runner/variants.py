@@ -13,13 +13,14 @@ contained, and what it does concerns that target's cases alone:
 - when it runs past the limit, the target's cases fail at once with where it was, unrun (each
   would only hang again, a full time limit apiece);
 - under xdist the run has one decision per target, in a directory the controller made for the
-  run: the first worker to claim the target (a file created exclusively) decides and writes the
-  decision there; the others wait for it (up to the time limit and a margin) and read it. A worker
-  that waited in vain decides itself, and the first decision written (an atomic link, refused when
-  one is there) is still every worker's.
+  run: the first worker to claim the target (a file created exclusively, holding its pid) decides
+  and writes the decision there; the others wait for it while the claimant lives (up to the time
+  limit and a margin) and read it. A worker that waited in vain decides itself, and the first
+  decision written (an atomic link, refused when one is there) is still every worker's.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,7 +34,7 @@ import pytest
 
 from ..kinds.base import NO_VARIANT, Kind, Variant
 from ..kinds.target import Target, TargetError
-from .timelimit import CaseTimeout, time_limit
+from .timelimit import DEFAULT_TIMEOUT, CaseTimeout, time_limit
 
 __all__ = ["VariantDecision", "decide_variants", "SharedDecisions", "shared_dir"]
 
@@ -93,22 +94,68 @@ def decide_variants(kind: Kind, target: Target, device: str, seconds: float, sou
                     shared_dir: str | None = None) -> VariantDecision:
     """The variants of ``target`` (``kind.target_variants``, contained; see the module docstring),
     the same in every xdist worker of the run when ``shared_dir`` is given."""
-    if shared_dir is None:
+    if shared_dir is None or not os.path.isdir(shared_dir):  # no xdist, or a remote worker: its own decision
         return _decide(kind, target, device, seconds, source)
     # hashed: a target's name may hold ':' (an ini target, pkg.mod:fn), which not every file system takes
     key = hashlib.sha256(f"{kind.name}\0{target.name}\0{device}".encode()).hexdigest()[:32]
     path = Path(shared_dir) / f"{key}.json"
+    claim = path.with_suffix(".claim")
     try:
-        os.close(os.open(path.with_suffix(".claim"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:  # another worker is deciding: wait for its decision
-        deadline = time.monotonic() + (seconds if seconds > 0 else 600.0) + _WAIT_MARGIN
-        while time.monotonic() < deadline:
-            try:
+        fd = os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        with os.fdopen(fd, "w", encoding="ascii") as f:
+            f.write(str(os.getpid()))
+    except FileExistsError:  # another worker is deciding: wait for its decision while it lives
+        waited = _wait_for(path, claim, seconds)
+        if waited is not None:
+            return waited
+    try:
+        decision = _decide(kind, target, device, seconds, source)
+        return _publish(path, decision)
+    except BaseException:  # no decision published: a waiting worker must not wait for this one
+        if not path.exists():
+            with contextlib.suppress(OSError):
+                claim.unlink()
+        raise
+
+
+def _wait_for(path: Path, claim: Path, seconds: float) -> VariantDecision | None:
+    """The decision another worker publishes at ``path``; None when its claim is gone or its process
+    died without one, or past the time limit and a margin (this worker then decides itself)."""
+    deadline = time.monotonic() + (seconds if seconds > 0 else DEFAULT_TIMEOUT) + _WAIT_MARGIN
+    while time.monotonic() < deadline:
+        try:
+            return VariantDecision.from_json(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            pass
+        if not _claimant_alive(claim):
+            with contextlib.suppress(FileNotFoundError):  # it may have published just now
                 return VariantDecision.from_json(path.read_text(encoding="utf-8"))
-            except FileNotFoundError:
-                time.sleep(0.05)
-    decision = _decide(kind, target, device, seconds, source)
-    fd, tmp = tempfile.mkstemp(dir=shared_dir, suffix=".tmp")
+            return None
+        time.sleep(0.05)
+    return None
+
+
+def _claimant_alive(claim: Path) -> bool:
+    try:
+        pid = int(claim.read_text(encoding="ascii") or "0")
+    except FileNotFoundError:
+        return False
+    except ValueError:  # created, its pid not written yet
+        return True
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process (EPERM): alive
+        pass
+    return True
+
+
+def _publish(path: Path, decision: VariantDecision) -> VariantDecision:
+    """Write ``decision`` at ``path`` unless a decision is there already; the one there is every worker's."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(decision.to_json())

@@ -36,7 +36,7 @@ import numpy as np
 
 import torch
 
-from .timing import Bench, Timing, cgroup_quota_cores, format_seconds, measure
+from .timing import Bench, Timing, cgroup_quota, format_seconds, measure
 
 __all__ = ["DEFAULT_THRESHOLD", "MEMORY_THRESHOLD", "BUSY_NEIGHBOURS", "CONTENDED_THRESHOLD", "available_cores",
            "oversubscribed", "SpeedComparison", "ratio_interval", "ratio_intervals", "judge_speed",
@@ -98,19 +98,19 @@ BUSY_NEIGHBOURS = 0.25
 CONTENDED_THRESHOLD = 1.0  # 2 x
 
 
-def available_cores() -> int:
+def available_cores() -> float:
     """The cores this process may run on: its affinity (else the machine's count), within the
-    container's CPU quota where cgroup v2 sets one (a runner limited to 2 CPUs on a large host;
-    its neighbours' load is then the container's own, ``timing.NeighbourLoad``)."""
+    CPU quota of its cgroup where one is set (a runner limited to 2 CPUs on a large host: 2, and
+    1.5 for a quota of 1.5; its neighbours' load is then the cgroup's own, ``timing.NeighbourLoad``)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    quota = cgroup_quota_cores()
-    return cores if quota is None else min(cores, quota)
+    quota = cgroup_quota()
+    return cores if quota is None else min(cores, quota.cores)
 
 
-def oversubscribed(busy: float | None, cores: int | None = None) -> bool:
+def oversubscribed(busy: float | None, cores: float | None = None) -> bool:
     """Whether other processes used more than the cores this timing does not need: its one thread
     then shares a core with them, and its time is theirs as much as its own. Measured on the 2-core
     CI machine: with neighbours using 1.18 to 1.44 cores a correct Triton softmax timed 2.2 to 2.6 x
@@ -182,7 +182,7 @@ def judge_speed(timing: Timing, baseline: dict | None, threshold: float, fingerp
     if parallel:
         shared, fail_above = parallel, math.inf
     elif oversubscribed(busy):
-        shared = (f"an oversubscribed machine: other processes used {busy:.2f} of its {available_cores()} cores, so "
+        shared = (f"an oversubscribed machine: other processes used {busy:.2f} of its {available_cores():g} cores, so "
                   "the timing shared a core with them; speed is not judged there")
         fail_above = math.inf
     elif busy is not None and busy > BUSY_NEIGHBOURS:

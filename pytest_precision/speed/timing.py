@@ -144,31 +144,59 @@ _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") and "SC_CLK_TCK" in 
 
 
 CGROUP = "/sys/fs/cgroup"  # cgroup v2: cpu.max ("<quota> <period>" or "max <period>"), cpu.stat (usage_usec)
+PROC_SELF_CGROUP = "/proc/self/cgroup"  # "0::<path>": this process's cgroup under CGROUP
 
 
-def cgroup_quota_cores() -> int | None:
-    """The CPUs the container's cgroup v2 quota allows (rounded up), or None without one."""
+@dataclass(frozen=True)
+class CpuQuota:
+    cores: float  # the CPUs the quota allows (1.5 for "150000 100000")
+    where: str  # the cgroup directory that sets it: its cpu.stat counts what shares it
+
+
+def cgroup_quota() -> CpuQuota | None:
+    """The smallest cgroup v2 CPU quota on this process's cgroup and its ancestors (a container's,
+    a systemd unit's CPUQuota, a scheduler's job), or None without one."""
     try:
-        with open(os.path.join(CGROUP, "cpu.max"), encoding="ascii") as f:
-            quota, period = f.read().split()[:2]
-        return None if quota == "max" else max(1, -(-int(quota) // int(period)))
-    except (OSError, ValueError):
-        return None
+        with open(PROC_SELF_CGROUP, encoding="ascii") as f:
+            own = next((line.strip()[3:] for line in f if line.startswith("0::")), "/")
+    except OSError:
+        own = "/"
+    quota = None
+    path = own
+    while True:
+        where = os.path.normpath(os.path.join(CGROUP, path.lstrip("/")))
+        try:
+            with open(os.path.join(where, "cpu.max"), encoding="ascii") as f:
+                limit, period = f.read().split()[:2]
+            if limit != "max" and (quota is None or int(limit) / int(period) < quota.cores):
+                quota = CpuQuota(int(limit) / int(period), where)
+        except (OSError, ValueError):
+            pass
+        if path in ("/", ""):
+            return quota
+        path = os.path.dirname(path.rstrip("/")) or "/"
+
+
+_CPU_SOURCE: list = []  # the counter _cpu_seconds reads, chosen once: a load is a difference of one counter
 
 
 def _cpu_seconds() -> float | None:
     """CPU seconds all processes have used since boot (Linux /proc/stat: user, nice, system, irq,
-    softirq, steal), or None elsewhere. In a container with a CPU quota, the container's own
-    (cgroup cpu.stat): /proc/stat there counts the whole host's tenants, who share none of its quota."""
-    if cgroup_quota_cores() is not None:
+    softirq, steal), or None elsewhere. Under a CPU quota, those of the cgroup that sets it
+    (cpu.stat): /proc/stat there counts the whole host's tenants, who share none of its quota."""
+    if not _CPU_SOURCE:
+        quota = cgroup_quota()
+        _CPU_SOURCE.append(None if quota is None else os.path.join(quota.where, "cpu.stat"))
+    if _CPU_SOURCE[0] is not None:
         try:
-            with open(os.path.join(CGROUP, "cpu.stat"), encoding="ascii") as f:
+            with open(_CPU_SOURCE[0], encoding="ascii") as f:
                 for line in f:
                     key, value = line.split()[:2]
                     if key == "usage_usec":
                         return int(value) / 1e6
         except (OSError, ValueError):
             pass
+        return None
     try:
         with open("/proc/stat", encoding="ascii") as f:
             fields = f.readline().split()
