@@ -43,6 +43,7 @@ from ..speed.timing import Bench
 from .outcome import Evidence, Outcome, baseline_problems
 from .target import Target, TargetError
 from .tables import TENSOR_TABLE, SummaryTable
+from .global_state import snapshot
 from .triton import (bf16_as_on_gpu, first_launch_failure, interpreted, interpreter_excuse,
                      skip_reason as triton_skip_reason, triton_error)
 
@@ -670,14 +671,23 @@ class Kind:
         gpu_bf16 = bf16_as_on_gpu()
         try:
             with gpu_bf16, case.config.active(case.device), case.variant.context():
-                out = self.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
-                if check:
-                    self.validate(case, out, values, inputs, where)
-                if grads:
-                    # copied into place rather than cast with .to(): the audit flags Python-level
-                    # 16-bit casts as the user's, and this one is the harness's
-                    grad_out = torch.empty_like(out).copy_(self._grad_out(out.shape, grad_seed))
-                    out.backward(grad_out)
+                before = snapshot()  # torch's process-wide state, as the config set it
+                try:
+                    out = self.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
+                    if check:
+                        self.validate(case, out, values, inputs, where)
+                    if grads:
+                        # copied into place rather than cast with .to(): the audit flags Python-level
+                        # 16-bit casts as the user's, and this one is the harness's
+                        grad_out = torch.empty_like(out).copy_(self._grad_out(out.shape, grad_seed))
+                        out.backward(grad_out)
+                    changed = before.changes(snapshot())  # the forward and the target's backward
+                finally:
+                    before.restore()  # also when it raised: the next case starts as this one did
+                if changed:
+                    raise TargetError(f"{where} left torch's process-wide state changed: {'; '.join(changed)} "
+                                      "(restored; every later case in the process would have run so, and a "
+                                      "golden been recorded so): restore what the target changes before it returns")
         except TargetError:
             raise
         except torch.OutOfMemoryError as e:

@@ -1,0 +1,109 @@
+"""torch's process-wide state a target can leave changed, snapshotted around each call of it.
+
+A target that sets ``torch.set_default_dtype(torch.float64)``, leaves an autocast entered or grad
+mode off, or flips a math flag changes every later case in the process: under an update, goldens
+were recorded under that state (the next clean run then failed as "the inputs changed"), and in a
+check other targets' cases crashed with a wrong cause. So ``Kind.call`` takes a snapshot before the
+target runs and compares after: a change is restored at once and fails that target's case, naming
+what changed (a failed case writes no golden).
+
+The random generators are restored too but not judged: a target drawing dropout masks advances
+them by design, and every case seeds its own draws.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..numerics.configs import _precision_api, _tf32_settings
+
+__all__ = ["GlobalState", "snapshot"]
+
+_DENORMAL = 2.0 ** -140  # a float32 subnormal: flush-denormal mode makes a product of it zero
+
+
+def _flushes_denormals() -> bool:
+    # in numpy, out of the op tracer's and the audit's sight (torch.set_flush_denormal sets the
+    # thread's FTZ/DAZ flags, which numpy's float32 arithmetic obeys as torch's does)
+    return float(np.multiply(np.array([_DENORMAL], dtype=np.float32), np.float32(1.0))[0]) == 0.0
+
+
+def _autocast_nesting() -> int:
+    """How many autocast regions are entered now (torch has no getter: up one and back)."""
+    level = torch.autocast_increment_nesting() - 1
+    torch.autocast_decrement_nesting()
+    return level
+
+
+def _autocast_devices() -> tuple[str, ...]:
+    return ("cpu", "cuda") if torch.cuda.is_available() else ("cpu",)
+
+
+@dataclass
+class GlobalState:
+    values: dict[str, Any]  # what is judged: name -> value
+    rng: torch.Tensor  # the CPU generator's state (restored, not judged)
+
+    def changes(self, after: "GlobalState") -> list[str]:
+        """``name was -> now`` for each judged value that differs in ``after``."""
+        return [f"{name} {_show(was)} -> {_show(after.values[name])}"
+                for name, was in self.values.items() if after.values.get(name) != was]
+
+    def restore(self) -> None:
+        """Put back every value of this snapshot (those unchanged are set to what they are)."""
+        v = self.values
+        torch.set_default_dtype(v["default dtype"])
+        torch.set_grad_enabled(v["grad mode"])
+        torch.set_flush_denormal(v["flush-denormal"])
+        torch.use_deterministic_algorithms(v["deterministic algorithms"],
+                                           warn_only=v["deterministic algorithms (warn only)"])
+        for device in _autocast_devices():
+            torch.set_autocast_enabled(device, v[f"autocast on {device}"])
+            torch.set_autocast_dtype(device, v[f"autocast dtype on {device}"])
+        # an autocast entered and never exited keeps its nesting level: autocast's cache of casted
+        # weights is cleared only when the outermost region ends, so every later region would reuse
+        # stale casts of weights an optimizer has since updated
+        nesting = _autocast_nesting()
+        while nesting > v["autocast nesting"]:
+            nesting = torch.autocast_decrement_nesting()
+            if nesting == 0:
+                torch.clear_autocast_cache()
+        if _precision_api():
+            for node, setting in _tf32_settings().items():
+                name = f"fp32 precision ({node[0]}, {node[1]})"
+                if setting.fp32_precision != v[name]:
+                    setting.fp32_precision = v[name]
+        else:
+            torch.backends.cuda.matmul.allow_tf32 = v["TF32 matmuls"]
+            torch.backends.cudnn.allow_tf32 = v["TF32 cuDNN"]
+            torch.set_float32_matmul_precision(v["float32 matmul precision"])
+        torch.random.set_rng_state(self.rng)
+
+
+def snapshot() -> GlobalState:
+    values: dict[str, Any] = {
+        "default dtype": torch.get_default_dtype(),
+        "grad mode": torch.is_grad_enabled(),
+        "flush-denormal": _flushes_denormals(),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "deterministic algorithms (warn only)": torch.is_deterministic_algorithms_warn_only_enabled(),
+    }
+    for device in _autocast_devices():
+        values[f"autocast on {device}"] = torch.is_autocast_enabled(device)
+        values[f"autocast dtype on {device}"] = torch.get_autocast_dtype(device)
+    values["autocast nesting"] = _autocast_nesting()
+    if _precision_api():  # read through the new API only: the legacy flags raise when the two disagree
+        for node, setting in _tf32_settings().items():
+            values[f"fp32 precision ({node[0]}, {node[1]})"] = setting.fp32_precision
+    else:
+        values["TF32 matmuls"] = torch.backends.cuda.matmul.allow_tf32
+        values["TF32 cuDNN"] = torch.backends.cudnn.allow_tf32
+        values["float32 matmul precision"] = torch.get_float32_matmul_precision()
+    return GlobalState(values, torch.random.get_rng_state())
+
+
+def _show(value: Any) -> str:
+    return str(value).removeprefix("torch.")
