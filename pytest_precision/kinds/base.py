@@ -39,6 +39,7 @@ from ..explain.launches import watch_launches
 from ..numerics.budgets import ULP_FLOOR, Budget, peer_budget, violations
 from ..numerics.configs import CONFIGS, Config
 from ..numerics.metrics import Comparison, compare
+from ..numerics.rng import RngState
 from ..speed.timing import Bench
 from .outcome import Evidence, Outcome, baseline_problems
 from .target import Target, TargetError
@@ -205,7 +206,7 @@ class Measurement:
     outputs: dict[str, torch.Tensor]  # the target's, as returned
     peer_name: str = ""
     launches: list = field(default_factory=list)  # interpreted Triton kernels the target's call launched
-    rng_state: tuple = ()  # the random state the target's call started from (CPU, and each CUDA device)
+    rng_state: RngState | None = None  # torch's generators as the target's call started (a re-run replays them)
     oracle: dict[str, Comparison] = field(default_factory=dict)
     peer: dict[str, Comparison] = field(default_factory=dict)
     peer_budget: dict[str, Budget] = field(default_factory=dict)
@@ -277,21 +278,6 @@ class TensorEvidence(Evidence):
                 lines.append("    worst elements:")
                 lines += ["      " + row for row in o.worst_table().splitlines()]
         return lines
-
-
-def _cuda_devices(device: str) -> list[int]:
-    return list(range(torch.cuda.device_count())) if device.startswith("cuda") else []
-
-
-def _rng_state(device: str) -> tuple:
-    return (torch.get_rng_state(), *(torch.cuda.get_rng_state(i) for i in _cuda_devices(device)))
-
-
-def _set_rng_state(state: tuple) -> None:
-    if state:
-        torch.set_rng_state(state[0])
-        for i, s in enumerate(state[1:]):
-            torch.cuda.set_rng_state(s, i)
 
 
 _DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.float16, "float16": torch.float16,
@@ -622,7 +608,7 @@ class Kind:
         values = {n: p.value for n, p in prepared.items()}
         exact = {n: p.exact for n, p in prepared.items()}
         refs = self._reference_outputs(exact, inputs, grad_seed, self.case_grad_inputs(case, inputs))
-        rng_state = _rng_state(case.device)  # what a first-fault re-run replays (dropout draws the same mask)
+        rng_state = RngState.capture(case.device)  # what a first-fault re-run replays (dropout draws the same mask)
         launches: list = []
         try:
             with watch_launches() as launches:
@@ -752,8 +738,10 @@ class Kind:
 
         def replayed(fn):
             def run():
-                with torch.random.fork_rng(devices=_cuda_devices(case.device)):
-                    _set_rng_state(m.rng_state)
+                if m.rng_state is None:
+                    return fn()
+                with m.rng_state.forked():
+                    m.rng_state.restore()
                     return fn()
             return run
 

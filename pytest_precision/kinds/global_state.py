@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from ..numerics.configs import _precision_api, _tf32_settings
+from ..numerics.rng import RngState
 
 __all__ = ["GlobalState", "snapshot"]
 
@@ -45,7 +46,7 @@ def _autocast_devices() -> tuple[str, ...]:
 @dataclass
 class GlobalState:
     values: dict[str, Any]  # what is judged: name -> value
-    rng: torch.Tensor  # the CPU generator's state (restored, not judged)
+    rng: RngState  # the CPU generator's state (restored, not judged)
 
     def changes(self, after: "GlobalState") -> list[str]:
         """``name was -> now`` for each judged value that differs in ``after``."""
@@ -80,7 +81,7 @@ class GlobalState:
             torch.backends.cuda.matmul.allow_tf32 = v["TF32 matmuls"]
             torch.backends.cudnn.allow_tf32 = v["TF32 cuDNN"]
             torch.set_float32_matmul_precision(v["float32 matmul precision"])
-        torch.random.set_rng_state(self.rng)
+        self.rng.restore()
 
 
 def snapshot() -> GlobalState:
@@ -102,7 +103,7 @@ def snapshot() -> GlobalState:
         values["TF32 matmuls"] = torch.backends.cuda.matmul.allow_tf32
         values["TF32 cuDNN"] = torch.backends.cudnn.allow_tf32
         values["float32 matmul precision"] = torch.get_float32_matmul_precision()
-    return GlobalState(values, torch.random.get_rng_state())
+    return GlobalState(values, RngState.capture("cpu"))
 
 
 def _show(value: Any) -> str:

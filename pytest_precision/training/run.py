@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from ..numerics.configs import tf32_flags
+from ..numerics.rng import RngState, cuda_index, forked_rng
 from ..speed.timing import synchronized_perf_counter
 from .configs import FLOAT64, TrainConfig
 from .recipes import fp8_linears, stochastic_rounding_updates
@@ -71,50 +72,6 @@ class Trajectory:
     batch_digests: list[str] = field(default_factory=list)  # sha256 of each step's batch as batch_fn returned it
     rng_states: list["RngState"] = field(repr=False, default_factory=list)  # torch's generators at each step's start
     built_dtypes: dict[str, list[str]] = field(default_factory=dict)  # dtype -> parameters model_fn built not in float32
-
-
-@dataclass(frozen=True)
-class RngState:
-    """torch's global generators at one moment: the CPU one and, for a run on a CUDA device, that
-    device's."""
-
-    cpu: torch.Tensor
-    cuda: tuple[int, torch.Tensor] | None = None
-
-    @classmethod
-    def capture(cls, device: str) -> "RngState":
-        cuda = None
-        if torch.device(device).type == "cuda":
-            index = _cuda_index(device)
-            cuda = (index, torch.cuda.get_rng_state(index))
-        return cls(torch.get_rng_state(), cuda)
-
-    def restore(self) -> None:
-        torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state(self.cuda[1], self.cuda[0])
-
-    @property
-    def digest(self) -> str:
-        h = hashlib.sha256(self.cpu.numpy().tobytes())
-        if self.cuda is not None:
-            h.update(f"cuda{self.cuda[0]}".encode() + self.cuda[1].numpy().tobytes())
-        return h.hexdigest()
-
-    def forked(self) -> contextlib.AbstractContextManager:
-        """``torch.random.fork_rng`` over the generators this state holds: what runs inside may
-        draw, the caller's states are back on exit."""
-        return torch.random.fork_rng(devices=[self.cuda[0]] if self.cuda is not None else [], device_type="cuda")
-
-
-def _cuda_index(device: str) -> int:
-    index = torch.device(device).index
-    return torch.cuda.current_device() if index is None else index
-
-
-def _forked_rng(device: str) -> contextlib.AbstractContextManager:
-    devices = [_cuda_index(device)] if torch.device(device).type == "cuda" else []
-    return torch.random.fork_rng(devices=devices, device_type="cuda")
 
 
 class TrainingError(Exception):
@@ -263,7 +220,7 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
         except Exception as e:
             raise TrainingError(f"{where}: {what} raised {type(e).__name__}: {e}") from e
 
-    with _forked_rng(device):
+    with forked_rng(device):
         torch.manual_seed(spec.seed)
         model = call("model_fn()", spec.model_fn)
         if not isinstance(model, nn.Module):
