@@ -3,6 +3,7 @@
 Between-run drift on a shared CPU is far larger than the within-run noise for calls of tens of
 microseconds (measured: 1.2 to 2.5 x for unchanged torch ops), so the pytester tests plant
 slowdowns that no drift reaches; the rule itself is tested on synthetic samples."""
+import functools
 import json
 
 import numpy as np
@@ -82,7 +83,8 @@ def test_available_cores_read_the_cgroups_cpu_quota(monkeypatch, tmp_path):
     monkeypatch.setattr(gate.os, "sched_getaffinity", lambda pid: set(range(64)))
     monkeypatch.setattr(timing, "CGROUP", str(tmp_path))
     monkeypatch.setattr(timing, "PROC_SELF_CGROUP", str(tmp_path / "self"))
-    monkeypatch.setattr(timing, "_CPU_SOURCE", [])
+    # a fresh cache of the counter's choice for this test, the process's own back after it
+    monkeypatch.setattr(timing, "_cgroup_cpu_stat", functools.lru_cache(maxsize=None)(timing._cgroup_cpu_stat.__wrapped__))
     (tmp_path / "self").write_text("0::/job/step\n")
     job, step = tmp_path / "job", tmp_path / "job" / "step"
     step.mkdir(parents=True)
@@ -97,7 +99,7 @@ def test_available_cores_read_the_cgroups_cpu_quota(monkeypatch, tmp_path):
     # with a quota of 1.5 cores, neighbours using 0.8 leave the timing less than its one core; 0.4 do not
     assert gate.oversubscribed(0.8) and not gate.oversubscribed(0.4)
     (job / "cpu.max").unlink()  # no quota: the affinity, and the machine's CPU time
-    monkeypatch.setattr(timing, "_CPU_SOURCE", [])
+    timing._cgroup_cpu_stat.cache_clear()
     assert gate.available_cores() == 64 and timing._cpu_seconds() != 12.5
 
 

@@ -16,6 +16,7 @@ samples and a 50 ms call a handful, for the same cost.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import statistics
 import time
@@ -177,19 +178,22 @@ def cgroup_quota() -> CpuQuota | None:
         path = os.path.dirname(path.rstrip("/")) or "/"
 
 
-_CPU_SOURCE: list = []  # the counter _cpu_seconds reads, chosen once: a load is a difference of one counter
+@functools.lru_cache(maxsize=None)
+def _cgroup_cpu_stat() -> str | None:
+    """The cpu.stat _cpu_seconds reads under a quota, chosen once: a load is a difference of one counter."""
+    quota = cgroup_quota()
+    return None if quota is None else os.path.join(quota.where, "cpu.stat")
+
 
 
 def _cpu_seconds() -> float | None:
     """CPU seconds all processes have used since boot (Linux /proc/stat: user, nice, system, irq,
     softirq, steal), or None elsewhere. Under a CPU quota, those of the cgroup that sets it
     (cpu.stat): /proc/stat there counts the whole host's tenants, who share none of its quota."""
-    if not _CPU_SOURCE:
-        quota = cgroup_quota()
-        _CPU_SOURCE.append(None if quota is None else os.path.join(quota.where, "cpu.stat"))
-    if _CPU_SOURCE[0] is not None:
+    stat = _cgroup_cpu_stat()
+    if stat is not None:
         try:
-            with open(_CPU_SOURCE[0], encoding="ascii") as f:
+            with open(stat, encoding="ascii") as f:
                 for line in f:
                     key, value = line.split()[:2]
                     if key == "usage_usec":
