@@ -109,10 +109,10 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
 )}
 
 
-def cross_entropy_reference(logits, target, ignore_index=IGNORE_INDEX, label_smoothing=0.0, all_ignored="nan"):
+def cross_entropy_reference(logits, target, ignore_index=IGNORE_INDEX, label_smoothing=0.0):
     """The loss as defined (module docstring), in the dtype of ``logits`` (float64 for the oracle).
-    An all-ignored batch: NaN, added as a constant so that the gradient stays 0 (0 where the
-    target declared ``all_ignored="zero"``)."""
+    An all-ignored batch: NaN, added as a constant so that the gradient stays 0 (a target declaring
+    ``all_ignored="zero"`` is held to 0 by ``invoke``, for the oracle and the peers alike)."""
     lse = torch.logsumexp(logits, -1)
     valid = target != ignore_index
     picked = logits.gather(-1, torch.where(valid, target, 0)[:, None]).squeeze(-1)
@@ -121,7 +121,7 @@ def cross_entropy_reference(logits, target, ignore_index=IGNORE_INDEX, label_smo
         per_row = (1 - label_smoothing) * per_row + label_smoothing * (lse - logits.mean(-1))
     count = int(valid.sum())
     loss = torch.where(valid, per_row, torch.zeros_like(per_row)).sum() / max(count, 1)
-    return loss if count or all_ignored == "zero" else loss + math.nan
+    return loss if count else loss + math.nan
 
 
 def composite_cross_entropy(logits, target, ignore_index=IGNORE_INDEX, label_smoothing=0.0):

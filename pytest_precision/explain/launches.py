@@ -32,11 +32,6 @@ class Launch:
     # ops that met bf16 operands and ran as the interpreter has them (not emulated): "tl.atomic_add"
     unemulated: set[str] = field(default_factory=set)
 
-    @property
-    def bf16(self) -> bool:
-        """Whether it was given bfloat16 tensors."""
-        return "bfloat16" in self.dtypes
-
 
 _CURRENT: ContextVar[Launch | None] = ContextVar("pytest_precision_triton_launch", default=None)
 _UNWATCHED: ContextVar[bool] = ContextVar("pytest_precision_triton_unwatched", default=False)

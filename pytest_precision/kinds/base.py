@@ -658,6 +658,7 @@ class Kind:
         try:
             with gpu_bf16, case.config.active(case.device), case.variant.context():
                 before = snapshot()  # torch's process-wide state, as the config set it
+                changed = None
                 try:
                     out = self.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
                     if check:
@@ -667,9 +668,12 @@ class Kind:
                         # 16-bit casts as the user's, and this one is the harness's
                         grad_out = torch.empty_like(out).copy_(self._grad_out(out.shape, grad_seed))
                         out.backward(grad_out)
-                    changed = before.changes(snapshot())  # the forward and the target's backward
-                finally:
-                    before.restore()  # also when it raised: the next case starts as this one did
+                    changed = before.changes(snapshot(rng=False))  # the forward and the target's backward
+                finally:  # also when it raised: the next case starts as this one did
+                    if changed == []:
+                        before.rng.restore()  # the settings are as they were: only the generator moved
+                    else:
+                        before.restore()
                 if changed:
                     raise TargetError(f"{where} left torch's process-wide state changed: {'; '.join(changed)} "
                                       "(restored; every later case in the process would have run so, and a "
@@ -740,8 +744,7 @@ class Kind:
             def run():
                 if m.rng_state is None:
                     return fn()
-                with m.rng_state.forked():
-                    m.rng_state.restore()
+                with m.rng_state.replayed():
                     return fn()
             return run
 

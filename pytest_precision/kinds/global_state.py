@@ -46,7 +46,7 @@ def _autocast_devices() -> tuple[str, ...]:
 @dataclass
 class GlobalState:
     values: dict[str, Any]  # what is judged: name -> value
-    rng: RngState  # the CPU generator's state (restored, not judged)
+    rng: RngState | None  # the CPU generator's state (restored, not judged); None: not taken
 
     def changes(self, after: "GlobalState") -> list[str]:
         """``name was -> now`` for each judged value that differs in ``after``."""
@@ -81,10 +81,12 @@ class GlobalState:
             torch.backends.cuda.matmul.allow_tf32 = v["TF32 matmuls"]
             torch.backends.cudnn.allow_tf32 = v["TF32 cuDNN"]
             torch.set_float32_matmul_precision(v["float32 matmul precision"])
-        self.rng.restore()
+        if self.rng is not None:
+            self.rng.restore()
 
 
-def snapshot() -> GlobalState:
+def snapshot(rng: bool = True) -> GlobalState:
+    """The state now; ``rng=False`` leaves the generator's state out (a snapshot only compared with)."""
     values: dict[str, Any] = {
         "default dtype": torch.get_default_dtype(),
         "grad mode": torch.is_grad_enabled(),
@@ -103,7 +105,7 @@ def snapshot() -> GlobalState:
         values["TF32 matmuls"] = torch.backends.cuda.matmul.allow_tf32
         values["TF32 cuDNN"] = torch.backends.cudnn.allow_tf32
         values["float32 matmul precision"] = torch.get_float32_matmul_precision()
-    return GlobalState(values, RngState.capture("cpu"))
+    return GlobalState(values, RngState.capture("cpu") if rng else None)
 
 
 def _show(value: Any) -> str:

@@ -40,6 +40,13 @@ class RngState:
             h.update(f"cuda{self.cuda[0]}".encode() + self.cuda[1].numpy().tobytes())
         return h.hexdigest()
 
+    @contextlib.contextmanager
+    def replayed(self):
+        """Inside: torch's generators at this state; the caller's are back on exit."""
+        with self.forked():
+            self.restore()
+            yield
+
     def forked(self) -> contextlib.AbstractContextManager:
         """``torch.random.fork_rng`` over the generators this state holds: what runs inside may
         draw, the caller's states are back on exit."""

@@ -263,8 +263,7 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
     def run() -> Trajectory:
         previous = t.initial
         with contextlib.ExitStack() as stack:
-            stack.enter_context(rng_start.forked())
-            rng_start.restore()
+            stack.enter_context(rng_start.replayed())
             hook = optimizer.register_step_pre_hook(watch)
             stack.callback(hook.remove)
             if config.stochastic_rounding:
