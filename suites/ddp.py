@@ -25,7 +25,7 @@ from pytest_precision.baselines.lifecycle import BaselineCheck
 from pytest_precision.kinds.base import Case, skip
 from pytest_precision.kinds.outcome import Evidence, Outcome, baseline_problems
 from pytest_precision.kinds.target import TargetError
-from pytest_precision.training import LossContractError, TrainConfig, TrainSpec
+from pytest_precision.training import LossContractError, TrainConfig, TrainingError, TrainSpec
 from pytest_precision.training.baseline import DDPEntry, rates_line
 from pytest_precision.training.distributed import DDPComparisonError, HookComparison, compare_ddp_hooks
 from pytest_precision.training.limits import DDP_MARGIN_DB, UNDERFLOW_LIMIT, limit_sentence, sqnr_floor_db as _floor
@@ -51,7 +51,7 @@ def _comparisons(spec: TrainSpec, device: str, where: str) -> dict | str:
             runs[device] = (f"the DDP cases run forward and loss under DDP, not the step_fn, and {e}")
         except TypeError as e:  # callables the spawned processes cannot import
             runs[device] = str(e)
-        except DDPComparisonError as e:
+        except (DDPComparisonError, TrainingError) as e:  # TrainingError: a callable changed torch's state
             raise TargetError(f"{where}: {e}") from e
     return runs[device]
 

@@ -8,7 +8,10 @@ bf16 with stochastic rounding, fp8 Linear emulation; and ``ddp-fp16``, ``ddp-bf1
 gradient-compression hooks against uncompressed DDP (ddp.py has their verdicts).
 
 Before anything runs, ``model_fn`` and every ``batch_fn(i)`` are called twice and compared: a spec
-that does not repeat itself is an error of the target, and nothing is written.
+that does not repeat itself is an error of the target, and nothing is written. Every call of the
+spec's code (those, ``optimizer_fn`` and each step) is taken between two snapshots of torch's
+process-wide state (``training.run.judged_state``): a callable that leaves it changed fails the
+case naming itself and the change, the state is restored, and nothing is written.
 
 A case fails when, against the fp32 run of this session (floors from ``training.limits``, drawn
 from the compute format's mantissa bits):
@@ -59,7 +62,7 @@ from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainC
                                        prepare_training, run_training)
 from pytest_precision.training.baseline import TrajectoryEntry, rates_line
 from pytest_precision.training.compare import speedup_text
-from pytest_precision.training.run import ModelDtypeWarning, RngState, built_dtype_note
+from pytest_precision.training.run import GlobalStateError, ModelDtypeWarning, RngState, built_dtype_note, judged_state
 from pytest_precision.training.distributed import ddp_skip_reason
 from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND,
                                               first_step_floor_db, grad_norm_band, later_step_floor_db, limit_sentence,
@@ -401,6 +404,8 @@ class TrainStepKind(Kind):
             try:
                 cache[key] = exact_first_step(spec, step, case.device,
                                               f"target {case.target.name!r}: the float64 step {step}", rng)
+            except GlobalStateError as e:  # the target's error, not a reason to judge against fp32
+                raise TargetError(str(e)) from None
             except TrainingError as e:
                 cache[key] = str(e)
         return cache[key]
@@ -431,8 +436,12 @@ class TrainStepKind(Kind):
         exact = self._exact(case, spec, run)
         metrics = compare_trajectories(run, ref, config, exact if isinstance(exact, ExactStep) else None,
                                        "float64" if isinstance(exact, ExactStep) else f"the fp32 run ({exact})")
-        result = baseline.check(TrajectoryEntry(config, run, ref, metrics, spec.batch_fn(0), spec.seed,
-                                                baseline.budget_key))
+        try:
+            with judged_state("batch_fn(0)", self._where(case.target, config)):
+                batch0 = spec.batch_fn(0)
+        except GlobalStateError as e:
+            raise TargetError(str(e)) from None
+        result = baseline.check(TrajectoryEntry(config, run, ref, metrics, batch0, spec.seed, baseline.budget_key))
         outcome = Outcome(self.suite, self.name, case.target.name, config.id, case.regime,
                           TrainingEvidence(config, metrics), result)
         judge(outcome)
@@ -441,6 +450,8 @@ class TrainStepKind(Kind):
                 rng = run.rng_states[0]
                 outcome.fault = first_fault(self._step_call(spec, config, case.device, rng),
                                             self._step_call(spec, FLOAT64, case.device, rng))
+            except GlobalStateError as e:  # a re-run's step left torch's state changed (restored)
+                raise TargetError(str(e)) from None
             except TrainingError:  # a model that cannot run in float64 still fails; only the fault is unnamed
                 outcome.fault = None
         return outcome

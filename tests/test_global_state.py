@@ -5,7 +5,7 @@ it back, or draws random numbers, is not flagged."""
 import pytest
 import torch
 
-from pytest_precision.kinds.global_state import snapshot
+from pytest_precision.numerics.global_state import snapshot
 
 pytest_plugins = ["pytester"]
 

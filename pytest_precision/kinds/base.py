@@ -38,13 +38,13 @@ from ..explain.faults import first_fault
 from ..explain.launches import watch_launches
 from ..numerics.budgets import ULP_FLOOR, Budget, peer_budget, violations
 from ..numerics.configs import CONFIGS, Config
+from ..numerics.global_state import snapshot
 from ..numerics.metrics import Comparison, compare
 from ..numerics.rng import RngState
 from ..speed.timing import Bench
 from .outcome import Evidence, Outcome, baseline_problems
 from .target import Target, TargetError
 from .tables import TENSOR_TABLE, SummaryTable
-from .global_state import snapshot
 from .triton import (bf16_as_on_gpu, first_launch_failure, interpreted, interpreter_excuse,
                      skip_reason as triton_skip_reason, triton_error)
 

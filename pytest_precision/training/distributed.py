@@ -52,6 +52,7 @@ import torch.multiprocessing
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .compare import tensors_sqnr_db, underflow_rates
+from .run import GlobalStateError, judged_state
 from .spec import LossContractError, TrainSpec
 
 __all__ = ["HOOKS", "HookComparison", "DDPComparisonError", "ddp_skip_reason", "compare_ddp_hooks", "exact_gradients",
@@ -281,12 +282,17 @@ def _run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, hoo
 def exact_gradients(spec: TrainSpec, batches: list, device: str = "cpu") -> dict[str, torch.Tensor]:
     """The all-reduced gradient DDP computes, exactly: each rank's float64 gradient from the seeded
     model (rank r on ``batches[r]``), averaged, on the CPU. Raises what the forward raises (a model
-    whose output is not a loss: TypeError)."""
+    whose output is not a loss: TypeError), and a GlobalStateError when ``model_fn`` or the forward
+    and backward leave torch's process-wide state changed (restored; ``run.judged_state``)."""
     total: dict[str, torch.Tensor] = {}
+    forward, owner = (("loss_fn(model, batch) and its backward", "loss_fn") if spec.loss_fn is not None
+                      else ("the model's forward and backward", "the model"))
     for batch in batches:
         torch.manual_seed(spec.seed)
-        model = spec.model_fn().to(device, torch.float64)
-        spec.loss(model, _to_device(batch, device, torch.float64)).backward()
+        with judged_state("model_fn()"):
+            model = spec.model_fn().to(device, torch.float64)
+        with judged_state(forward, owner=owner):
+            spec.loss(model, _to_device(batch, device, torch.float64)).backward()
         for n, p in model.named_parameters():
             if p.grad is not None:
                 g = p.grad.detach().cpu()
@@ -318,8 +324,10 @@ def compare_ddp_hooks(spec: TrainSpec, *, device: str = "cpu", world_size: int =
     underflow rates against the exact all-reduced gradient. Raises ValueError where
     ``ddp_skip_reason`` gives a reason, TypeError for callables spawned processes cannot import,
     LossContractError (a TypeError) for a model whose output is not a loss and no ``loss_fn``,
-    DDPComparisonError when a rank fails or time runs out. A model that cannot run in float64 has
-    its rates judged against the uncompressed gradients instead."""
+    DDPComparisonError when a rank fails or time runs out, GlobalStateError when ``batch_fn``,
+    ``model_fn`` or the forward, called here, leave torch's process-wide state changed (restored;
+    the spawned ranks' state ends with them). A model that cannot run in float64 has its rates
+    judged against the uncompressed gradients instead."""
     unknown = [h for h in hooks if h not in _HOOK_DTYPES]
     if unknown:
         raise ValueError(f"unknown DDP compression hooks {unknown}; known: {list(HOOKS)}")
@@ -327,10 +335,13 @@ def compare_ddp_hooks(spec: TrainSpec, *, device: str = "cpu", world_size: int =
     if reason:
         raise ValueError(f"compare_ddp_hooks: {reason}")
     rank_imports(spec)  # before any work: a spec the ranks cannot import is refused at once
-    batches = [spec.batch_fn(rank) for rank in range(world_size)]
+    batches = []
+    for rank in range(world_size):
+        with judged_state(f"batch_fn({rank})"):
+            batches.append(spec.batch_fn(rank))
     try:  # here, before spawning: a forward that does not give a loss fails fast
         exact = exact_gradients(spec, batches)
-    except LossContractError:
+    except (LossContractError, GlobalStateError):
         raise
     except Exception:  # a model that cannot run in float64: the rates are judged against uncompressed DDP
         exact = None

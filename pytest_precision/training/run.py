@@ -38,14 +38,16 @@ import torch
 from torch import nn
 
 from ..numerics.configs import tf32_flags
+from ..numerics.global_state import snapshot
 from ..numerics.rng import RngState, cuda_index, forked_rng
 from ..speed.timing import synchronized_perf_counter
 from .configs import FLOAT64, TrainConfig
 from .recipes import fp8_linears, stochastic_rounding_updates
 from .spec import TrainSpec, takes_model
 
-__all__ = ["Trajectory", "TrainingError", "run_training", "prepare_training", "check_determinism", "ExactStep",
-           "exact_first_step", "data_digest", "RngState", "built_dtype_note", "built_dtypes", "ModelDtypeWarning"]
+__all__ = ["Trajectory", "TrainingError", "GlobalStateError", "judged_state", "step_owner", "run_training",
+           "prepare_training", "check_determinism", "ExactStep", "exact_first_step", "data_digest", "RngState",
+           "built_dtype_note", "built_dtypes", "ModelDtypeWarning"]
 
 
 @dataclass
@@ -76,6 +78,48 @@ class Trajectory:
 
 class TrainingError(Exception):
     """A target's model_fn, optimizer_fn, batch_fn or step raised; the message names which."""
+
+
+class GlobalStateError(TrainingError):
+    """A target's callable left torch's process-wide state changed (``judged_state``); the state
+    is restored and the message names the callable and the change."""
+
+
+@contextlib.contextmanager
+def judged_state(what: str, where: str = "", owner: str | None = None):
+    """Around one call of a target's callable (``what``: "model_fn()", "step 0 (step_fn)"): torch's
+    process-wide state (``numerics.global_state``: default dtype, grad mode, an entered autocast and
+    its nesting, flush-denormal, deterministic algorithms, the TF32 and fp32-precision flags),
+    snapshotted as the harness set it for the config, must be the same after. A change is
+    restored at once (also when the callable raised) and raised as a GlobalStateError naming
+    ``what`` and the change; ``owner`` is the callable the message tells to restore it (default:
+    ``what`` up to its parenthesis). The random generators are neither judged nor restored: the
+    harness seeds them, and a step's dropout draws advance them on purpose (``forked_rng`` and
+    ``RngState.replayed`` put the caller's back around a run)."""
+    before = snapshot(rng=False)
+    changed = None
+    try:
+        yield
+        changed = before.changes(snapshot(rng=False))
+    finally:
+        if changed != []:
+            before.restore()
+    if changed:
+        owner = owner or what.partition("(")[0]
+        raise GlobalStateError(f"{where + ': ' if where else ''}{what} left torch's process-wide state changed: "
+                               f"{'; '.join(changed)} (restored; every later step and case in the process would have "
+                               f"run so, and a golden been recorded so): restore what {owner} changes before it "
+                               "returns")
+
+
+def step_owner(spec: TrainSpec) -> tuple[str, str]:
+    """The user code a step of ``spec`` runs, as a state change's message names it: (what the step
+    is, the callable to fix): its ``step_fn``, else the standard step's ``loss_fn`` or model."""
+    if spec.step_fn is not None:
+        return "step_fn", "step_fn"
+    if spec.loss_fn is not None:
+        return "loss_fn, in the standard step", "loss_fn"
+    return "the model, in the standard step", "the model"
 
 
 class ModelDtypeWarning(UserWarning):
@@ -142,7 +186,10 @@ def check_determinism(spec: TrainSpec, where: str) -> None:
     TrainingError naming the callable whose two results differ."""
     def call(what, fn, *a):
         try:
-            return fn(*a)
+            with judged_state(what, where):
+                return fn(*a)
+        except TrainingError:
+            raise
         except Exception as e:
             raise TrainingError(f"{where}: {what} raised {type(e).__name__}: {e}") from e
 
@@ -210,9 +257,12 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
     if config.ddp_hook is not None:
         raise ValueError(f"{config.id} is a DDP comparison: distributed.compare_ddp_hooks runs it, not run_training")
 
-    def call(what, fn, *a):
+    def call(what, fn, *a, step=False):
+        # every call of the user's code: snapshotted inside the harness's contexts (the config's
+        # TF32 flags, the fp8 and stochastic-rounding recipes), so only the callable's change is judged
         try:
-            return fn(*a)
+            with (judged_state(f"{what} ({shown})", where, owner) if step else judged_state(what, where)):
+                return fn(*a)
         except torch.OutOfMemoryError as e:
             raise TrainingError(f"{where}: {what} ran out of memory ({e})") from e
         except TrainingError:
@@ -239,6 +289,13 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
         scaler = torch.amp.GradScaler(device, enabled=config.loss_scaling)
         rng_start = rng_state if rng_state is not None else RngState.capture(device)
     step_fn = spec.step()
+    shown, owner = step_owner(spec)
+
+    def timed_step(*a):  # the step's time, without the state's snapshots around it
+        start = synchronized_perf_counter()
+        loss = step_fn(*a)
+        t.step_times.append(synchronized_perf_counter() - start)
+        return loss
 
     seen: dict = {}
 
@@ -283,9 +340,7 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
                 seen.pop("bad", None)
                 seen["step"] = i
                 t.scales_used.append(float(scaler.get_scale()) if config.loss_scaling else None)
-                start = synchronized_perf_counter()
-                loss = call(f"step {i}", step_fn, model, optimizer, scaler, batch, autocast)
-                t.step_times.append(synchronized_perf_counter() - start)
+                loss = call(f"step {i}", timed_step, model, optimizer, scaler, batch, autocast, step=True)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                     raise TrainingError(f"{where}: step {i} returned {type(loss).__name__}; step_fn must return the loss")
                 value = float(loss.detach().float())

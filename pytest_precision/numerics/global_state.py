@@ -5,10 +5,12 @@ mode off, or flips a math flag changes every later case in the process: under an
 were recorded under that state (the next clean run then failed as "the inputs changed"), and in a
 check other targets' cases crashed with a wrong cause. So ``Kind.call`` takes a snapshot before the
 target runs and compares after: a change is restored at once and fails that target's case, naming
-what changed (a failed case writes no golden).
+what changed (a failed case writes no golden). The training kind does the same around each call
+of a ``TrainSpec``'s code (``training.run.judged_state``).
 
 The random generators are restored too but not judged: a target drawing dropout masks advances
-them by design, and every case seeds its own draws.
+them by design, and every case seeds its own draws (a training run's generators are the
+harness's to seed and replay, and ``judged_state`` snapshots without them).
 """
 from __future__ import annotations
 
@@ -18,8 +20,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..numerics.configs import _precision_api, _tf32_settings
-from ..numerics.rng import RngState
+from .configs import _precision_api, _tf32_settings
+from .rng import RngState
 
 __all__ = ["GlobalState", "snapshot"]
 
