@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from .kinds.registry import clear as clear_targets, forget_project_kinds, parse_ini_kinds
+from .kinds.registry import clear as clear_targets, forget_project_kinds
 from .kinds.triton import forget_launch_failures
 from .numerics.devices import numerics_key, pin_xdist_worker
 from .reporting.summary import write_terminal_summary
 from .runner.collection import SuiteCollector, keyword_expressions
 from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,  # noqa: F401 (fixtures)
                               precision_config)
-from .runner.options import OPTIONS_KEY, RECORDS_KEY, RunOptions
+from .runner.exits import watch_threads
+from .runner.options import OPTIONS_KEY, RECORDS_KEY, RunOptions, load_ini_kinds
 from .runner.outputs import RunOutputs, add_output_options
 from .runner.timelimit import DEFAULT_TIMEOUT
 from .runner.variants import SharedDecisions
@@ -57,7 +58,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("precision_kinds", "kinds as 'package.module:KIND' lines (pytest_precision.Kind objects)",
                   type="linelist", default=[])
     parser.addini("precision_timeout", "seconds a suite case may run before it fails with the stack where it was "
-                  f"(0: no limit; pytest-timeout's timeout marker on a case replaces it); default {DEFAULT_TIMEOUT:g}",
+                  f"(0 or inf: no limit; pytest-timeout's timeout marker on a case replaces it); default {DEFAULT_TIMEOUT:g}",
                   default=str(DEFAULT_TIMEOUT))
     add_output_options(group)
 
@@ -65,10 +66,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
     """ini kinds before the conftests, whose targets may be of those kinds."""
-    try:
-        parse_ini_kinds(early_config.getini("precision_kinds"), str(early_config.rootpath))
-    except ValueError as e:
-        raise pytest.UsageError(str(e)) from None
+    load_ini_kinds(early_config)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -81,6 +79,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if options.device.startswith("cuda"):
         _install_fused_statistics()
     config.pluginmanager.register(RunOutputs(config), "precision-outputs")
+    if options.run_suite:
+        watch_threads(config)  # names the threads the targets leave running
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistController(), "precision-xdist")
 

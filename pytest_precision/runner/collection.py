@@ -3,8 +3,9 @@
 
 Every case leaves a record for the summary and the reports, whatever happens to it: judged,
 skipped inside the suite (with the reason), or crashed (the target raised, broke its contract,
-or ran past its time limit; with the reason). Under the update flag its golden is written only
-when the case passed every check but the golden's own; otherwise it is "not accepted".
+ran past its time limit or tried to end the process; with the reason). Under the update flag its
+golden is written only when the case passed every check but the golden's own; otherwise it is
+"not accepted".
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from ..kinds.registry import kinds, registered, target_names_problem
 from ..kinds.target import Target, TargetError
 from ..speed.alignment import tensor_core_misalignments, warn_misalignments
 from ..speed.gate import check_speed
+from .exits import THREADS_KEY, ThreadWatch, TargetEnded, refuse_process_exits, suspend_capture
 from .options import OPTIONS_KEY, RECORDS_KEY, RunOptions
 from .timelimit import CaseTimeout, case_limit, time_limit
 from .variants import VariantDecision, decide_variants, shared_dir
@@ -78,7 +80,7 @@ class SuiteCollector(pytest.Collector):
                 except ValueError as e:  # an op target without inputs= (an ini line)
                     raise self.CollectError(str(e)) from None
                 decision = decide_variants(kind, target, options.device, options.timeout, "ini precision_timeout",
-                                           shared_dir(self.config))
+                                           shared_dir(self.config), before_exit=lambda: suspend_capture(self.config))
                 variants = decision.variants(kind, options.device)
                 if options.compile and kind.compiles:
                     variants = [*variants, Compiled(NO_VARIANT, options.device)]
@@ -122,7 +124,7 @@ def keyword_expressions(items: list) -> None:
 
 def crash_reason(error: BaseException) -> str:
     """One line saying why a case crashed."""
-    if isinstance(error, (CaseTimeout, TargetError)):
+    if isinstance(error, (CaseTimeout, TargetError, TargetEnded)):
         text = error.reason if isinstance(error, CaseTimeout) else str(error)
     elif isinstance(error, pytest.fail.Exception):
         text = f"failed: {error.msg}"
@@ -179,8 +181,14 @@ class SuiteItem(pytest.Item):
                                  options.update_command(suite_item=self.keyword_expression,
                                                         config_id=getattr(case.config, "base", case.config.id)),
                                  strict=options.strict_budgets)
+        threads = self.config.stash.get(THREADS_KEY, None) or ThreadWatch()
+        who = f"target {case.target.name!r}"
         try:
-            with time_limit(*case_limit(self, options.timeout)):
+            # the code under test can neither outlast its limit nor end the process, and the
+            # threads it leaves running are named (runner.timelimit, runner.exits)
+            with time_limit(*case_limit(self, options.timeout), case=self.nodeid,
+                            before_exit=lambda: suspend_capture(self.config)), \
+                    threads.case(self.nodeid, who), refuse_process_exits(who):
                 record, failure = self._run(options, baseline)
         except pytest.skip.Exception as e:  # recorded, so the summary and reports show it with its reason
             records.append(self._record(skipped=str(e.msg)))
@@ -191,7 +199,7 @@ class SuiteItem(pytest.Item):
             raise
         except (KeyboardInterrupt, pytest.exit.Exception):
             raise
-        except BaseException as e:  # the target raised, broke its contract or ran past its limit
+        except BaseException as e:  # the target raised, broke its contract, ran past its limit or tried to exit
             reason = crash_reason(e)
             baseline.refuse(reason)
             refused = f"{baseline.head} not accepted: {reason}" if options.update and not baseline.committed else None
@@ -284,7 +292,7 @@ class SuiteItem(pytest.Item):
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, PrecisionFailure):
             return str(excinfo.value)
-        if isinstance(excinfo.value, CaseTimeout):
+        if isinstance(excinfo.value, (CaseTimeout, TargetEnded)):
             return f"{self.nodeid}: {excinfo.value}"
         if isinstance(excinfo.value, TargetError):
             cause = excinfo.value.__cause__

@@ -8,7 +8,8 @@ exception or ``pytest.exit`` ended it, a hang never ended it, and a target that 
 in two xdist workers made them collect different items, which xdist refuses. So the call is
 contained, and what it does concerns that target's cases alone:
 
-- it runs under the case time limit, with every exception caught (``KeyboardInterrupt`` aside);
+- it runs under the case time limit, with every exception caught (``KeyboardInterrupt`` aside),
+  and ``os._exit``/``os.abort`` refused (``runner.exits``);
 - when it raises, skips or exits, every variant is kept and each case of the target says why;
 - when it runs past the limit, the target's cases fail at once with where it was, unrun (each
   would only hang again, a full time limit apiece);
@@ -29,11 +30,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
 from ..kinds.base import NO_VARIANT, Kind, Variant
 from ..kinds.target import Target, TargetError
+from .exits import TargetEnded, refuse_process_exits
 from .timelimit import DEFAULT_TIMEOUT, CaseTimeout, time_limit
 
 __all__ = ["VariantDecision", "decide_variants", "SharedDecisions", "shared_dir"]
@@ -65,13 +68,15 @@ class VariantDecision:
         return cls(tuple(data["suffixes"]), data.get("note"), data.get("problem"))
 
 
-def _decide(kind: Kind, target: Target, device: str, seconds: float, source: str) -> VariantDecision:
+def _decide(kind: Kind, target: Target, device: str, seconds: float, source: str,
+            before_exit: Callable[[], None] | None = None) -> VariantDecision:
     every = tuple(v.suffix for v in kind.variants(device))
     how = (f"kept every variant of the {kind.name} kind ({', '.join(s for s in every if s) or 'none'}); declare "
            f"at registration what the probe asks to skip it" + (" (sdpa=True or sdpa=False)" if kind.name == "attention"
                                                                 else ""))
     try:
-        with time_limit(seconds, source):
+        with time_limit(seconds, source, f"the probe call of target {target.name!r} at collection", before_exit), \
+                refuse_process_exits(f"target {target.name!r}", system_exit=False):
             chosen = kind.target_variants(target, device)
         return VariantDecision(tuple(v.suffix for v in chosen))
     except KeyboardInterrupt:
@@ -85,17 +90,20 @@ def _decide(kind: Kind, target: Target, device: str, seconds: float, source: str
         what = getattr(e, "msg", None) or str(e)
         if isinstance(e, pytest.skip.Exception):
             what = f"the probe call skipped: {what}"
+        elif isinstance(e, TargetEnded):
+            what = f"the probe call: {what}"
         elif not isinstance(e, TargetError):
             what = f"the probe call raised {type(e).__name__}" + (f": {what}" if what else "")
         return VariantDecision(every, note=f"its variants were not decided at collection ({what.splitlines()[0]}): {how}")
 
 
 def decide_variants(kind: Kind, target: Target, device: str, seconds: float, source: str,
-                    shared_dir: str | None = None) -> VariantDecision:
+                    shared_dir: str | None = None, before_exit: Callable[[], None] | None = None) -> VariantDecision:
     """The variants of ``target`` (``kind.target_variants``, contained; see the module docstring),
-    the same in every xdist worker of the run when ``shared_dir`` is given."""
+    the same in every xdist worker of the run when ``shared_dir`` is given. ``before_exit``: called
+    before the time limit ends a process whose probe call swallowed it (``runner.timelimit``)."""
     if shared_dir is None or not os.path.isdir(shared_dir):  # no xdist, or a remote worker: its own decision
-        return _decide(kind, target, device, seconds, source)
+        return _decide(kind, target, device, seconds, source, before_exit)
     # hashed: a target's name may hold ':' (an ini target, pkg.mod:fn), which not every file system takes
     key = hashlib.sha256(f"{kind.name}\0{target.name}\0{device}".encode()).hexdigest()[:32]
     path = Path(shared_dir) / f"{key}.json"
@@ -109,7 +117,7 @@ def decide_variants(kind: Kind, target: Target, device: str, seconds: float, sou
         if waited is not None:
             return waited
     try:
-        decision = _decide(kind, target, device, seconds, source)
+        decision = _decide(kind, target, device, seconds, source, before_exit)
         return _publish(path, decision)
     except BaseException:  # no decision published: a waiting worker must not wait for this one
         if not path.exists():
