@@ -16,7 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from .baselines.store import BaselineError
+from .baselines.store import MAX_JSON_BYTES, BaselineError, read_bounded
 from .baselines.tools import diff_lines, list_lines, remove, show_lines
 from .baselines.usage import CACHE_KEY
 
@@ -57,12 +57,21 @@ def _cache_file(cwd: Path) -> Path:
 def _prune(args, cwd: Path, out) -> int:
     cache = _cache_file(cwd)
     try:
-        saved = json.loads(cache.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        saved = json.loads(read_bounded(cache, MAX_JSON_BYTES).decode("utf-8"))
+    except BaselineError as e:
+        if cache.exists() or cache.is_symlink():
+            raise InputError(f"{e} (the list of unused baselines: run pytest --precision-suite again)") from e
         print(f"no list of unused baselines at {cache}: run pytest --precision-suite (with the cache provider "
               "on) first", file=sys.stderr)
         return 2
-    root = Path(saved.get("root", ""))
+    except ValueError as e:  # UnicodeDecodeError, JSONDecodeError
+        raise InputError(f"{cache}: not the list a run saves ({type(e).__name__}): run pytest --precision-suite again") from e
+    unused = saved.get("unused") if isinstance(saved, dict) else None
+    if not isinstance(saved, dict) or not isinstance(saved.get("root"), str) or not (
+            unused is None or (isinstance(unused, list) and all(isinstance(n, str) for n in unused))):
+        raise InputError(f"{cache}: not the list a run saves (an object with a root and a list of names): "
+                         "run pytest --precision-suite again")
+    root = Path(saved["root"])
     if root.resolve() != args.dir.resolve():
         print(f"the last run checked {root}, not {args.dir}: pass --dir {root} or rerun pytest", file=sys.stderr)
         return 2
@@ -100,8 +109,11 @@ def _merge(args, cwd: Path, out) -> int:
 def main(argv: list[str] | None = None, cwd: Path | None = None, out=None) -> int:
     try:
         return _main(argv, cwd, out)
-    except InputError as e:
+    except (InputError, BaselineError) as e:
         print(e, file=sys.stderr)
+        return 2
+    except OSError as e:  # a link loop, a directory that cannot be listed: the input, not a bug
+        print(f"{e.filename or ''}: {e.strerror or e}" if e.filename else str(e), file=sys.stderr)
         return 2
     except Exception:  # never the exit status of "differences found"
         traceback.print_exc()

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pytest_precision.__main__ import default_dir, main
+from pytest_precision.baselines.store import BaselineError
 from pytest_precision.baselines.tools import baseline_names, diff_lines, remove
 
 GOLDENS = Path(__file__).resolve().parents[1] / "baselines"
@@ -113,7 +114,7 @@ def test_prune_refuses_without_a_complete_list(tmp_path):
 def test_remove_stays_under_the_root(tmp_path):
     root = _copy(tmp_path / "gold")
     (tmp_path / "outside.json").write_text("{}")
-    with pytest.raises(ValueError):
+    with pytest.raises(BaselineError):
         remove(root, ["../outside"])
     remove(root, [f"{SMALL}/{c}" for c in ("amp-bf16", "amp-fp16", "bf16", "fp16", "fp32", "fp8-e4m3")])
     assert not (root / "softmax").exists() and root.exists()  # emptied directories go too

@@ -24,6 +24,7 @@ readable, moves an unreadable file aside, and refuses a file of a newer schema.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -32,7 +33,7 @@ from ..numerics.budgets import MACHINE_SPREAD, Budget, abs_floor, regression_bud
 from ..numerics.devices import device_class, machine_name, numerics_key
 from ..numerics.formats import format_of
 from ..numerics.metrics import Comparison, compare
-from .store import Baseline, BaselineError, BaselineStore, checksum
+from .store import Baseline, BaselineError, BaselineStore, checksum, unlimited
 
 __all__ = ["BaselineCheck", "BaselineResult", "BaselineEntry", "TensorOutput", "TensorOutputs", "PendingWrite",
            "budget_sources", "SINGLE"]
@@ -70,6 +71,7 @@ class BaselineResult:
     refused: str | None = None
     refused_line: str | None = None
     moved_inputs: str | None = None  # the inputs' bits moved (same seed and spec): how the result was judged instead
+    unjudged: str | None = None  # limits the golden holds as unlimited (what was accepted was not finite)
 
     @property
     def comparison(self) -> Comparison | None:
@@ -96,7 +98,7 @@ class BaselineResult:
             over = f", {c.count_over(b.max_ulp)} of {c.numel} elements over" if b.max_ulp is not None else ""
             lines.append(f"    max ULP {c.max_ulp:.4g}, max abs {c.max_abs:.4g}{over};"
                          f" overflow {c.overflow}, underflow {c.underflow}, NaN {c.nan}")
-        for note in (self.note, self.moved_inputs):
+        for note in (self.note, self.moved_inputs, self.unjudged):
             if note:
                 lines.append(f"    ({note})")
         lines.append(f"  if the new results are intended, accept them as the golden with: {update_command}")
@@ -111,6 +113,8 @@ class BaselineEntry:
     ...key_record()}``."""
 
     names: tuple[str, ...] = ()
+    # set by BaselineCheck before budget_from: the budgets borrowed are of another device type only
+    across_devices: bool = False
 
     def borrowed_clause(self) -> str:
         """Added to the borrowed-budget note: how the borrowed budgets were adapted, what they leave unjudged."""
@@ -276,6 +280,7 @@ class TensorOutputs(BaselineEntry):
         the spread measured between machines (``MACHINE_SPREAD``): never down."""
         o = self.outputs[name]
         largest_key, typical_key = ("max_abs", "rms_abs") if o.abs_budget else ("max_ulp", "mean_ulp")
+        cap = self.peer_cap
         budgets = []
         for record in records:
             budget = Budget.from_dict(record["budget"])
@@ -283,20 +288,38 @@ class TensorOutputs(BaselineEntry):
                 stored = record.get("peer")
                 largest = typical = 1.0
                 if o.peer is not None and isinstance(stored, dict):
-                    largest = _ratio(getattr(o.peer, largest_key), stored.get(largest_key))
-                    typical = _ratio(getattr(o.peer, typical_key), stored.get(typical_key))
+                    largest = _ratio(getattr(o.peer, largest_key), stored.get(largest_key), cap)
+                    typical = _ratio(getattr(o.peer, typical_key), stored.get(typical_key), cap)
                 self.peer_scale[name] = max(self.peer_scale.get(name, 1.0), largest, typical)
                 budget = budget.scaled(max(largest, MACHINE_SPREAD["largest"]), max(typical, MACHINE_SPREAD["typical"]))
             budgets.append(budget)
         return Budget.widest(budgets)
 
+    @property
+    def peer_cap(self) -> float:
+        return MAX_PEER_SCALE["another device type" if self.across_devices else "same device type"]
+
     def borrowed_clause(self) -> str:
         grown = max(self.peer_scale.values(), default=1.0)
         spread = (f"the spread between machines ({MACHINE_SPREAD['largest']:.3g} x the largest error, "
                   f"{MACHINE_SPREAD['typical']:.3g} x the typical)")
+        if grown >= self.peer_cap:
+            return (f", scaled by this machine's peer error, at most {self.peer_cap:g} x: the stored peer errs "
+                    f"{self.peer_cap:g} or more times less than this machine's (more than machines were measured to "
+                    "differ: an edited golden? see `python -m pytest_precision baselines show`)")
         if grown > max(MACHINE_SPREAD.values()):
             return f", scaled by this machine's peer error (up to {grown:.3g} x) or {spread}"
         return f", scaled by {spread}"
+
+    def changes(self, old: dict[str, dict], new: dict[str, dict]) -> list[str]:
+        """The budget fields that moved, then the peer's errors (what scales a borrowed budget)."""
+        moved = super().changes(old, new)
+        for name, e in new.items():
+            before, after = old.get(name, {}).get("peer") or {}, e.get("peer") or {}
+            label = _label(name) if len(new) > 1 else ""
+            moved += [f"{label}peer {k} {before.get(k)!r} -> {after.get(k)!r}" for k in _PEER_FIELDS
+                      if not _same(before.get(k), after.get(k))]
+        return moved
 
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
         moved = self.inputs_moved(base)
@@ -319,13 +342,26 @@ class TensorOutputs(BaselineEntry):
         return "; ".join(_label(n) + Budget.from_dict(e["budget"]).describe() for n, e in outputs.items())
 
 
-def _ratio(now: float, then) -> float:
-    """How many times ``then`` ``now`` is, at least 1 (1 where either is missing, zero or not finite)."""
+# The most a borrowed budget grows by the peers' ratio: a stored peer error 1e300 times smaller than
+# this machine's is an edited golden, and would let any regression pass. Between machines of one
+# device type a correct op's largest error moved up to 3.0 x (MACHINE_SPREAD's measurement); to
+# another device type (a first run on a GPU of goldens recorded on CPUs) nothing is measured yet.
+MAX_PEER_SCALE = {"same device type": 3.0, "another device type": 16.0}
+
+
+def _ratio(now: float, then, cap: float) -> float:
+    """How many times ``then`` ``now`` is, at least 1 (1 where either is missing, zero or not
+    finite), at most ``cap``."""
     try:
         r = float(now) / float(then)
     except (TypeError, ValueError, ZeroDivisionError):
         return 1.0
-    return r if r > 1.0 and r != float("inf") else 1.0
+    return min(r, cap) if r > 1.0 and r != float("inf") else 1.0
+
+
+def _same(a, b) -> bool:
+    """Equal, NaN equal to NaN (a stored NaN peer is not a change)."""
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def _label(name: str) -> str:
@@ -372,7 +408,8 @@ class BaselineCheck:
         if self.update:
             return self._prepare(entry)
         try:
-            base = self.store.load(self.key, self.config_id)
+            # no stored array larger than the case's output is inflated
+            base = self.store.load(self.key, self.config_id, {n: tuple(a.shape) for n, a in entry.arrays().items()})
         except BaselineError as e:
             if e.newer_schema is not None:
                 return BaselineResult(error=str(e))
@@ -408,6 +445,7 @@ class BaselineCheck:
                 f"{base.json_path}: no accepted budget for '{key}'{scope} (has: "
                 f"{', '.join(recorded) or 'none'}); accept with: {self.update_command}"))
         budgets = {}
+        entry.across_devices = all(device_class(k) != device_class(key) for k in sources)
         for name in entry.names:
             try:
                 budgets[name] = entry.budget_from(name, [recorded[k]["outputs"][name] for k in sources],
@@ -415,6 +453,11 @@ class BaselineCheck:
             except (KeyError, TypeError, ValueError) as e:
                 return BaselineResult(error=f"{base.json_path}: corrupt budget for '{name}' under "
                                             f"{', '.join(sources)} ({e!r})")
+        unlimited_now = sorted({u for k in sources for name in entry.names
+                                for u in unlimited(recorded[k]["outputs"][name])})
+        if unlimited_now:
+            result.unjudged = (f"not judged on {', '.join(unlimited_now)}: the golden's limit is unlimited because "
+                               "what it accepted was not finite")
         try:
             entry.judge(base, budgets, result)
         except (KeyError, TypeError, ValueError) as e:  # a hand-edited budget of the wrong type

@@ -6,25 +6,38 @@ no pickle: loaded with ``allow_pickle=False``), ``<config>.json`` beside it hold
 (schema version, torch version, device, config, seed, input spec and checksum, the sha256 of the
 ``.npz`` it was written with) and the accepted error budgets, keyed by numerics key.
 
-Reading never trusts a file: any exception while reading either half, a JSON whose structure or
-types are not the documented ones, another schema, or a ``.npz`` that is not the one its JSON was
-written with, is a :class:`BaselineError` naming the file. Each half is also read on its own
-(:meth:`BaselineStore.read_pair`), so that an update keeps what it can still read.
+Reading never trusts a file (a golden arrives in a pull request): any exception while reading
+either half, a JSON whose structure or types are not the documented ones, another schema, or a
+``.npz`` that is not the one its JSON was written with, is a :class:`BaselineError` naming the
+file. Each half is also read on its own (:meth:`BaselineStore.read_pair`), so that an update keeps
+what it can still read. Every read is bounded before it costs anything (:func:`read_bounded`,
+:func:`npz_members`): regular files only, never through a link that leaves the baseline
+directory, at most ``MAX_FILE_BYTES``; an ``.npz``'s members are judged from their headers (names
+unique, float32, at most ``MAX_MEMBERS``, the declared size the stored size, the total at most
+``MAX_ARRAY_BYTES``, each no larger than the case's output when a case reads it) before anything
+is inflated; a JSON may not repeat a key, hold a string longer than ``MAX_STRING``, or a NaN or
+loosening infinite limit; strings from a file are shortened (:func:`shown`) in every message.
 
-Writing is atomic per file (temp file, fsync, rename), honours the umask, first removes the
-temporary files an interrupted write of the same pair left, and moves aside (never overwrites)
-a file that could not be read: ``fp32.npz`` becomes ``fp32.npz.unreadable`` (``.unreadable-2``,
-... when that is taken).
+Writing is atomic per file (temp file, fsync, rename), honours the umask, stays inside the
+baseline directory (a directory link that leaves it is refused, named with where it leads), holds
+a lock on the pair's directory while it writes both files (two update processes never interleave
+the halves of one pair), first removes the temporary files an interrupted write left (those of
+processes no longer alive: temporary names carry the writer's pid), and moves aside (never
+overwrites) a file that could not be read: ``fp32.npz`` becomes ``fp32.npz.unreadable``
+(``.unreadable-2``, ... when that is taken).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import glob
 import hashlib
 import io
 import json
+import math
 import os
 import re
+import stat
 import tempfile
 import zipfile
 from dataclasses import dataclass, field
@@ -34,7 +47,8 @@ import numpy as np
 import torch
 
 __all__ = ["SCHEMA_VERSION", "UPDATE_OPTION", "MOVED_ASIDE", "BaselineError", "Baseline", "StoredPair", "BaselineStore",
-           "checksum", "sanitize_key", "name_problem", "file_component", "read_meta", "read_arrays", "read_pair"]
+           "checksum", "sanitize_key", "name_problem", "file_component", "read_meta", "read_arrays", "read_pair",
+           "read_bounded", "shown", "named", "outside", "unlimited"]
 
 SCHEMA_VERSION = 1
 UPDATE_OPTION = "--precision-update-baselines"
@@ -42,8 +56,11 @@ MOVED_ASIDE = ".unreadable"  # the suffix a file that could not be read is moved
 
 # target, regime and config names: what a baseline directory and pytest's -k expression both take
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
-NAME_RULE = "1 to 100 characters: letters, digits and _ . + -, not starting with . + or -"
+NAME_RULE = ("1 to 100 characters: letters, digits and _ . + -, not starting with . + or -, not ending with ., "
+             "and not a name Windows reserves for a device (CON, PRN, AUX, NUL, COM1-9, LPT1-9, with any extension)")
 NAME_MAX = 100
+# names Windows gives to devices in every directory, whatever the extension ("nul.txt" is NUL)
+_RESERVED = re.compile(r"(con|prn|aux|nul|com[0-9¹²³]|lpt[0-9¹²³]|conin\$|conout\$)(\..*)?", re.IGNORECASE)
 
 
 class BaselineError(Exception):
@@ -70,8 +87,10 @@ def name_problem(name: object) -> str | None:
     ``-k`` expressions, so the commands the suite prints work when pasted."""
     if not isinstance(name, str):
         return f"{name!r} is a {type(name).__name__}, not a string"
-    if not 0 < len(name) <= NAME_MAX or not _NAME.fullmatch(name):
-        return f"{name!r} is not {NAME_RULE}"
+    if not 0 < len(name) <= NAME_MAX or not _NAME.fullmatch(name) or name.endswith("."):
+        return f"{shown(name, 60)} is not {NAME_RULE}"
+    if _RESERVED.fullmatch(name):
+        return f"{name!r} names a device on Windows (CON, PRN, AUX, NUL, COM1-9 and LPT1-9 do, whatever the extension)"
     return None
 
 
@@ -85,6 +104,9 @@ def sanitize_key(key: str) -> str:
     """A relative path from a test key: '/'-separated parts, unsafe characters replaced by '_'."""
     parts = [re.sub(r"[^A-Za-z0-9._+-]", "_", p) for p in key.replace("::", "/").split("/") if p]
     parts = [p for p in parts if p not in (".", "..")]
+    # a part Windows reserves ("con", "nul.py") or ends with "." would not be one directory there
+    parts = [f"_{p}" if _RESERVED.fullmatch(p) else p for p in parts]
+    parts = [p[:-1] + "_" if p.endswith(".") else p for p in parts]
     if not parts:
         raise ValueError(f"empty baseline key {key!r}")
     return "/".join(parts)
@@ -160,38 +182,53 @@ class BaselineStore:
         self.used.add(f"{sanitize_key(key)}/{config_id}")
         return d / f"{config_id}.npz", d / f"{config_id}.json"
 
-    def read_pair(self, key: str, config_id: str) -> StoredPair:
-        """Each file of the baseline read on its own, errors kept (nothing raised)."""
-        return read_pair(*self.paths(key, config_id))
+    def read_pair(self, key: str, config_id: str, expected: dict[str, tuple[int, ...]] | None = None) -> StoredPair:
+        """Each file of the baseline read on its own, errors kept (nothing raised); ``expected``:
+        the case's output shapes (no larger stored array is inflated)."""
+        return read_pair(*self.paths(key, config_id), root=self.root, expected=expected)
 
-    def load(self, key: str, config_id: str) -> Baseline | None:
+    def load(self, key: str, config_id: str, expected: dict[str, tuple[int, ...]] | None = None) -> Baseline | None:
         """The baseline, or None when neither file exists; BaselineError naming the file otherwise."""
-        return self.read_pair(key, config_id).baseline()
+        return self.read_pair(key, config_id, expected).baseline()
 
     def load_meta(self, key: str, config_id: str) -> dict | None:
         """The JSON half alone (speed records), or None when it does not exist."""
         _, meta_path = self.paths(key, config_id)
-        return read_meta(meta_path) if meta_path.exists() else None
+        return read_meta(meta_path, self.root) if meta_path.exists() else None
 
     def write(self, key: str, config_id: str, arrays: dict[str, torch.Tensor], meta: dict) -> tuple[Path, Path]:
         """Write both files, each atomically (temp file + rename), the .npz first: readers and other
         xdist workers see the old file or the new one, never half of one, and the JSON records the
         .npz's sha256, so a pair torn by a kill between the two renames is reported as such.
-        Temporary files an interrupted write of this pair left are removed first. OSError when
-        the directory cannot be written."""
+        Another process writing the same pair waits for this one (a lock on the directory).
+        OSError when the directory cannot be written or leads outside the baseline directory."""
         npz, meta_path = self.paths(key, config_id)
-        npz.parent.mkdir(parents=True, exist_ok=True)
-        _remove_leftovers(npz, meta_path)
+        self._make_dir(npz.parent)
         data = _npz_bytes({n: t.detach().to(torch.float32).cpu().numpy() for n, t in arrays.items()})
-        _atomic_write(npz, data)
         meta = {**meta, "schema_version": SCHEMA_VERSION, "npz_sha256": hashlib.sha256(data).hexdigest()}
-        _atomic_write(meta_path, _json_bytes(meta))
+        with _locked(npz.parent):
+            _remove_leftovers(npz, meta_path)
+            _atomic_write(npz, data)
+            _atomic_write(meta_path, _json_bytes(meta))
         return npz, meta_path
 
-    @staticmethod
-    def move_aside(paths: list[Path]) -> list[tuple[Path, Path]]:
+    def _make_dir(self, directory: Path) -> None:
+        """``directory`` and its parents, refused (OSError naming where it leads) when a link on
+        the way leaves the baseline directory: an update writes only where it says it does."""
+        leads = outside(directory, self.root) if directory.exists() else None
+        if leads is None:
+            directory.mkdir(parents=True, exist_ok=True)
+            leads = outside(directory, self.root)
+        if leads is not None:
+            raise OSError(errno.EXDEV, f"a link that leads outside the baseline directory {self.root} (to {leads}); "
+                          "nothing written", str(directory))
+
+    def move_aside(self, paths: list[Path]) -> list[tuple[Path, Path]]:
         """Rename each existing file to a free ``<name>.unreadable[-N]`` beside it (kept, never
-        overwritten); returns (from, to) of each."""
+        overwritten); returns (from, to) of each. OSError, nothing moved, when a directory holding
+        one leads outside the baseline directory."""
+        for path in paths:
+            self._make_dir(path.parent)
         moved = []
         for path in paths:
             if path.exists():
@@ -206,60 +243,220 @@ class BaselineStore:
     def write_meta(self, key: str, config_id: str, meta: dict) -> Path:
         """Rewrite the JSON beside an existing baseline (speed records), atomically."""
         _, meta_path = self.paths(key, config_id)
-        _atomic_write(meta_path, _json_bytes({**meta, "schema_version": SCHEMA_VERSION}))
+        self._make_dir(meta_path.parent)
+        with _locked(meta_path.parent):
+            _atomic_write(meta_path, _json_bytes({**meta, "schema_version": SCHEMA_VERSION}))
         return meta_path
 
 
 # ---- reading -----------------------------------------------------------------------------------
 
-def read_pair(npz: Path, meta_path: Path) -> StoredPair:
-    """The two files of a baseline, each read on its own, errors kept (nothing raised)."""
+# Bounds on what one golden may cost to read. The project's largest golden is 250 KB (36 KB of JSON);
+# an attention golden of dq, dk, dv at 4 x 16 x 2048 x 128 is 768 MiB of float32 and would be refused:
+# goldens are float32 references of test-sized inputs, not activations of a training run.
+MAX_FILE_BYTES = 256 << 20  # either file as stored
+MAX_ARRAY_BYTES = 256 << 20  # an .npz's arrays once inflated, all together
+MAX_MEMBERS = 64  # arrays in one .npz
+MAX_JSON_BYTES = 8 << 20
+MAX_STRING = 4096  # characters of any string in a JSON
+SHOWN = 120  # characters of a value from a file that a message repeats
+
+
+def shown(value, limit: int = SHOWN) -> str:
+    """``repr(value)`` cut to ``limit`` characters, saying how long it was: a value from a file is
+    repeated in messages, and a file may hold a string of 500 MB."""
+    if isinstance(value, str) and len(value) > limit:
+        return f"{value[:limit]!r}... ({len(value)} characters)"
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def named(name: str, limit: int = 60) -> str:
+    """A name from a file as a message shows it: as it is when short and printable, else ``shown``."""
+    return name if isinstance(name, str) and len(name) <= limit and name.isprintable() else shown(name, limit)
+
+
+def _kind_of_file(mode: int) -> str:
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return what
+    return "not a regular file"
+
+
+def outside(path: Path, root: Path | None) -> Path | None:
+    """Where ``path`` really leads when that is outside ``root`` (a link on the way leaves the
+    baseline directory), else None."""
+    if root is None:
+        return None
+    real, base = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+    return None if real == base or base in real.parents else real
+
+
+def read_bounded(path: Path, limit: int, root: Path | None = None) -> bytes:
+    """The bytes of ``path``, a regular file of at most ``limit`` bytes inside ``root`` (links
+    followed only while they stay inside it); BaselineError naming the path otherwise. Opened
+    non-blocking, so a FIFO under a golden's name is refused, not waited on."""
+    leads = outside(path, root)
+    if leads is not None:
+        raise BaselineError(f"{path}: a link that leads outside the baseline directory {root} (to {leads}): not read")
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    except OSError as e:
+        raise BaselineError(f"{path}: cannot be read ({e.strerror or e})") from e
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise BaselineError(f"{path}: {_kind_of_file(info.st_mode)}, not a regular file: not read")
+        if info.st_size > limit:
+            raise BaselineError(f"{path}: {info.st_size} bytes, more than the {limit} a golden may be: not read")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:  # grew while read
+        raise BaselineError(f"{path}: more than the {limit} bytes a golden may be: not read")
+    return data
+
+
+def read_pair(npz: Path, meta_path: Path, root: Path | None = None,
+              expected: dict[str, tuple[int, ...]] | None = None) -> StoredPair:
+    """The two files of a baseline, each read on its own, errors kept (nothing raised). ``root``:
+    the baseline directory no read may leave; ``expected``: the shapes of the case's outputs, no
+    stored array larger than which is inflated."""
     pair = StoredPair(npz, meta_path)
     if meta_path.exists():
         try:
-            pair.meta = read_meta(meta_path)
+            pair.meta = read_meta(meta_path, root)
         except BaselineError as e:
             pair.json_error = e
     if npz.exists():
         try:
-            pair.arrays, pair.npz_sha256 = read_arrays(npz)
+            pair.arrays, pair.npz_sha256 = read_arrays(npz, root, expected)
         except BaselineError as e:
             pair.npz_error = e
     return pair
 
 
-def read_arrays(path: Path) -> tuple[dict[str, torch.Tensor], str]:
+@dataclass(frozen=True)
+class NpzMember:
+    """One array of an .npz as its header declares it (nothing inflated)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    stored_bytes: int  # the member's uncompressed size as the archive declares it
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def npz_members(path: Path, archive: zipfile.ZipFile,
+                expected: dict[str, tuple[int, ...]] | None = None) -> list[NpzMember]:
+    """The members of an .npz from their headers, checked before any array is inflated: unique
+    ``.npy`` names, at most ``MAX_MEMBERS``, float32 C-order arrays whose declared size is the
+    stored size, at most ``MAX_ARRAY_BYTES`` together. BaselineError naming what is wrong."""
+    infos = archive.infolist()
+    if len(infos) > MAX_MEMBERS:
+        raise BaselineError(f"{path}: {len(infos)} members, more than the {MAX_MEMBERS} a golden may hold: not read")
+    names = [i.filename for i in infos]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise BaselineError(f"{path}: the member {named(repeated[0])} appears {names.count(repeated[0])} times "
+                            "(which one judges would be the reader's choice): not read")
+    members, total = [], 0
+    for info in infos:
+        if not info.filename.endswith(".npy"):
+            raise BaselineError(f"{path}: member {named(info.filename)} is not an .npy array: not read")
+        name = info.filename[:-4]
+        with archive.open(info) as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise BaselineError(f"{path}: {named(name)} has .npy format {version}, not 1.0 or 2.0: not read")
+            header = f.tell()
+        if dtype.hasobject:
+            raise BaselineError(f"{path}: {named(name)} holds Python objects (a pickle): never loaded")
+        if dtype != np.float32:
+            raise BaselineError(f"{path}: {named(name)} has dtype {dtype}, expected float32")
+        if fortran:
+            raise BaselineError(f"{path}: {named(name)} is stored in Fortran order, not as written: not read")
+        member = NpzMember(name, tuple(shape), dtype, fortran, info.file_size)
+        if header + member.nbytes != info.file_size:
+            raise BaselineError(f"{path}: {named(name)} declares {shape} ({member.nbytes} bytes) but the archive "
+                                f"stores {info.file_size - header}: not read")
+        if expected is not None:
+            _check_expected(path, member, expected)
+        total += member.nbytes
+        if total > MAX_ARRAY_BYTES:
+            raise BaselineError(f"{path}: its arrays declare more than the {MAX_ARRAY_BYTES} bytes a golden may "
+                                f"inflate to ({named(name)} {shape}): not read")
+        members.append(member)
+    return members
+
+
+def read_arrays(path: Path, root: Path | None = None,
+                expected: dict[str, tuple[int, ...]] | None = None) -> tuple[dict[str, torch.Tensor], str]:
     """The float32 arrays of an .npz and the sha256 of its bytes; BaselineError for anything else.
+    With ``expected`` (the case's output shapes), an array declared larger than the case's output
+    of that name, or one the case has no output for and larger than a small one, is not inflated.
 
     Any exception counts: a damaged archive raises what the layer that meets the damage raises
     (zipfile.BadZipFile, zlib.error, NotImplementedError for an unknown compression method,
-    tokenize.TokenError or SyntaxError from a garbled .npy header, ValueError, EOFError,
-    MemoryError for an absurd shape, ...)."""
+    tokenize.TokenError or SyntaxError from a garbled .npy header, ValueError, EOFError, ...)."""
+    data = read_bounded(path, MAX_FILE_BYTES, root)
+    if data[:6] == b"\x93NUMPY":
+        raise BaselineError(f"{path}: a single array (an .npy saved under the .npz name), "
+                            "not an .npz archive of named arrays")
     try:
-        data = path.read_bytes()
-        with contextlib.ExitStack() as stack:
-            loaded = np.load(io.BytesIO(data), allow_pickle=False)
-            if not isinstance(loaded, np.lib.npyio.NpzFile):
-                raise BaselineError(f"{path}: a single {type(loaded).__name__} (an .npy saved under the .npz name), "
-                                    "not an .npz archive of named arrays")
-            stack.enter_context(loaded)
-            arrays = {name: np.array(loaded[name]) for name in loaded.files}
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            members = npz_members(path, archive, expected)
+            arrays = {}
+            for m in members:
+                with archive.open(m.name + ".npy") as f:
+                    arrays[m.name] = np.lib.format.read_array(f, allow_pickle=False)
     except BaselineError:
         raise
     except Exception as e:
-        raise BaselineError(f"{path}: corrupt or truncated baseline tensors ({type(e).__name__}: {e})") from e
-    for name, a in arrays.items():
-        if a.dtype != np.float32:
-            raise BaselineError(f"{path}: {name} has dtype {a.dtype}, expected float32")
+        raise BaselineError(f"{path}: corrupt or truncated baseline tensors ({type(e).__name__}: {shown(str(e))})") from e
     return {n: torch.from_numpy(a) for n, a in arrays.items()}, hashlib.sha256(data).hexdigest()
 
 
-def read_meta(path: Path) -> dict:
-    """A baseline's JSON, its structure and types checked (``validate_meta``)."""
+_SMALL_ARRAY = 1 << 20  # bytes: a stored array the case has no output for, read to name it
+
+
+def _check_expected(path: Path, m: NpzMember, expected: dict[str, tuple[int, ...]]) -> None:
+    want = expected.get(m.name)
+    if want is None and m.nbytes > _SMALL_ARRAY:
+        raise BaselineError(f"{path}: holds {named(m.name)} {m.shape}, an output this case does not have "
+                            f"(it has {sorted(expected)}): not read")
+    if want is not None and math.prod(m.shape) > math.prod(want):
+        raise BaselineError(f"{path}: {named(m.name)} is {m.shape}, larger than this case's output {tuple(want)}: "
+                            "not read (a changed shape is re-accepted, not compared)")
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        repeated = next(k for k in keys if keys.count(k) > 1)
+        raise ValueError(f"the key {shown(repeated)} appears {keys.count(repeated)} times in one object "
+                         "(which one judges would be the reader's choice)")
+    return dict(pairs)
+
+
+def read_meta(path: Path, root: Path | None = None) -> dict:
+    """A baseline's JSON, bounded (``read_bounded``, no key repeated), its structure and types
+    checked (``_meta_problem``)."""
+    data = read_bounded(path, MAX_JSON_BYTES, root)
     try:
-        meta = json.loads(path.read_bytes().decode("utf-8"))
-    except Exception as e:  # OSError, UnicodeDecodeError, JSONDecodeError, RecursionError, ...
-        raise BaselineError(f"{path}: corrupt baseline metadata ({type(e).__name__}: {e})") from e
+        meta = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
+    except Exception as e:  # UnicodeDecodeError, JSONDecodeError, RecursionError, a repeated key, ...
+        raise BaselineError(f"{path}: corrupt baseline metadata ({type(e).__name__}: {shown(str(e))})") from e
     if not isinstance(meta, dict):
         raise BaselineError(f"{path}: corrupt baseline metadata (not a JSON object)")
     version = meta.get("schema_version")
@@ -267,12 +464,28 @@ def read_meta(path: Path) -> dict:
         raise BaselineError(f"{path}: written by a newer pytest-precision (baseline schema {version}, this one reads "
                             f"{SCHEMA_VERSION}): upgrade pytest-precision", newer_schema=version)
     if version != SCHEMA_VERSION or type(version) is not int:
-        raise BaselineError(f"{path}: baseline schema version {version!r}, this pytest-precision reads version "
+        raise BaselineError(f"{path}: baseline schema version {shown(version)}, this pytest-precision reads version "
                             f"{SCHEMA_VERSION}")
-    problem = _meta_problem(meta)
+    problem = _long_string(meta) or _meta_problem(meta)
     if problem:
         raise BaselineError(f"{path}: corrupt baseline metadata ({problem})")
     return meta
+
+
+def _long_string(value, where: str = "") -> str | None:
+    """The first string (key or value) longer than MAX_STRING, as a sentence."""
+    if isinstance(value, str):
+        return (f"{where or 'a value'} is a string of {len(value)} characters, more than the {MAX_STRING} a golden "
+                "holds") if len(value) > MAX_STRING else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for k, v in items:
+        here = f"{where}.{named(str(k), 40)}" if where else named(str(k), 40)
+        if isinstance(k, str) and len(k) > MAX_STRING:
+            return f"a key under {where or 'the top level'} is {len(k)} characters, more than the {MAX_STRING} a golden holds"
+        problem = _long_string(v, here)
+        if problem:
+            return problem
+    return None
 
 
 def _is_number(v) -> bool:
@@ -316,9 +529,65 @@ def _meta_problem(meta: dict) -> str | None:
         speed = meta["speed"]
         checks.append(expect("speed", speed, lambda v: isinstance(v, dict), "an object"))
         if isinstance(speed, dict):
-            checks += [_object_of(f"speed.{fp}", rec, lambda v: _scalar(v) or _numbers(v), "plain values or lists of numbers")
-                       for fp, rec in speed.items()]
+            for fp, rec in speed.items():
+                checks.append(_object_of(f"speed.{shown(fp, 60)}", rec, lambda v: _scalar(v) or _numbers(v),
+                                         "plain values or lists of numbers"))
+                if isinstance(rec, dict):
+                    checks.append(_speed_problem(f"speed.{shown(fp, 60)}", rec))
     return next((c for c in checks if c), None)
+
+
+# the speed record's fields the gate reads: times and bytes, finite and not negative
+_SPEED_FIELDS = ("median_s", "samples", "calibration", "peak_bytes")
+
+
+def _speed_problem(where: str, record: dict) -> str | None:
+    for name in _SPEED_FIELDS:
+        values = record.get(name)
+        for v in values if isinstance(values, list) else [values]:
+            if _is_number(v) and not (math.isfinite(v) and v >= 0):
+                return f"{where}.{name} holds {v!r}: a time or a size is finite and not negative"
+    return None
+
+
+# The limits pytest-precision itself writes as +Infinity, and the accepted value that makes it so:
+# a training golden accepted with a non-finite (or zero) gradient-norm or update ratio, or a
+# non-finite loss deviation, has no finite limit on that metric (training.baseline.budget_for).
+# Such a limit is read, and the check says the metric is not judged; any other is refused.
+UNLIMITED_WHEN = {"max_grad_norm_log_ratio": "grad_norm_ratio", "max_update_log_ratio": "update_ratio",
+                  "max_loss_deviation": "max_loss_deviation"}
+
+
+def _unlimited_by_acceptance(field: str, accepted) -> bool:
+    source = UNLIMITED_WHEN.get(field)
+    v = accepted.get(source) if source and isinstance(accepted, dict) else None
+    return _is_number(v) and (not math.isfinite(v) or (field.endswith("_log_ratio") and v <= 0))
+
+
+def unlimited(entry: dict) -> list[str]:
+    """The limits of one stored output (``{"budget", "accepted"}``) that are +Infinity because
+    what was accepted was not finite, as "field (accepted source value)"."""
+    budget, accepted = entry.get("budget") or {}, entry.get("accepted") or {}
+    return [f"{f} (accepted {UNLIMITED_WHEN[f]} {accepted.get(UNLIMITED_WHEN[f])!r})" for f, v in budget.items()
+            if v == math.inf and _unlimited_by_acceptance(f, accepted)]
+
+
+def _limit_problem(where: str, field: str, value, accepted=None) -> str | None:
+    """Why a stored limit cannot judge: NaN, or infinite in the direction that lets everything
+    pass (``min_*`` fields are lower bounds, the others upper bounds), unless pytest-precision
+    wrote it so (``UNLIMITED_WHEN``). The other infinities it writes are ``min_*`` limits of
+    +Infinity: "exactly as fp32"."""
+    for name, v in (value.items() if isinstance(value, dict) else [(None, value)]):
+        if not _is_number(v):
+            continue
+        at = f"{where}.{field}" + (f".{named(name)}" if name is not None else "")
+        if math.isnan(v):
+            return f"{at} is NaN: a NaN limit judges nothing (pytest-precision never writes one)"
+        if v == (-math.inf if field.startswith("min_") else math.inf) and not (
+                name is None and _unlimited_by_acceptance(field, accepted)):
+            return (f"{at} is {v!r}: a limit that lets every result pass (pytest-precision writes one only where "
+                    "what it accepted was not finite)")
+    return None
 
 
 def _plain_list(v) -> bool:
@@ -333,7 +602,9 @@ def _object_of(where: str, value, ok, what: str) -> str | None:
     if not isinstance(value, dict):
         return f"{where} is {_kind(value)}, expected an object"
     bad = next((k for k, v in value.items() if not ok(v)), None)
-    return None if bad is None else f"{where}.{bad} is {_kind(value[bad])}, expected one of {what}"
+    if bad is None:
+        return None
+    return f"{where}.{shown(bad, 60) if len(str(bad)) > 60 else bad} is {_kind(value[bad])}, expected one of {what}"
 
 
 def _limit(v) -> bool:
@@ -354,20 +625,27 @@ def _budgets_problem(budgets) -> str | None:
     if not isinstance(budgets, dict):
         return f"budgets is {_kind(budgets)}, expected an object"
     for key, record in budgets.items():
-        where = f"budgets.{key}"
+        where = f"budgets.{named(key)}"
         if not isinstance(record, dict):
             return f"{where} is {_kind(record)}, expected an object"
         outputs = record.get("outputs")
         if not isinstance(outputs, dict):
             return f"{where}.outputs is {_kind(outputs)}, expected an object"
         for name, entry in outputs.items():
+            name = named(name)
             if not isinstance(entry, dict):
                 return f"{where}.outputs.{name} is {_kind(entry)}, expected an object"
             # a training budget holds some limits per parameter: objects of numbers
-            problem = (_object_of(f"{where}.outputs.{name}.budget", entry.get("budget"), _limit,
+            budget = entry.get("budget")
+            problem = (_object_of(f"{where}.outputs.{name}.budget", budget, _limit,
                                   "numbers, null or objects of numbers")
+                       or next((p for f, v in budget.items()
+                                if (p := _limit_problem(f"{where}.outputs.{name}.budget", f, v,
+                                                        entry.get("accepted")))), None)
                        or _object_of(f"{where}.outputs.{name}.accepted", entry.get("accepted", {}), _plain_value,
-                                     "numbers, strings, null, or lists and objects of them"))
+                                     "numbers, strings, null, or lists and objects of them")
+                       or _object_of(f"{where}.outputs.{name}.peer", entry.get("peer", {}),
+                                     lambda v: v is None or _is_number(v), "numbers or null"))
             if problem:
                 return problem
         extra = {k: v for k, v in record.items() if k != "outputs"}
@@ -410,8 +688,27 @@ def _file_mode() -> int:
     return 0o666 & ~_UMASK[0]
 
 
+@contextlib.contextmanager
+def _locked(directory: Path):
+    """An exclusive lock on ``directory`` (POSIX ``flock``; elsewhere none) while a pair is written
+    in it: two update processes on one baseline directory write a pair one after the other."""
+    try:
+        import fcntl
+    except ImportError:  # Windows
+        yield
+        return
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # the temporary name carries this process's pid: another writer removes it only once this
+    # process is gone (``_remove_leftovers``)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             if hasattr(os, "fchmod"):
@@ -426,10 +723,26 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # this process writes one pair at a time: its own leftover is an interrupted write
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, OverflowError):
+        return True  # another user's process, or a pid this platform cannot ask about: kept
+    return True
+
+
 def _remove_leftovers(*paths: Path) -> None:
-    """Temporary files of these paths that an interrupted write left (``.fp32.npz.x1y2.tmp``)."""
+    """Temporary files of these paths that an interrupted write left (``.fp32.npz.<pid>.x1y2.tmp``),
+    of processes no longer alive (a concurrent writer's are its own). A name without a pid (an
+    older version's) is removed."""
     for path in paths:
         for leftover in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+            pid = leftover.name[len(path.name) + 2:].split(".", 1)[0]
+            if pid.isdigit() and _alive(int(pid)):
+                continue
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()
-

@@ -10,11 +10,13 @@ from a file, and a file that cannot be read is named in ``errors``, never a trac
 from __future__ import annotations
 
 import json
+import math
+import os
 from pathlib import Path
 
 import numpy as np
 
-from .store import BaselineError, StoredPair, read_pair
+from .store import BaselineError, StoredPair, outside, read_pair, shown
 
 __all__ = ["BUDGET_FIELDS", "baseline_names", "read_meta", "list_lines", "show_lines", "diff_lines", "remove"]
 
@@ -24,17 +26,23 @@ BUDGET_FIELDS = ("max_ulp", "mean_ulp", "max_abs", "rms_abs", "overflow", "under
 
 
 def baseline_names(root: Path) -> list[str]:
-    """Every ``<key>/<config>`` under ``root`` that has a .npz or a .json, sorted."""
+    """Every ``<key>/<config>`` under ``root`` that has a .npz or a .json, sorted. Links to
+    directories are not followed (a loop, or a tree elsewhere, is not this directory's);
+    a FIFO or a device under a golden's name is listed (reading it names it)."""
     root = Path(root)
     if not root.is_dir():
         return []
-    names = {p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*")
-             if p.suffix in SUFFIXES and p.is_file() and not p.name.startswith(".")}
+    names = set()
+    for directory, _, files in os.walk(root, followlinks=False):
+        for file in files:
+            path = Path(directory, file)
+            if path.suffix in SUFFIXES and not file.startswith("."):
+                names.add(path.relative_to(root).with_suffix("").as_posix())
     return sorted(names)
 
 
 def _pair(root: Path, name: str) -> StoredPair:
-    return read_pair(Path(root) / f"{name}.npz", Path(root) / f"{name}.json")
+    return read_pair(Path(root) / f"{name}.npz", Path(root) / f"{name}.json", root=Path(root))
 
 
 def _problems(pair: StoredPair) -> list[BaselineError]:
@@ -76,8 +84,8 @@ def list_lines(root: Path, errors: list[str] | None = None) -> list[str]:
             lines.append(f"{name}  (unreadable: {problems[0]})")
             continue
         meta = pair.meta
-        keys = sorted((meta.get("budgets") or {}))
-        outputs = sorted((meta.get("dtypes") or {}))
+        keys = [shown(k, 60)[1:-1] for k in sorted((meta.get("budgets") or {}))]
+        outputs = [shown(k, 60)[1:-1] for k in sorted((meta.get("dtypes") or {}))]
         speed = len(meta.get("speed") or {})
         lines.append(f"{name}  outputs {','.join(outputs) or '-'}; budgets for {','.join(keys) or 'none'}"
                      + (f"; speed records for {speed} device(s)" if speed else ""))
@@ -99,35 +107,49 @@ def show_lines(root: Path, name: str, errors: list[str] | None = None) -> list[s
     if meta is None:
         raise BaselineError(str(problems[0]))
     lines = [f"{name}",
-             f"  written on {meta.get('written_on')} with torch {meta.get('torch')}, schema {meta.get('schema_version')}",
-             f"  seed {meta.get('seed')}, input checksum {str(meta.get('input_checksum'))[:16]}",
-             f"  input spec {json.dumps(meta.get('input_spec'), sort_keys=True)}",
-             f"  outputs {json.dumps(meta.get('dtypes'), sort_keys=True)}"]
+             f"  written on {_s(meta.get('written_on'))} with torch {_s(meta.get('torch'))}, schema {meta.get('schema_version')}",
+             f"  seed {meta.get('seed')}, input checksum {_s(str(meta.get('input_checksum'))[:16])}",
+             f"  input spec {_s(json.dumps(meta.get('input_spec'), sort_keys=True), 400)}",
+             f"  outputs {_s(json.dumps(meta.get('dtypes'), sort_keys=True), 400)}"]
     if pair.arrays is not None:
-        lines.append("  tensors " + ", ".join(f"{n} {tuple(a.shape)}" for n, a in sorted(pair.arrays.items())))
+        lines.append("  tensors " + ", ".join(f"{_s(n)} {tuple(a.shape)}" for n, a in sorted(pair.arrays.items())))
     for key, entry in sorted((meta.get("budgets") or {}).items()):
-        lines.append(f"  [{key}] {entry.get('machine')}, torch {entry.get('torch')}")
+        lines.append(f"  [{_s(key)}] {_s(entry.get('machine'))}, torch {_s(entry.get('torch'))}")
         for output, rec in sorted((entry.get("outputs") or {}).items()):
             b = rec.get("budget") or {}
             acc = rec.get("accepted") or {}
             if set(b) <= set(BUDGET_FIELDS):  # an output tensor's budget
                 limits = ", ".join(f"{f} {b[f]!r}" for f in BUDGET_FIELDS if b.get(f) is not None)
-                lines.append(f"    {output}: budget {limits}; accepted max ULP {acc.get('max_ulp')!r}, "
-                             f"max abs {acc.get('max_abs')!r}")
+                lines.append(f"    {_s(output)}: budget {limits}; accepted max ULP {_v(acc.get('max_ulp'))}, "
+                             f"max abs {_v(acc.get('max_abs'))}")
             else:  # a training budget (training.baseline): its own fields, all shown
-                lines.append(f"    {output}: budget " + ", ".join(f"{f} {v!r}" for f, v in sorted(b.items())))
-                lines.append(f"    {output}: accepted " + ", ".join(f"{f} {v!r}" for f, v in sorted(acc.items())))
+                lines.append(f"    {_s(output)}: budget " + ", ".join(f"{_s(f)} {_v(v)}" for f, v in sorted(b.items())))
+                lines.append(f"    {_s(output)}: accepted " + ", ".join(f"{_s(f)} {_v(v)}" for f, v in sorted(acc.items())))
+            if rec.get("peer"):
+                lines.append(f"    {_s(output)}: peer " + ", ".join(f"{_s(f)} {_v(v)}" for f, v in sorted(rec["peer"].items())))
     for fp in sorted(meta.get("speed") or {}):
         rec = meta["speed"][fp]
-        lines.append(f"  speed [{fp}] median {rec.get('median_s')!r} s")
+        lines.append(f"  speed [{_s(fp)}] median {_v(rec.get('median_s'))} s")
     return lines
 
 
+def _s(value, limit: int = 120) -> str:
+    """A string from the file, shortened (a golden is untrusted input)."""
+    return value if isinstance(value, str) and len(value) <= limit else shown(value, limit)
+
+
+def _v(value) -> str:
+    return shown(value)
+
+
 def diff_lines(a: Path, b: Path, errors: list[str] | None = None) -> list[str]:
-    """Every difference between two baseline directories that a reviewer needs: baselines on one
-    side only, budgets present on one side only, every budget field that moved (``old -> new``),
-    and reference tensors that changed. One line each, sorted by baseline. A baseline that cannot
-    be read on either side is compared no further and named in ``errors``."""
+    """Every difference between two baseline directories that can change a verdict: baselines on
+    one side only, budgets present on one side only, every stored value that moved (``old -> new``:
+    the budgets, the accepted errors and the peer's that borrowed budgets scale by, the speed and
+    memory records, the seed, input spec and checksum; everything in the JSON but the ``.npz``'s
+    checksum, whose tensors are compared instead), and reference tensors that changed. One line
+    each, sorted by baseline. A baseline that cannot be read on either side is compared no further
+    and named in ``errors``."""
     errors = [] if errors is None else errors
     a, b = Path(a), Path(b)
     names_a, names_b = set(baseline_names(a)), set(baseline_names(b))
@@ -144,20 +166,78 @@ def diff_lines(a: Path, b: Path, errors: list[str] | None = None) -> list[str]:
         if problems:
             errors += [str(e) for e in problems]
             continue
-        ba, bb = _budgets(pa.meta), _budgets(pb.meta)
-        for key, output in sorted(set(ba) | set(bb)):
-            head = f"{name} [{key}] {output}"
-            if (key, output) not in bb:
-                lines.append(f"{head} budget only in {a}")
-            elif (key, output) not in ba:
-                lines.append(f"{head} budget only in {b}")
-            else:
-                old, new = ba[(key, output)], bb[(key, output)]
-                # the tensor budgets' fields in their usual order, then any others (training budgets)
-                fields = [f for f in BUDGET_FIELDS if f in old or f in new] + sorted((set(old) | set(new)) - set(BUDGET_FIELDS))
-                lines += [f"{head} {f} {old.get(f)!r} -> {new.get(f)!r}" for f in fields if old.get(f) != new.get(f)]
+        lines += _meta_changes(name, a, b, pa.meta, pb.meta)
         lines += _tensor_changes(name, a, b, pa.arrays, pb.arrays)
     return lines
+
+
+def _flat(value, path: tuple = ()) -> dict[tuple, object]:
+    """path -> leaf of a JSON value (a list is one leaf: samples are compared as a whole)."""
+    if isinstance(value, dict) and value:
+        out = {}
+        for k, v in value.items():
+            out.update(_flat(v, path + (k,)))
+        return out
+    return {path: value}
+
+
+def _same(x, y) -> bool:
+    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
+        return True
+    if isinstance(x, list) and isinstance(y, list):
+        return len(x) == len(y) and all(_same(i, j) for i, j in zip(x, y))
+    return type(x) is type(y) and x == y or (_number(x) and _number(y) and x == y)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _field_order(path: tuple) -> tuple:
+    """Grouped by what holds the field; a tensor budget's fields in their usual order, then any others."""
+    last = path[-1] if path else ""
+    return (tuple(map(str, path[:-1])), BUDGET_FIELDS.index(last) if last in BUDGET_FIELDS else len(BUDGET_FIELDS),
+            str(last))
+
+
+def _meta_changes(name: str, a: Path, b: Path, ma: dict, mb: dict) -> list[str]:
+    lines, one_sided = [], []
+    # a numerics key's budget, or a device's speed record, on one side only: one line for it
+    ba, bb = ma.get("budgets") or {}, mb.get("budgets") or {}
+    for key in sorted(set(ba) | set(bb)):
+        oa, ob = (ba.get(key) or {}).get("outputs") or {}, (bb.get(key) or {}).get("outputs") or {}
+        for output in sorted(set(oa) ^ set(ob)):
+            lines.append(f"{name} [{_s(key)}] {_s(output)} budget only in {a if output in oa else b}")
+            one_sided.append(("budgets", key, "outputs", output))
+        if (key in ba) != (key in bb):
+            one_sided.append(("budgets", key))
+    sa, sb = ma.get("speed") or {}, mb.get("speed") or {}
+    for fp in sorted(set(sa) ^ set(sb)):
+        lines.append(f"{name} speed [{_s(fp)}] only in {a if fp in sa else b}")
+        one_sided.append(("speed", fp))
+    fa = _flat({k: v for k, v in ma.items() if k != "npz_sha256"})
+    fb = _flat({k: v for k, v in mb.items() if k != "npz_sha256"})
+    for path in sorted(set(fa) | set(fb), key=_field_order):
+        if path in fa and path in fb and _same(fa[path], fb[path]):
+            continue
+        if any(path[:len(prefix)] == prefix for prefix in one_sided):
+            continue
+        lines.append(f"{_head(name, path)} {_v(fa.get(path))} -> {_v(fb.get(path))}")
+    return lines
+
+
+def _head(name: str, path: tuple) -> str:
+    """How a changed value is named: ``<name> [<key>] <output> <field>`` for a budget (``accepted``
+    and ``peer`` fields say so), ``<name> speed [<fp>] <field>``, else ``<name> <dotted path>``."""
+    parts = [_s(str(p), 60) for p in path]
+    if path[0] == "budgets" and len(path) >= 3:
+        if path[2] == "outputs" and len(path) >= 5:
+            section = "" if path[4] == "budget" else f"{parts[4]} "
+            return f"{name} [{parts[1]}] {parts[3]} {section}{'.'.join(parts[5:])}".rstrip()
+        return f"{name} [{parts[1]}] {'.'.join(parts[2:])}"
+    if path[0] == "speed" and len(path) >= 3:
+        return f"{name} speed [{parts[1]}] {'.'.join(parts[2:])}"
+    return f"{name} {'.'.join(parts)}"
 
 
 def _tensor_changes(name: str, a: Path, b: Path, ta: dict, tb: dict) -> list[str]:
@@ -180,23 +260,30 @@ def _tensor_changes(name: str, a: Path, b: Path, ta: dict, tb: dict) -> list[str
 
 def remove(root: Path, names: list[str], *, dry_run: bool = False) -> list[Path]:
     """Delete the files of each named baseline under ``root`` (and directories left empty);
-    returns the files removed (or, with ``dry_run``, that would be). Names that would leave
-    ``root`` are refused."""
-    root = Path(root).resolve()
+    returns the files removed (or, with ``dry_run``, that would be). A baseline file that is a
+    link is unlinked, never what it points to; a name that would leave ``root`` (``..``, an
+    absolute path, a directory link leading elsewhere) is refused with BaselineError before
+    anything is removed."""
+    root = Path(os.path.realpath(root))
     files = []
     for name in sorted(set(names)):
+        if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+            raise BaselineError(f"{shown(name)}: not a baseline name under {root}")
         for suffix in SUFFIXES:
-            p = (root / f"{name}{suffix}").resolve()
-            if root not in p.parents:
-                raise ValueError(f"{name}: not a baseline under {root}")
-            if p.is_file():
+            p = root / f"{name}{suffix}"
+            # the directory holding the file must be inside root; the file itself may be a link
+            # (removed as a link)
+            leads = outside(p.parent, root)
+            if leads is not None:
+                raise BaselineError(f"{shown(name)}: its directory leads outside {root} (to {leads}): nothing removed")
+            if p.is_symlink() or p.is_file():
                 files.append(p)
     if dry_run:
         return files
     for p in files:
-        p.unlink()
+        p.unlink()  # a link: the link alone
         d = p.parent
-        while d != root and d.is_dir() and not any(d.iterdir()):
+        while d != root and d.is_dir() and not d.is_symlink() and not any(d.iterdir()):
             d.rmdir()
             d = d.parent
     return files

@@ -103,12 +103,13 @@ class Outcome:
                 "categories": self.categories, "baseline_update": self.baseline.updated,
                 "baseline_refused": self.baseline.refused_line, "borrowed_budget": self.baseline.note is not None,
                 "borrowed_across_devices": self.baseline.borrowed_across_devices,
-                **({"inputs_moved": True} if self.baseline.moved_inputs else {})}
+                **({"inputs_moved": True} if self.baseline.moved_inputs else {}),
+                **({"unjudged_limits": self.baseline.unjudged} if self.baseline.unjudged else {})}
 
     def report_details(self) -> dict:
         b = self.baseline
         return {"headline": self.headline(), **self.evidence.report_fields(self),
-                "golden_note": b.error.splitlines()[0] if b.error else (b.absent or b.note or b.moved_inputs)}
+                "golden_note": b.error.splitlines()[0] if b.error else (b.absent or b.note or b.moved_inputs or b.unjudged)}
 
     def message(self, nodeid: str, update_command: str) -> str:
         lines = [f"{nodeid}: {self.headline()}"]

@@ -104,6 +104,8 @@ REPORT_SCHEMA: dict = {
                                   "collection (its probe call ran in no dtype, or exited): every variant was kept, and why"},
                 "inputs_moved": {"type": "boolean", "description": "the inputs' bits differ from those the golden was "
                                  "accepted on (same seed and spec): judged against this run's oracle within its budget"},
+                "unjudged_limits": {"type": "string", "description": "the golden holds a limit as unlimited (what it "
+                                    "accepted was not finite): which, and that the metric was not judged"},
                 "baseline_update": {"type": ["string", "null"]},
                 "baseline_refused": {"type": ["string", "null"],
                                      "description": "under the update flag: the golden not written, and why"},
@@ -142,7 +144,7 @@ REPORT_SCHEMA: dict = {
 _TIMING = ("time_s", "speed_status", "speed_ratio", "peak_bytes")
 _METRICS = ("max_ulp", "max_rel", "sqnr_db", "overflow", "underflow", "nan")
 _CARRIED = ("categories", "headline", "outputs", "golden_note", "borrowed_budget", "baseline_update", "baseline_refused",
-            "variants_note", "inputs_moved", "error_by_magnitude", "training", "training_detail")
+            "variants_note", "inputs_moved", "unjudged_limits", "error_by_magnitude", "training", "training_detail")
 
 
 def json_safe(value):

@@ -102,6 +102,11 @@ def case_lines(records: list[dict]) -> list[str]:
                      "shapes and dtypes?): judged by their error against the "
                      "float64 oracle within the golden's budget; pytest_precision.inputs.seeded_normal draws the same "
                      "bits on every machine")
+    unjudged = sorted(r.get("nodeid") or r["target"] for r in records if r.get("unjudged_limits"))
+    if unjudged:
+        lines.append(f"{len(unjudged)} case(s) judged by goldens holding an unlimited limit (what they accepted was not "
+                     f"finite, so that metric is not judged): {', '.join(unjudged[:5])}"
+                     + (f" and {len(unjudged) - 5} more" if len(unjudged) > 5 else ""))
     notes = {(r["target"], r["variants_note"]) for r in records if r.get("variants_note")}
     lines += [f"target {target!r}: {note}" for target, note in sorted(notes)]
     return lines

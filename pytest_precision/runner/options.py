@@ -3,7 +3,9 @@ records its suite cases leave for the summary and the reports."""
 from __future__ import annotations
 
 import functools
+import math
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,13 +14,14 @@ import pytest
 import torch
 
 from ..baselines.store import BaselineStore
-from ..kinds.registry import Target, parse_ini_targets
+from ..kinds.registry import Target, parse_ini_kinds, parse_ini_targets
 from ..numerics.configs import CONFIG_IDS, Config, select_configs
 from ..numerics.devices import fingerprint
 from ..speed.gate import DEFAULT_THRESHOLD
+from .exits import IMPORT_ADVICE, TargetEnded, refuse_process_exits
 from .timelimit import DEFAULT_TIMEOUT
 
-__all__ = ["RunOptions", "OPTIONS_KEY", "RECORDS_KEY"]
+__all__ = ["RunOptions", "OPTIONS_KEY", "RECORDS_KEY", "load_ini_kinds", "parse_timeout"]
 
 
 @dataclass
@@ -56,7 +59,8 @@ class RunOptions:
         try:
             configs = select_configs(spec)
             # imported only when the suite runs: a target module's import is not every run's business
-            ini_targets = parse_ini_targets(config.getini("precision_targets"), str(config.rootpath)) if run_suite else []
+            ini_targets = (_import_ini_lines(parse_ini_targets, "precision_targets", config.getini("precision_targets"),
+                                             str(config.rootpath)) if run_suite else [])
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
         threshold = config.getoption("precision_speed_threshold")
@@ -70,17 +74,18 @@ class RunOptions:
             if not threshold > 0:
                 raise pytest.UsageError(f"--precision-speed-threshold={config.getoption('precision_speed_threshold')}: "
                                         "give a positive percentage, for example 10 or 10%")
-        root = Path(config.getini("precision_baseline_dir") or "precision_baselines")
+        raw_dir = str(config.getini("precision_baseline_dir") or "precision_baselines")
+        if re.search(r"\s[;#]", raw_dir):
+            # pytest's ini files end a value at the line's end: a comment after it is part of it
+            raise pytest.UsageError(f"precision_baseline_dir = {raw_dir}: a comment after the value would name the "
+                                    "directory; put it on a line of its own")
+        root = Path(raw_dir)
         if not root.is_absolute():
             root = config.rootpath / root
         update = bool(config.getoption("precision_update_baselines"))
         if update:
             _check_writable(root)
-        raw_timeout = str(config.getini("precision_timeout")).strip()
-        try:
-            timeout = float(raw_timeout)
-        except ValueError:
-            raise pytest.UsageError(f"precision_timeout = {raw_timeout}: give seconds (0: no limit)") from None
+        timeout = parse_timeout(str(config.getini("precision_timeout")))
         return cls(device, configs, BaselineStore(root), update, run_suite, default_device, ini_targets,
                    speed=not config.getoption("precision_no_speed"), speed_threshold=threshold,
                    trace=bool(config.getoption("precision_trace")),
@@ -111,6 +116,43 @@ class RunOptions:
             parts.append(f"--precision-device={self.device}")
         parts.append("--precision-update-baselines")
         return " ".join(shlex.quote(p) for p in parts)
+
+
+def parse_timeout(raw: str) -> float:
+    """ini ``precision_timeout``: seconds, 0 or ``inf`` for no limit (0 returned for both); a NaN,
+    a negative number or anything else is a usage error naming the value."""
+    raw = raw.strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not seconds >= 0:
+        raise pytest.UsageError(f"precision_timeout = {raw}: give seconds (0: no limit)")
+    return 0.0 if math.isinf(seconds) else seconds
+
+
+def _import_ini_lines(parse, option: str, lines: list[str], rootdir: str) -> list:
+    """``parse`` (the registry's reader of ``option``'s lines) one line at a time, so that a module
+    that ends the process when imported (``sys.exit``, ``os._exit``) is a ValueError naming its line."""
+    out = []
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip()
+        module = line.split(":", 1)[0]
+        try:
+            with refuse_process_exits(f"importing {module}", IMPORT_ADVICE):
+                out += parse([raw], rootdir)
+        except TargetEnded as e:
+            raise ValueError(f"{option}: {line!r}: {e}") from None
+    return out
+
+
+def load_ini_kinds(config: pytest.Config) -> None:
+    """Register the kinds of ini ``precision_kinds``; anything wrong with a line, its module's
+    import included, is a usage error naming the line."""
+    try:
+        _import_ini_lines(parse_ini_kinds, "precision_kinds", config.getini("precision_kinds"), str(config.rootpath))
+    except ValueError as e:
+        raise pytest.UsageError(str(e)) from None
 
 
 def _parallel(config: pytest.Config) -> str | None:
