@@ -10,6 +10,7 @@ import io
 import json
 import math
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -492,3 +493,99 @@ def test_a_comment_after_the_baseline_directory_in_the_ini_is_a_usage_error(pyte
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "a comment after the value would name the directory" in result.stderr.str()
     assert not [p for p in pytester.path.iterdir() if p.name.startswith("precision_baselines")]
+
+
+# ---- what a review found a hostile golden could still do ----------------------------------------
+
+def _npz_with(path: Path, members: list[tuple[str, bytes, int]]) -> Path:
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data, method in members:
+            info = zipfile.ZipInfo(name)
+            info.compress_type = method
+            archive.writestr(info, data)
+    return path
+
+
+def _npy(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array)
+    return buf.getvalue()
+
+
+def test_a_member_compressed_with_bzip2_or_lzma_is_refused_before_a_byte_is_inflated(tmp_path):
+    for method in (zipfile.ZIP_BZIP2, zipfile.ZIP_LZMA):
+        npz = _npz_with(tmp_path / f"m{method}.npz", [("reference.npy", _npy(np.ones(4, np.float32)), method)])
+        with pytest.raises(BaselineError, match=f"compressed with method {method}, not stored or deflated"):
+            read_arrays(npz)
+
+
+def test_an_npy_header_declaring_gigabytes_is_refused_from_its_length(tmp_path):
+    data = b"\x93NUMPY\x02\x00" + ((1 << 32) - 1).to_bytes(4, "little") + b" " * 64
+    npz = _npz_with(tmp_path / "h.npz", [("reference.npy", data, zipfile.ZIP_DEFLATED)])
+    with pytest.raises(BaselineError, match="declares a header of 4294967295 bytes"):
+        read_arrays(npz)
+
+
+def test_an_archive_declaring_more_members_than_a_golden_holds_is_refused_before_parsing(tmp_path):
+    npz = _npz_with(tmp_path / "many.npz", [(f"a{i}.npy", b"", zipfile.ZIP_STORED) for i in range(100)])
+    with pytest.raises(BaselineError, match="declares 100 members, more than the 64"):
+        read_arrays(npz)
+
+
+@pytest.mark.parametrize("text, said", [
+    ('{"schema_version": 1, ' + ", ".join(['"k": 1'] * 20000) + "}", "the key 'k' appears 20000 times"),
+    ('{"schema_version": 1, "seed": ' + "9" * 400 + "}", "an integer of 400 digits"),
+    ('{"schema_version": 1, "input_spec": {"a": ' + "[" * 400 + "]" * 400 + "}}", "levels deep, more than the 12"),
+])
+def test_json_that_would_cost_time_or_crash_is_refused_quickly(tmp_path, text, said):
+    _, meta_path = _one_golden(tmp_path)
+    meta_path.write_text(text)
+    start = time.monotonic()
+    with pytest.raises(BaselineError, match=re.escape(said)):
+        read_meta(meta_path)
+    assert time.monotonic() - start < 2
+
+
+def test_a_speed_record_with_a_null_sample_is_refused(tmp_path):
+    _, meta_path = _one_golden(tmp_path)
+    _edit(meta_path, lambda m: m.update(speed={"fp": {"median_s": 1e-4, "samples": [1e-4, None]}}))
+    with pytest.raises(BaselineError, match="speed.fp.samples is not a list of numbers"):
+        read_meta(meta_path)
+
+
+def test_an_update_creates_nothing_outside_through_a_link_before_refusing(tmp_path):
+    root = tmp_path / "gold"
+    root.mkdir()
+    (root / "softmax").symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(OSError, match="leads outside the baseline directory"):
+        BaselineStore(root).write("softmax/mine/unit", "fp32", {"reference": torch.ones(2)}, {})
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_names_from_a_golden_reach_the_terminal_without_their_escapes(tmp_path):
+    a = tmp_path / "a"
+    b = tmp_path / "b"
+    for side in (a, b):
+        BaselineStore(side).write("k", "fp32", {"reference": torch.ones(2)},
+                                  {"budgets": {"cpu-x": {"outputs": {"reference": {"budget": {"max_ulp": 2.0}}}}}})
+    _edit(b / "k" / "fp32.json", lambda m: m["budgets"]["cpu-x"]["outputs"]["reference"]["budget"].update(
+        {"\x1b[1A\x1b[2K\r": 1.0}))
+    out = "\n".join(diff_lines(a, b))
+    assert "\x1b" not in out and "\\x1b[1A" in out
+
+
+def test_a_training_golden_accepted_with_a_non_finite_sqnr_reads_and_says_so(tmp_path):
+    from pytest_precision.baselines.store import unlimited
+
+    _, meta_path = _one_golden(tmp_path)
+    entry = {"budget": {"min_param_sqnr_db": -math.inf, "min_grad_sqnr_db": {"w": -math.inf, "b": 40.0}},
+             "accepted": {"param_sqnr_db": math.nan, "grad_sqnr_db": {"w": -math.inf, "b": 50.0}}}
+    _edit(meta_path, lambda m: m.update(budgets={"cpu-x": {"outputs": {"trajectory": entry}}}))
+    read_meta(meta_path)
+    assert unlimited(entry) == ["min_param_sqnr_db (accepted param_sqnr_db nan)",
+                                "min_grad_sqnr_db.w (accepted grad_sqnr_db -inf)"]
+    entry["accepted"]["grad_sqnr_db"]["w"] = 30.0  # a finite accepted SQNR: the -Infinity is an edit
+    _edit(meta_path, lambda m: m.update(budgets={"cpu-x": {"outputs": {"trajectory": entry}}}))
+    with pytest.raises(BaselineError, match="min_grad_sqnr_db.w is -inf: a limit that lets every result pass"):
+        read_meta(meta_path)

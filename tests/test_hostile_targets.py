@@ -308,3 +308,34 @@ def test_a_thread_a_target_leaves_running_is_named(pytester):
         "*= threads left running by the code under test; the process will wait for them =*",
         "thread 'linger' (running conftest.linger), left by precision-suite::softmax[[]mine-fp32-unit[]]",
     ])
+
+
+def test_a_thread_that_ran_before_the_case_keeps_the_real_exit():
+    """execnet's last resort in an xdist worker is an os._exit from its own thread: refusing it
+    would keep a dead worker alive. Only the case's thread and the threads it starts are refused."""
+    import subprocess
+    import sys
+
+    code = """
+import os, threading, time
+from pytest_precision.runner.exits import refuse_process_exits
+go = threading.Event()
+def earlier():
+    go.wait()
+    os._exit(7)
+threading.Thread(target=earlier, daemon=True).start()
+with refuse_process_exits("mine"):
+    go.set()
+    time.sleep(30)
+"""
+    done = subprocess.run([sys.executable, "-c", code], timeout=60)
+    assert done.returncode == 7
+
+
+def test_a_limit_too_large_for_the_timer_is_no_limit():
+    from pytest_precision.runner.options import parse_timeout
+    from pytest_precision.runner.timelimit import time_limit
+
+    assert parse_timeout("1e12") == 0.0
+    with time_limit(1e12, "ini precision_timeout"):  # setitimer raised OverflowError here
+        pass

@@ -33,7 +33,7 @@ from ..numerics.budgets import MACHINE_SPREAD, Budget, abs_floor, regression_bud
 from ..numerics.devices import device_class, machine_name, numerics_key
 from ..numerics.formats import format_of
 from ..numerics.metrics import Comparison, compare
-from .store import Baseline, BaselineError, BaselineStore, checksum, unlimited
+from .store import Baseline, BaselineError, BaselineStore, checksum, same_value, unlimited
 
 __all__ = ["BaselineCheck", "BaselineResult", "BaselineEntry", "TensorOutput", "TensorOutputs", "PendingWrite",
            "budget_sources", "SINGLE"]
@@ -318,7 +318,7 @@ class TensorOutputs(BaselineEntry):
             before, after = old.get(name, {}).get("peer") or {}, e.get("peer") or {}
             label = _label(name) if len(new) > 1 else ""
             moved += [f"{label}peer {k} {before.get(k)!r} -> {after.get(k)!r}" for k in _PEER_FIELDS
-                      if not _same(before.get(k), after.get(k))]
+                      if not same_value(before.get(k), after.get(k))]
         return moved
 
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
@@ -357,11 +357,6 @@ def _ratio(now: float, then, cap: float) -> float:
     except (TypeError, ValueError, ZeroDivisionError):
         return 1.0
     return min(r, cap) if r > 1.0 and r != float("inf") else 1.0
-
-
-def _same(a, b) -> bool:
-    """Equal, NaN equal to NaN (a stored NaN peer is not a change)."""
-    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
 
 
 def _label(name: str) -> str:

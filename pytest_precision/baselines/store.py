@@ -48,7 +48,7 @@ import torch
 
 __all__ = ["SCHEMA_VERSION", "UPDATE_OPTION", "MOVED_ASIDE", "BaselineError", "Baseline", "StoredPair", "BaselineStore",
            "checksum", "sanitize_key", "name_problem", "file_component", "read_meta", "read_arrays", "read_pair",
-           "read_bounded", "shown", "named", "outside", "unlimited"]
+           "read_bounded", "shown", "named", "outside", "unlimited", "process_alive", "same_value", "is_number"]
 
 SCHEMA_VERSION = 1
 UPDATE_OPTION = "--precision-update-baselines"
@@ -206,6 +206,7 @@ class BaselineStore:
         self._make_dir(npz.parent)
         data = _npz_bytes({n: t.detach().to(torch.float32).cpu().numpy() for n, t in arrays.items()})
         meta = {**meta, "schema_version": SCHEMA_VERSION, "npz_sha256": hashlib.sha256(data).hexdigest()}
+        _within_caps(npz, arrays, data)
         with _locked(npz.parent):
             _remove_leftovers(npz, meta_path)
             _atomic_write(npz, data)
@@ -214,11 +215,15 @@ class BaselineStore:
 
     def _make_dir(self, directory: Path) -> None:
         """``directory`` and its parents, refused (OSError naming where it leads) when a link on
-        the way leaves the baseline directory: an update writes only where it says it does."""
-        leads = outside(directory, self.root) if directory.exists() else None
+        the way leaves the baseline directory: an update writes only where it says it does. The
+        nearest existing ancestor is judged before anything is created."""
+        existing = directory
+        while not existing.exists() and existing != existing.parent and existing != self.root:
+            existing = existing.parent
+        leads = outside(existing, self.root)
         if leads is None:
             directory.mkdir(parents=True, exist_ok=True)
-            leads = outside(directory, self.root)
+            leads = outside(directory, self.root)  # a link made meanwhile
         if leads is not None:
             raise OSError(errno.EXDEV, f"a link that leads outside the baseline directory {self.root} (to {leads}); "
                           "nothing written", str(directory))
@@ -370,16 +375,15 @@ def npz_members(path: Path, archive: zipfile.ZipFile,
     for info in infos:
         if not info.filename.endswith(".npy"):
             raise BaselineError(f"{path}: member {named(info.filename)} is not an .npy array: not read")
+        # bzip2 and LZMA inflate a whole block at the first read, with no bound on its output; an
+        # encrypted member asks for a password
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED) or info.flag_bits & 0x1:
+            raise BaselineError(f"{path}: member {named(info.filename)} is compressed with method "
+                                f"{info.compress_type}{' and encrypted' if info.flag_bits & 0x1 else ''}, not stored or "
+                                "deflated as goldens are written: not read")
         name = info.filename[:-4]
         with archive.open(info) as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            else:
-                raise BaselineError(f"{path}: {named(name)} has .npy format {version}, not 1.0 or 2.0: not read")
-            header = f.tell()
+            shape, fortran, dtype, header = _npy_header(path, name, f)
         if dtype.hasobject:
             raise BaselineError(f"{path}: {named(name)} holds Python objects (a pickle): never loaded")
         if dtype != np.float32:
@@ -400,6 +404,44 @@ def npz_members(path: Path, archive: zipfile.ZipFile,
     return members
 
 
+_NPY_HEADER_MAX = 10_000  # characters: what numpy itself allows an .npy header, before reading it
+
+
+def _npy_header(path: Path, name: str, f) -> tuple[tuple, bool, np.dtype, int]:
+    """(shape, fortran order, dtype, header length) of an .npy stream, its declared header length
+    checked before the header is read (a 2.0 header may declare 4 GiB)."""
+    start = f.read(10)
+    if len(start) < 10 or start[:6] != b"\x93NUMPY":
+        raise BaselineError(f"{path}: {named(name)} is not an .npy array: not read")
+    version = (start[6], start[7])
+    if version == (1, 0):
+        size, head = int.from_bytes(start[8:10], "little"), start
+    elif version == (2, 0):
+        head = start + f.read(2)
+        size = int.from_bytes(head[8:12], "little")
+    else:
+        raise BaselineError(f"{path}: {named(name)} has .npy format {version}, not 1.0 or 2.0: not read")
+    if size > _NPY_HEADER_MAX:
+        raise BaselineError(f"{path}: {named(name)} declares a header of {size} bytes: not read")
+    stream = io.BytesIO(head + f.read(size))
+    np.lib.format.read_magic(stream)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read(stream)
+    return shape, fortran, dtype, len(head) + size
+
+
+def _zip_entries(path: Path, data: bytes) -> None:
+    """Refuse an archive whose end record declares more members than a golden holds, before its
+    central directory is parsed (5.6 million entries cost 2.8 GB to parse). A golden never needs
+    the zip64 end record (no 65535 members, no 4 GiB), so one that asks for it is refused too."""
+    end = data.rfind(b"PK\x05\x06", max(0, len(data) - (1 << 16) - 22))
+    if end < 0 or len(data) < end + 22:
+        return  # not a zip: zipfile says so
+    entries = int.from_bytes(data[end + 10:end + 12], "little")
+    if entries > MAX_MEMBERS:
+        raise BaselineError(f"{path}: declares {entries} members, more than the {MAX_MEMBERS} a golden may hold: not read")
+
+
 def read_arrays(path: Path, root: Path | None = None,
                 expected: dict[str, tuple[int, ...]] | None = None) -> tuple[dict[str, torch.Tensor], str]:
     """The float32 arrays of an .npz and the sha256 of its bytes; BaselineError for anything else.
@@ -413,6 +455,7 @@ def read_arrays(path: Path, root: Path | None = None,
     if data[:6] == b"\x93NUMPY":
         raise BaselineError(f"{path}: a single array (an .npy saved under the .npz name), "
                             "not an .npz archive of named arrays")
+    _zip_entries(path, data)
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             members = npz_members(path, archive, expected)
@@ -441,12 +484,22 @@ def _check_expected(path: Path, m: NpzMember, expected: dict[str, tuple[int, ...
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
-    keys = [k for k, _ in pairs]
-    if len(set(keys)) != len(keys):
-        repeated = next(k for k in keys if keys.count(k) > 1)
-        raise ValueError(f"the key {shown(repeated)} appears {keys.count(repeated)} times in one object "
-                         "(which one judges would be the reader's choice)")
-    return dict(pairs)
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        repeated = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"the key {shown(repeated)} appears {sum(k == repeated for k, _ in pairs)} times in one "
+                         "object (which one judges would be the reader's choice)")
+    return out
+
+
+_INT_DIGITS = 30  # an integer in a golden is a count or a seed; longer ones overflow float()
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > _INT_DIGITS:
+        raise ValueError(f"an integer of {len(text)} digits")
+    return int(text)
 
 
 def read_meta(path: Path, root: Path | None = None) -> dict:
@@ -454,7 +507,7 @@ def read_meta(path: Path, root: Path | None = None) -> dict:
     checked (``_meta_problem``)."""
     data = read_bounded(path, MAX_JSON_BYTES, root)
     try:
-        meta = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
+        meta = json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_int=_bounded_int)
     except Exception as e:  # UnicodeDecodeError, JSONDecodeError, RecursionError, a repeated key, ...
         raise BaselineError(f"{path}: corrupt baseline metadata ({type(e).__name__}: {shown(str(e))})") from e
     if not isinstance(meta, dict):
@@ -472,24 +525,48 @@ def read_meta(path: Path, root: Path | None = None) -> dict:
     return meta
 
 
-def _long_string(value, where: str = "") -> str | None:
-    """The first string (key or value) longer than MAX_STRING, as a sentence."""
-    if isinstance(value, str):
-        return (f"{where or 'a value'} is a string of {len(value)} characters, more than the {MAX_STRING} a golden "
-                "holds") if len(value) > MAX_STRING else None
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
-    for k, v in items:
-        here = f"{where}.{named(str(k), 40)}" if where else named(str(k), 40)
-        if isinstance(k, str) and len(k) > MAX_STRING:
-            return f"a key under {where or 'the top level'} is {len(k)} characters, more than the {MAX_STRING} a golden holds"
-        problem = _long_string(v, here)
-        if problem:
-            return problem
+MAX_DEPTH = 12  # nesting of a golden's JSON (budgets.<key>.outputs.<name>.budget.<field>.<parameter> is 6)
+
+
+def _long_string(meta: dict) -> str | None:
+    """The first string (key or value) longer than MAX_STRING, or nesting deeper than MAX_DEPTH,
+    as a sentence (iterative: a deep file is not a deep recursion)."""
+    stack = [(meta, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"{where} is nested {depth} levels deep, more than the {MAX_DEPTH} a golden has"
+        if isinstance(value, str):
+            if len(value) > MAX_STRING:
+                return f"{where or 'a value'} is a string of {len(value)} characters, more than the {MAX_STRING} a golden holds"
+            continue
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for k, v in items:
+            if isinstance(k, str) and len(k) > MAX_STRING:
+                return (f"a key under {where or 'the top level'} is {len(k)} characters, more than the {MAX_STRING} a "
+                        "golden holds")
+            stack.append((v, f"{where}.{named(str(k), 40)}" if where else named(str(k), 40), depth + 1))
     return None
 
 
-def _is_number(v) -> bool:
+def is_number(v) -> bool:
+    """A JSON number (a bool is not one)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+_is_number = is_number
+
+
+def same_value(a, b) -> bool:
+    """Two values read from goldens are the same: equal, a NaN the same as a NaN (a stored NaN
+    rewritten is no change), lists element by element."""
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    if is_number(a) and is_number(b):
+        return a == b
+    return type(a) is type(b) and a == b
 
 
 def _kind(v) -> str:
@@ -530,10 +607,10 @@ def _meta_problem(meta: dict) -> str | None:
         checks.append(expect("speed", speed, lambda v: isinstance(v, dict), "an object"))
         if isinstance(speed, dict):
             for fp, rec in speed.items():
-                checks.append(_object_of(f"speed.{shown(fp, 60)}", rec, lambda v: _scalar(v) or _numbers(v),
+                checks.append(_object_of(f"speed.{named(fp)}", rec, lambda v: _scalar(v) or _numbers(v),
                                          "plain values or lists of numbers"))
                 if isinstance(rec, dict):
-                    checks.append(_speed_problem(f"speed.{shown(fp, 60)}", rec))
+                    checks.append(_speed_problem(f"speed.{named(fp)}", rec))
     return next((c for c in checks if c), None)
 
 
@@ -544,47 +621,69 @@ _SPEED_FIELDS = ("median_s", "samples", "calibration", "peak_bytes")
 def _speed_problem(where: str, record: dict) -> str | None:
     for name in _SPEED_FIELDS:
         values = record.get(name)
+        if name in ("samples", "calibration") and values is not None and not (
+                isinstance(values, list) and all(_is_number(v) for v in values)):
+            return f"{where}.{name} is not a list of numbers"
         for v in values if isinstance(values, list) else [values]:
             if _is_number(v) and not (math.isfinite(v) and v >= 0):
                 return f"{where}.{name} holds {v!r}: a time or a size is finite and not negative"
     return None
 
 
-# The limits pytest-precision itself writes as +Infinity, and the accepted value that makes it so:
-# a training golden accepted with a non-finite (or zero) gradient-norm or update ratio, or a
-# non-finite loss deviation, has no finite limit on that metric (training.baseline.budget_for).
-# Such a limit is read, and the check says the metric is not judged; any other is refused.
+# The limits pytest-precision itself writes as infinite, and the accepted value that makes them so
+# (training.baseline.budget_for): a training golden accepted with a gradient-norm or update ratio
+# that was not finite (or zero), or a loss deviation that was not finite, has an upper limit of
+# +Infinity on it; one accepted with an SQNR of -Infinity or NaN (a non-finite gradient or
+# parameter), a lower limit of -Infinity. Such a limit is read, and the check says the metric is
+# not judged; any other loosening infinity is refused.
 UNLIMITED_WHEN = {"max_grad_norm_log_ratio": "grad_norm_ratio", "max_update_log_ratio": "update_ratio",
-                  "max_loss_deviation": "max_loss_deviation"}
+                  "max_loss_deviation": "max_loss_deviation", "min_grad_sqnr_db": "grad_sqnr_db",
+                  "min_worst_grad_sqnr_db": "worst_grad_sqnr_db", "min_param_sqnr_db": "param_sqnr_db"}
 
 
-def _unlimited_by_acceptance(field: str, accepted) -> bool:
+def _loosening(field: str, v) -> bool:
+    """Whether ``v`` is the infinity that lets every result pass (``min_*`` are lower bounds)."""
+    return _is_number(v) and v == (-math.inf if field.startswith("min_") else math.inf)
+
+
+def _accepted_value(field: str, accepted, name: str | None):
     source = UNLIMITED_WHEN.get(field)
     v = accepted.get(source) if source and isinstance(accepted, dict) else None
-    return _is_number(v) and (not math.isfinite(v) or (field.endswith("_log_ratio") and v <= 0))
+    return v.get(name) if isinstance(v, dict) and name is not None else v
+
+
+def _unlimited_by_acceptance(field: str, accepted, name: str | None = None) -> bool:
+    v = _accepted_value(field, accepted, name)
+    if not _is_number(v):
+        return False
+    if field.startswith("min_"):
+        return math.isnan(v) or v == -math.inf
+    return not math.isfinite(v) or (field.endswith("_log_ratio") and v <= 0)
 
 
 def unlimited(entry: dict) -> list[str]:
-    """The limits of one stored output (``{"budget", "accepted"}``) that are +Infinity because
+    """The limits of one stored output (``{"budget", "accepted"}``) that are infinite because
     what was accepted was not finite, as "field (accepted source value)"."""
     budget, accepted = entry.get("budget") or {}, entry.get("accepted") or {}
-    return [f"{f} (accepted {UNLIMITED_WHEN[f]} {accepted.get(UNLIMITED_WHEN[f])!r})" for f, v in budget.items()
-            if v == math.inf and _unlimited_by_acceptance(f, accepted)]
+    out = []
+    for f, value in budget.items():
+        for name, v in (value.items() if isinstance(value, dict) else [(None, value)]):
+            if _loosening(f, v) and _unlimited_by_acceptance(f, accepted, name):
+                at = f"{f}.{named(name)}" if name is not None else f
+                out.append(f"{at} (accepted {UNLIMITED_WHEN[f]} {_accepted_value(f, accepted, name)!r})")
+    return out
 
 
 def _limit_problem(where: str, field: str, value, accepted=None) -> str | None:
     """Why a stored limit cannot judge: NaN, or infinite in the direction that lets everything
-    pass (``min_*`` fields are lower bounds, the others upper bounds), unless pytest-precision
-    wrote it so (``UNLIMITED_WHEN``). The other infinities it writes are ``min_*`` limits of
-    +Infinity: "exactly as fp32"."""
+    pass, unless pytest-precision wrote it so (``UNLIMITED_WHEN``)."""
     for name, v in (value.items() if isinstance(value, dict) else [(None, value)]):
         if not _is_number(v):
             continue
         at = f"{where}.{field}" + (f".{named(name)}" if name is not None else "")
         if math.isnan(v):
-            return f"{at} is NaN: a NaN limit judges nothing (pytest-precision never writes one)"
-        if v == (-math.inf if field.startswith("min_") else math.inf) and not (
-                name is None and _unlimited_by_acceptance(field, accepted)):
+            return f"{at} is NaN: a NaN limit judges nothing (rewrite the golden)"
+        if _loosening(field, v) and not _unlimited_by_acceptance(field, accepted, name):
             return (f"{at} is {v!r}: a limit that lets every result pass (pytest-precision writes one only where "
                     "what it accepted was not finite)")
     return None
@@ -688,6 +787,15 @@ def _file_mode() -> int:
     return 0o666 & ~_UMASK[0]
 
 
+def _within_caps(npz: Path, arrays: dict[str, torch.Tensor], data: bytes) -> None:
+    """OSError (EFBIG) for a golden every later read would refuse: more members, bytes or inflated
+    bytes than a read takes."""
+    inflated = sum(t.numel() * 4 for t in arrays.values())
+    if len(arrays) > MAX_MEMBERS or len(data) > MAX_FILE_BYTES or inflated > MAX_ARRAY_BYTES:
+        raise OSError(errno.EFBIG, f"{len(arrays)} arrays of {inflated} bytes: more than a golden may hold "
+                      f"({MAX_MEMBERS} arrays, {MAX_ARRAY_BYTES} bytes); give the case smaller shapes", str(npz))
+
+
 @contextlib.contextmanager
 def _locked(directory: Path):
     """An exclusive lock on ``directory`` (POSIX ``flock``; elsewhere none) while a pair is written
@@ -699,7 +807,11 @@ def _locked(directory: Path):
         return
     fd = os.open(directory, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as e:  # a file system without flock on directories (NFS: EBADF): unlocked
+            if e.errno not in (errno.EBADF, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -723,15 +835,17 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-def _alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # this process writes one pair at a time: its own leftover is an interrupted write
+def process_alive(pid: int) -> bool:
+    """Whether a process of this machine with ``pid`` may be running (True where it cannot be
+    told: another user's process; Windows, where signal 0 is CTRL_C_EVENT, not a probe)."""
+    if os.name == "nt":
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except (PermissionError, OSError, OverflowError):
-        return True  # another user's process, or a pid this platform cannot ask about: kept
+    except (OSError, OverflowError):  # EPERM: another user's; a pid out of range
+        return True
     return True
 
 
@@ -742,7 +856,8 @@ def _remove_leftovers(*paths: Path) -> None:
     for path in paths:
         for leftover in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
             pid = leftover.name[len(path.name) + 2:].split(".", 1)[0]
-            if pid.isdigit() and _alive(int(pid)):
+            # this process writes one pair at a time: a leftover of its own is an interrupted write
+            if pid.isdigit() and int(pid) != os.getpid() and process_alive(int(pid)):
                 continue
             with contextlib.suppress(FileNotFoundError):
                 leftover.unlink()

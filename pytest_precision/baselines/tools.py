@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .store import BaselineError, StoredPair, outside, read_pair, shown
+from .store import BaselineError, StoredPair, named, outside, read_pair, same_value, shown
 
 __all__ = ["BUDGET_FIELDS", "baseline_names", "read_meta", "list_lines", "show_lines", "diff_lines", "remove"]
 
@@ -62,15 +62,6 @@ def read_meta(root: Path, name: str, errors: list[str] | None = None) -> dict | 
     return pair.meta
 
 
-def _budgets(meta: dict | None) -> dict[tuple[str, str], dict]:
-    """(numerics key, output) -> budget dict."""
-    out = {}
-    for key, entry in sorted(((meta or {}).get("budgets") or {}).items()):
-        for output, rec in sorted(((entry or {}).get("outputs") or {}).items()):
-            out[(key, output)] = (rec or {}).get("budget") or {}
-    return out
-
-
 def list_lines(root: Path, errors: list[str] | None = None) -> list[str]:
     """One line per baseline: name, outputs, the numerics keys with budgets, and problems (each
     also added to ``errors``)."""
@@ -84,8 +75,8 @@ def list_lines(root: Path, errors: list[str] | None = None) -> list[str]:
             lines.append(f"{name}  (unreadable: {problems[0]})")
             continue
         meta = pair.meta
-        keys = [shown(k, 60)[1:-1] for k in sorted((meta.get("budgets") or {}))]
-        outputs = [shown(k, 60)[1:-1] for k in sorted((meta.get("dtypes") or {}))]
+        keys = [named(k) for k in sorted((meta.get("budgets") or {}))]
+        outputs = [named(k) for k in sorted((meta.get("dtypes") or {}))]
         speed = len(meta.get("speed") or {})
         lines.append(f"{name}  outputs {','.join(outputs) or '-'}; budgets for {','.join(keys) or 'none'}"
                      + (f"; speed records for {speed} device(s)" if speed else ""))
@@ -107,39 +98,30 @@ def show_lines(root: Path, name: str, errors: list[str] | None = None) -> list[s
     if meta is None:
         raise BaselineError(str(problems[0]))
     lines = [f"{name}",
-             f"  written on {_s(meta.get('written_on'))} with torch {_s(meta.get('torch'))}, schema {meta.get('schema_version')}",
-             f"  seed {meta.get('seed')}, input checksum {_s(str(meta.get('input_checksum'))[:16])}",
-             f"  input spec {_s(json.dumps(meta.get('input_spec'), sort_keys=True), 400)}",
-             f"  outputs {_s(json.dumps(meta.get('dtypes'), sort_keys=True), 400)}"]
+             f"  written on {named(meta.get('written_on'))} with torch {named(meta.get('torch'))}, schema {meta.get('schema_version')}",
+             f"  seed {meta.get('seed')}, input checksum {named(str(meta.get('input_checksum'))[:16])}",
+             f"  input spec {named(json.dumps(meta.get('input_spec'), sort_keys=True), 400)}",
+             f"  outputs {named(json.dumps(meta.get('dtypes'), sort_keys=True), 400)}"]
     if pair.arrays is not None:
-        lines.append("  tensors " + ", ".join(f"{_s(n)} {tuple(a.shape)}" for n, a in sorted(pair.arrays.items())))
+        lines.append("  tensors " + ", ".join(f"{named(n)} {tuple(a.shape)}" for n, a in sorted(pair.arrays.items())))
     for key, entry in sorted((meta.get("budgets") or {}).items()):
-        lines.append(f"  [{_s(key)}] {_s(entry.get('machine'))}, torch {_s(entry.get('torch'))}")
+        lines.append(f"  [{named(key)}] {named(entry.get('machine'))}, torch {named(entry.get('torch'))}")
         for output, rec in sorted((entry.get("outputs") or {}).items()):
             b = rec.get("budget") or {}
             acc = rec.get("accepted") or {}
             if set(b) <= set(BUDGET_FIELDS):  # an output tensor's budget
                 limits = ", ".join(f"{f} {b[f]!r}" for f in BUDGET_FIELDS if b.get(f) is not None)
-                lines.append(f"    {_s(output)}: budget {limits}; accepted max ULP {_v(acc.get('max_ulp'))}, "
-                             f"max abs {_v(acc.get('max_abs'))}")
+                lines.append(f"    {named(output)}: budget {limits}; accepted max ULP {shown(acc.get('max_ulp'))}, "
+                             f"max abs {shown(acc.get('max_abs'))}")
             else:  # a training budget (training.baseline): its own fields, all shown
-                lines.append(f"    {_s(output)}: budget " + ", ".join(f"{_s(f)} {_v(v)}" for f, v in sorted(b.items())))
-                lines.append(f"    {_s(output)}: accepted " + ", ".join(f"{_s(f)} {_v(v)}" for f, v in sorted(acc.items())))
+                lines.append(f"    {named(output)}: budget " + ", ".join(f"{named(f)} {shown(v)}" for f, v in sorted(b.items())))
+                lines.append(f"    {named(output)}: accepted " + ", ".join(f"{named(f)} {shown(v)}" for f, v in sorted(acc.items())))
             if rec.get("peer"):
-                lines.append(f"    {_s(output)}: peer " + ", ".join(f"{_s(f)} {_v(v)}" for f, v in sorted(rec["peer"].items())))
+                lines.append(f"    {named(output)}: peer " + ", ".join(f"{named(f)} {shown(v)}" for f, v in sorted(rec["peer"].items())))
     for fp in sorted(meta.get("speed") or {}):
         rec = meta["speed"][fp]
-        lines.append(f"  speed [{_s(fp)}] median {_v(rec.get('median_s'))} s")
+        lines.append(f"  speed [{named(fp)}] median {shown(rec.get('median_s'))} s")
     return lines
-
-
-def _s(value, limit: int = 120) -> str:
-    """A string from the file, shortened (a golden is untrusted input)."""
-    return value if isinstance(value, str) and len(value) <= limit else shown(value, limit)
-
-
-def _v(value) -> str:
-    return shown(value)
 
 
 def diff_lines(a: Path, b: Path, errors: list[str] | None = None) -> list[str]:
@@ -155,19 +137,17 @@ def diff_lines(a: Path, b: Path, errors: list[str] | None = None) -> list[str]:
     names_a, names_b = set(baseline_names(a)), set(baseline_names(b))
     lines = []
     for name in sorted(names_a | names_b):
-        if name not in names_b:
-            lines.append(f"{name} only in {a}")
-            continue
-        if name not in names_a:
-            lines.append(f"{name} only in {b}")
+        if name not in names_b or name not in names_a:
+            lines.append(f"{named(name, 300)} only in {a if name in names_a else b}")
             continue
         pa, pb = _pair(a, name), _pair(b, name)
         problems = _problems(pa) + _problems(pb)
         if problems:
             errors += [str(e) for e in problems]
             continue
-        lines += _meta_changes(name, a, b, pa.meta, pb.meta)
-        lines += _tensor_changes(name, a, b, pa.arrays, pb.arrays)
+        shown_name = named(name, 300)  # a file name from a pull request: no terminal escapes
+        lines += _meta_changes(shown_name, a, b, pa.meta, pb.meta)
+        lines += _tensor_changes(shown_name, a, b, pa.arrays, pb.arrays)
     return lines
 
 
@@ -181,18 +161,6 @@ def _flat(value, path: tuple = ()) -> dict[tuple, object]:
     return {path: value}
 
 
-def _same(x, y) -> bool:
-    if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
-        return True
-    if isinstance(x, list) and isinstance(y, list):
-        return len(x) == len(y) and all(_same(i, j) for i, j in zip(x, y))
-    return type(x) is type(y) and x == y or (_number(x) and _number(y) and x == y)
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def _field_order(path: tuple) -> tuple:
     """Grouped by what holds the field; a tensor budget's fields in their usual order, then any others."""
     last = path[-1] if path else ""
@@ -201,35 +169,30 @@ def _field_order(path: tuple) -> tuple:
 
 
 def _meta_changes(name: str, a: Path, b: Path, ma: dict, mb: dict) -> list[str]:
-    lines, one_sided = [], []
-    # a numerics key's budget, or a device's speed record, on one side only: one line for it
+    lines = []
+    # a numerics key's budget, or a device's speed record, on one side only: said, then its values
     ba, bb = ma.get("budgets") or {}, mb.get("budgets") or {}
     for key in sorted(set(ba) | set(bb)):
         oa, ob = (ba.get(key) or {}).get("outputs") or {}, (bb.get(key) or {}).get("outputs") or {}
         for output in sorted(set(oa) ^ set(ob)):
-            lines.append(f"{name} [{_s(key)}] {_s(output)} budget only in {a if output in oa else b}")
-            one_sided.append(("budgets", key, "outputs", output))
-        if (key in ba) != (key in bb):
-            one_sided.append(("budgets", key))
+            lines.append(f"{name} [{named(key)}] {named(output)} budget only in {a if output in oa else b}")
     sa, sb = ma.get("speed") or {}, mb.get("speed") or {}
     for fp in sorted(set(sa) ^ set(sb)):
-        lines.append(f"{name} speed [{_s(fp)}] only in {a if fp in sa else b}")
-        one_sided.append(("speed", fp))
+        lines.append(f"{name} speed [{named(fp)}] only in {a if fp in sa else b}")
     fa = _flat({k: v for k, v in ma.items() if k != "npz_sha256"})
     fb = _flat({k: v for k, v in mb.items() if k != "npz_sha256"})
     for path in sorted(set(fa) | set(fb), key=_field_order):
-        if path in fa and path in fb and _same(fa[path], fb[path]):
+        old, new = fa.get(path), fb.get(path)
+        if same_value(old, new) or (old in (None, {}) and new in (None, {})):  # null, empty or absent: nothing
             continue
-        if any(path[:len(prefix)] == prefix for prefix in one_sided):
-            continue
-        lines.append(f"{_head(name, path)} {_v(fa.get(path))} -> {_v(fb.get(path))}")
+        lines.append(f"{_head(name, path)} {shown(old)} -> {shown(new)}")
     return lines
 
 
 def _head(name: str, path: tuple) -> str:
     """How a changed value is named: ``<name> [<key>] <output> <field>`` for a budget (``accepted``
     and ``peer`` fields say so), ``<name> speed [<fp>] <field>``, else ``<name> <dotted path>``."""
-    parts = [_s(str(p), 60) for p in path]
+    parts = [named(str(p), 60) for p in path]
     if path[0] == "budgets" and len(path) >= 3:
         if path[2] == "outputs" and len(path) >= 5:
             section = "" if path[4] == "budget" else f"{parts[4]} "

@@ -91,10 +91,13 @@ def refuse_process_exits(who: str, advice: str = TARGET_ADVICE, system_exit: boo
     body is over."""
     pid = os.getpid()
     attempts: list[str] = []
+    # threads that ran before the body (execnet's, pytest-timeout's) keep the real exits: only the
+    # body's thread and the threads it starts are the code under test
+    earlier = {t.ident for t in threading.enumerate()} - {threading.get_ident()}
 
     def refused(call: str, real: Callable, *args) -> None:
         caller = sys._getframe(2)
-        if os.getpid() != pid or caller.f_globals.get("__name__") in _MAY_EXIT:
+        if os.getpid() != pid or threading.get_ident() in earlier or caller.f_globals.get("__name__") in _MAY_EXIT:
             real(*args)
         attempts.append(f"{who} called {call} at {_where(caller)}: {advice}")
         raise TargetEnded(attempts[-1])

@@ -47,6 +47,9 @@ MARKER = "the timeout marker"
 # (its code caught it); past the grace period, max(MIN_GRACE, GRACE_FRACTION x the limit), the
 # process is ended with GIVE_UP_STATUS
 RETRY_INTERVAL = 1.0
+# a limit past this many seconds (three years) is no limit: setitimer and the watchdog's wait
+# overflow on values near 1e12
+NO_LIMIT_ABOVE = 1e8
 MIN_GRACE = 5.0
 GRACE_FRACTION = 0.1
 GIVE_UP_STATUS = 1
@@ -143,7 +146,7 @@ def time_limit(seconds: float, source: str, case: str = "",
     """Raise CaseTimeout in the body once it has run ``seconds`` (none when 0 or less, or infinite),
     and again every second while the body swallows it; past the grace period, end the process
     with the stack of ``case`` (``before_exit`` first: pytest's capture suspended)."""
-    if not math.isfinite(seconds):
+    if not math.isfinite(seconds) or seconds > NO_LIMIT_ABOVE:
         seconds = 0.0
     main = threading.current_thread() is threading.main_thread()
     if hasattr(signal, "setitimer") and main:

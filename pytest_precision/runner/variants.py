@@ -36,6 +36,7 @@ import pytest
 
 from ..kinds.base import NO_VARIANT, Kind, Variant
 from ..kinds.target import Target, TargetError
+from ..baselines.store import process_alive
 from .exits import TargetEnded, refuse_process_exits
 from .timelimit import DEFAULT_TIMEOUT, CaseTimeout, time_limit
 
@@ -150,15 +151,7 @@ def _claimant_alive(claim: Path) -> bool:
         return False
     except ValueError:  # created, its pid not written yet
         return True
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # another user's process (EPERM): alive
-        pass
-    return True
+    return pid <= 0 or process_alive(pid)
 
 
 def _publish(path: Path, decision: VariantDecision) -> VariantDecision:
