@@ -38,7 +38,7 @@ from ..explain.faults import first_fault
 from ..explain.launches import watch_launches
 from ..numerics.budgets import ULP_FLOOR, Budget, peer_budget, violations
 from ..numerics.configs import CONFIGS, Config
-from ..numerics.global_state import snapshot
+from ..numerics.global_state import guarded, leak_message
 from ..numerics.metrics import Comparison, compare
 from ..numerics.rng import RngState
 from ..speed.timing import Bench
@@ -656,28 +656,19 @@ class Kind:
         # the try, so that a failing canary is not reported as the target's error
         gpu_bf16 = bf16_as_on_gpu()
         try:
-            with gpu_bf16, case.config.active(case.device), case.variant.context():
-                before = snapshot()  # torch's process-wide state, as the config set it
-                changed = None
-                try:
-                    out = self.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
-                    if check:
-                        self.validate(case, out, values, inputs, where)
-                    if grads:
-                        # copied into place rather than cast with .to(): the audit flags Python-level
-                        # 16-bit casts as the user's, and this one is the harness's
-                        grad_out = torch.empty_like(out).copy_(self._grad_out(out.shape, grad_seed))
-                        out.backward(grad_out)
-                    changed = before.changes(snapshot(rng=False))  # the forward and the target's backward
-                finally:  # also when it raised: the next case starts as this one did
-                    if changed == []:
-                        before.rng.restore()  # the settings are as they were: only the generator moved
-                    else:
-                        before.restore()
-                if changed:
-                    raise TargetError(f"{where} left torch's process-wide state changed: {'; '.join(changed)} "
-                                      "(restored; every later case in the process would have run so, and a "
-                                      "golden been recorded so): restore what the target changes before it returns")
+            # torch's process-wide state, as the config set it, judged around the forward and the
+            # target's backward
+            with gpu_bf16, case.config.active(case.device), case.variant.context(), guarded(rng=True) as state:
+                out = self.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
+                if check:
+                    self.validate(case, out, values, inputs, where)
+                if grads:
+                    # copied into place rather than cast with .to(): the audit flags Python-level
+                    # 16-bit casts as the user's, and this one is the harness's
+                    grad_out = torch.empty_like(out).copy_(self._grad_out(out.shape, grad_seed))
+                    out.backward(grad_out)
+            if state.changed:
+                raise TargetError(leak_message(where, state.changed, "case", "the target"))
         except TargetError:
             raise
         except torch.OutOfMemoryError as e:

@@ -6,7 +6,8 @@ were recorded under that state (the next clean run then failed as "the inputs ch
 check other targets' cases crashed with a wrong cause. So ``Kind.call`` takes a snapshot before the
 target runs and compares after: a change is restored at once and fails that target's case, naming
 what changed (a failed case writes no golden). The training kind does the same around each call
-of a ``TrainSpec``'s code (``training.run.judged_state``).
+of a ``TrainSpec``'s code (``training.run.judged_state``). Both go through :func:`guarded` and
+say what changed with :func:`leak_message`.
 
 The random generators are restored too but not judged: a target drawing dropout masks advances
 them by design, and every case seeds its own draws (a training run's generators are the
@@ -14,8 +15,9 @@ harness's to seed and replay, and ``judged_state`` snapshots without them).
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
@@ -23,7 +25,7 @@ import torch
 from .configs import _precision_api, _tf32_settings
 from .rng import RngState
 
-__all__ = ["GlobalState", "snapshot"]
+__all__ = ["GlobalState", "snapshot", "Guard", "guarded", "leak_message"]
 
 _DENORMAL = 2.0 ** -140  # a float32 subnormal: flush-denormal mode makes a product of it zero
 
@@ -112,3 +114,36 @@ def snapshot(rng: bool = True) -> GlobalState:
 
 def _show(value: Any) -> str:
     return str(value).removeprefix("torch.")
+
+
+@dataclass
+class Guard:
+    """What :func:`guarded` found: the changes once the body returned (None when it raised)."""
+
+    changed: list[str] | None = None
+
+
+@contextlib.contextmanager
+def guarded(rng: bool) -> Iterator[Guard]:
+    """Around one call of the code under test: the state before, compared after (``Guard.changed``),
+    and restored whenever it changed or the body raised, so the next case starts as this one did.
+    ``rng``: the CPU generator is put back too (a tensor target's call; a training run's generators
+    are the harness's to seed and replay)."""
+    before = snapshot(rng=rng)
+    guard = Guard()
+    try:
+        yield guard
+        guard.changed = before.changes(snapshot(rng=False))
+    finally:
+        if guard.changed == []:
+            if before.rng is not None:
+                before.rng.restore()  # the settings are as they were: only the generator moved
+        else:
+            before.restore()
+
+
+def leak_message(who: str, changed: list[str], later: str, owner: str) -> str:
+    """The sentence a leaked change fails a case with: ``who`` left it, ``later`` would have run so."""
+    return (f"{who} left torch's process-wide state changed: {'; '.join(changed)} (restored; every later {later} "
+            f"in the process would have run so, and a golden been recorded so): restore what {owner} changes "
+            "before it returns")

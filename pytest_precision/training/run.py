@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from ..numerics.configs import tf32_flags
-from ..numerics.global_state import snapshot
+from ..numerics.global_state import guarded, leak_message
 from ..numerics.rng import RngState, cuda_index, forked_rng
 from ..speed.timing import synchronized_perf_counter
 from .configs import FLOAT64, TrainConfig
@@ -96,20 +96,11 @@ def judged_state(what: str, where: str = "", owner: str | None = None):
     ``what`` up to its parenthesis). The random generators are neither judged nor restored: the
     harness seeds them, and a step's dropout draws advance them on purpose (``forked_rng`` and
     ``RngState.replayed`` put the caller's back around a run)."""
-    before = snapshot(rng=False)
-    changed = None
-    try:
+    with guarded(rng=False) as state:
         yield
-        changed = before.changes(snapshot(rng=False))
-    finally:
-        if changed != []:
-            before.restore()
-    if changed:
-        owner = owner or what.partition("(")[0]
-        raise GlobalStateError(f"{where + ': ' if where else ''}{what} left torch's process-wide state changed: "
-                               f"{'; '.join(changed)} (restored; every later step and case in the process would have "
-                               f"run so, and a golden been recorded so): restore what {owner} changes before it "
-                               "returns")
+    if state.changed:
+        raise GlobalStateError(leak_message(f"{where + ': ' if where else ''}{what}", state.changed, "step and case",
+                                            owner or what.partition("(")[0]))
 
 
 def step_owner(spec: TrainSpec) -> tuple[str, str]:
