@@ -554,8 +554,6 @@ def is_number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-_is_number = is_number
-
 
 def same_value(a, b) -> bool:
     """Two values read from goldens are the same: equal, a NaN the same as a NaN (a stored NaN
@@ -571,11 +569,11 @@ def same_value(a, b) -> bool:
 
 def _kind(v) -> str:
     return "null" if v is None else {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
-        type(v), "a number" if _is_number(v) else type(v).__name__)
+        type(v), "a number" if is_number(v) else type(v).__name__)
 
 
 def _scalar(v) -> bool:
-    return v is None or isinstance(v, (str, bool)) or _is_number(v)
+    return v is None or isinstance(v, (str, bool)) or is_number(v)
 
 
 def _meta_problem(meta: dict) -> str | None:
@@ -622,10 +620,10 @@ def _speed_problem(where: str, record: dict) -> str | None:
     for name in _SPEED_FIELDS:
         values = record.get(name)
         if name in ("samples", "calibration") and values is not None and not (
-                isinstance(values, list) and all(_is_number(v) for v in values)):
+                isinstance(values, list) and all(is_number(v) for v in values)):
             return f"{where}.{name} is not a list of numbers"
         for v in values if isinstance(values, list) else [values]:
-            if _is_number(v) and not (math.isfinite(v) and v >= 0):
+            if is_number(v) and not (math.isfinite(v) and v >= 0):
                 return f"{where}.{name} holds {v!r}: a time or a size is finite and not negative"
     return None
 
@@ -643,7 +641,7 @@ UNLIMITED_WHEN = {"max_grad_norm_log_ratio": "grad_norm_ratio", "max_update_log_
 
 def _loosening(field: str, v) -> bool:
     """Whether ``v`` is the infinity that lets every result pass (``min_*`` are lower bounds)."""
-    return _is_number(v) and v == (-math.inf if field.startswith("min_") else math.inf)
+    return is_number(v) and v == (-math.inf if field.startswith("min_") else math.inf)
 
 
 def _accepted_value(field: str, accepted, name: str | None):
@@ -654,7 +652,7 @@ def _accepted_value(field: str, accepted, name: str | None):
 
 def _unlimited_by_acceptance(field: str, accepted, name: str | None = None) -> bool:
     v = _accepted_value(field, accepted, name)
-    if not _is_number(v):
+    if not is_number(v):
         return False
     if field.startswith("min_"):
         return math.isnan(v) or v == -math.inf
@@ -678,7 +676,7 @@ def _limit_problem(where: str, field: str, value, accepted=None) -> str | None:
     """Why a stored limit cannot judge: NaN, or infinite in the direction that lets everything
     pass, unless pytest-precision wrote it so (``UNLIMITED_WHEN``)."""
     for name, v in (value.items() if isinstance(value, dict) else [(None, value)]):
-        if not _is_number(v):
+        if not is_number(v):
             continue
         at = f"{where}.{field}" + (f".{named(name)}" if name is not None else "")
         if math.isnan(v):
@@ -694,7 +692,7 @@ def _plain_list(v) -> bool:
 
 
 def _numbers(v) -> bool:
-    return isinstance(v, list) and all(_is_number(x) or x is None for x in v)
+    return isinstance(v, list) and all(is_number(x) or x is None for x in v)
 
 
 def _object_of(where: str, value, ok, what: str) -> str | None:
@@ -707,7 +705,7 @@ def _object_of(where: str, value, ok, what: str) -> str | None:
 
 
 def _limit(v) -> bool:
-    return v is None or _is_number(v) or (isinstance(v, dict) and all(_is_number(x) for x in v.values()))
+    return v is None or is_number(v) or (isinstance(v, dict) and all(is_number(x) for x in v.values()))
 
 
 def _plain_value(v, depth: int = 3) -> bool:
@@ -744,7 +742,7 @@ def _budgets_problem(budgets) -> str | None:
                        or _object_of(f"{where}.outputs.{name}.accepted", entry.get("accepted", {}), _plain_value,
                                      "numbers, strings, null, or lists and objects of them")
                        or _object_of(f"{where}.outputs.{name}.peer", entry.get("peer", {}),
-                                     lambda v: v is None or _is_number(v), "numbers or null"))
+                                     lambda v: v is None or is_number(v), "numbers or null"))
             if problem:
                 return problem
         extra = {k: v for k, v in record.items() if k != "outputs"}

@@ -39,8 +39,6 @@ __all__ = ["TargetEnded", "refuse_process_exits", "end_process", "suspend_captur
 TARGET_ADVICE = "a target must return, not end the process"
 IMPORT_ADVICE = "a module must not end the process when imported"
 
-# modules whose os._exit is the run's own: pytest-timeout's thread method ends a hung run so
-_MAY_EXIT = frozenset({"pytest_timeout"})
 # the real functions, taken before any replacement: the give-up of the time limit and the
 # process's forked children use them
 _REAL_EXIT = os._exit
@@ -91,13 +89,14 @@ def refuse_process_exits(who: str, advice: str = TARGET_ADVICE, system_exit: boo
     body is over."""
     pid = os.getpid()
     attempts: list[str] = []
-    # threads that ran before the body (execnet's, pytest-timeout's) keep the real exits: only the
-    # body's thread and the threads it starts are the code under test
+    # threads that ran before the body keep the real exits (execnet's last resort in an xdist worker;
+    # pytest-timeout's thread method, which ends a hung run so): only the body's thread and the
+    # threads it starts are the code under test
     earlier = {t.ident for t in threading.enumerate()} - {threading.get_ident()}
 
     def refused(call: str, real: Callable, *args) -> None:
         caller = sys._getframe(2)
-        if os.getpid() != pid or threading.get_ident() in earlier or caller.f_globals.get("__name__") in _MAY_EXIT:
+        if os.getpid() != pid or threading.get_ident() in earlier:
             real(*args)
         attempts.append(f"{who} called {call} at {_where(caller)}: {advice}")
         raise TargetEnded(attempts[-1])
