@@ -310,6 +310,31 @@ def test_a_thread_a_target_leaves_running_is_named(pytester):
     ])
 
 
+TIDY_THREADS = """
+import threading
+import time
+import torch
+import pytest_precision
+
+@pytest_precision.register("mine", kind="softmax")
+def mine(x):
+    worker = threading.Thread(target=time.sleep, args=[0.05], name="joined")
+    worker.start()
+    worker.join()  # joined before returning
+    threading.Thread(target=time.sleep, args=[30], name="background", daemon=True).start()  # a daemon
+    return torch.softmax(x.float(), -1).to(x.dtype)
+"""
+
+
+def test_a_joined_thread_or_a_daemon_is_not_named(pytester):
+    pytester.makeconftest(TIDY_THREADS)
+    pytester.makeini("[pytest]\n")
+    result = pytester.runpytest(*ARGS, "-W", "default")
+    result.assert_outcomes(passed=1)
+    assert "ThreadLeftRunningWarning" not in result.stdout.str()
+    assert "threads left running" not in result.stdout.str()
+
+
 def test_a_thread_that_ran_before_the_case_keeps_the_real_exit():
     """execnet's last resort in an xdist worker is an os._exit from its own thread: refusing it
     would keep a dead worker alive. Only the case's thread and the threads it starts are refused."""
