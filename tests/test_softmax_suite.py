@@ -316,10 +316,13 @@ def test_baseline_dir_ini(pytester):
     assert (pytester.path / "goldens" / "here" / "softmax" / "mine" / "unit" / "fp32.npz").exists()
 
 
-def test_hypothesis_regime_finds_and_shrinks_a_counterexample(pytester):
+def test_hypothesis_regime_finds_and_shrinks_a_counterexample(pytester, monkeypatch):
     """Without max subtraction fp16 exp overflows (logits past 11.09) or underflows to 0 / 0 (large
     negative rows): either way the shrunk input is one short row, printed, with the faulting op."""
     import re
+    # derandomised as under CI in any environment: with a random seed the shrinker sometimes stops
+    # at three rows of one logit (seen once on the README's test command without CI)
+    monkeypatch.setenv("CI", "true")
     _setup(pytester, NO_MAX_SUBTRACTION)
     result = _run(pytester, "--precision-configs=fp16", "-k", "hypothesis")
     result.assert_outcomes(failed=1)
