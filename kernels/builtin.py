@@ -3,7 +3,7 @@
 The suites list ``triton.softmax``, ``triton.log_softmax`` and ``triton.flash_attention`` beside
 torch's ops when ``runtime.builtin_enabled()`` (a CUDA machine, or TRITON_INTERPRET=1). They are
 marked with ``needs_triton``, so where the kernels cannot run (no triton, or CPU tensors without
-the interpreter) their cases are skipped with the reason (``pytest_precision.kinds.triton``).
+the interpreter) their cases are skipped with the reason (``pytest_precision.platform.triton``).
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import importlib
 
 from pytest_precision.kernels.runtime import builtin_enabled, triton_installed
 from pytest_precision.kinds.registry import Target
-from pytest_precision.kinds.triton import interpreted, needs_triton, skip_reason
+from pytest_precision.platform.triton import interpreted, needs_triton, skip_reason
 
 __all__ = ["needs_triton", "skip_reason", "interpreted", "builtin_targets", "BUILTIN"]
 

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from pytest_precision.kernels.accurate import _exp, accurate_math, exp  # noqa: F401 (_exp: called in kernels)
 from pytest_precision.kernels.runtime import LazyKernel, boundary_dtype, interpreting, upcast_dot
-from pytest_precision.kinds.triton import needs_triton
+from pytest_precision.platform.triton import needs_triton
 from pytest_precision.numerics.configs import tf32_matmul_allowed
 
 __all__ = ["flash_attention", "flash_attention_with_lse"]

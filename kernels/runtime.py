@@ -1,7 +1,7 @@
 """How the project's Triton kernels are launched, and the interpreter traps they avoid.
 
 Where Triton code can run at all (CUDA, or the interpreter with ``TRITON_INTERPRET=1`` set before
-triton is imported) is ``pytest_precision.kinds.triton``. Our kernels are jitted on their first
+triton is imported) is ``pytest_precision.platform.triton``. Our kernels are jitted on their first
 launch, in the mode of the process's triton.
 
 The interpreter's ``tl.dot`` on bfloat16 operands multiplies the raw bit patterns (triton 3.9.0,
@@ -27,7 +27,7 @@ import contextvars
 import types
 from dataclasses import dataclass, field
 
-from pytest_precision.kinds.triton import (INTERPRET_HINT, interpret_env, interpret_requested, interpreting, triton_installed,
+from pytest_precision.platform.triton import (INTERPRET_HINT, interpret_env, interpret_requested, interpreting, triton_installed,
                                            unavailable)
 
 __all__ = ["triton_installed", "interpret_requested", "interpreting", "upcast_dot", "boundary_dtype", "unavailable",

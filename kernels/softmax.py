@@ -25,7 +25,7 @@ import triton.language as tl
 
 from pytest_precision.kernels.accurate import _exp, accurate_math, exp  # noqa: F401 (_exp: called in kernels)
 from pytest_precision.kernels.runtime import LazyKernel, boundary_dtype, interpreting
-from pytest_precision.kinds.triton import needs_triton
+from pytest_precision.platform.triton import needs_triton
 
 __all__ = ["softmax", "log_softmax", "softmax_with_lse", "MAX_BLOCK"]
 

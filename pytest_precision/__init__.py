@@ -8,8 +8,9 @@ Register targets from a ``conftest.py``::
 and run ``pytest --precision-suite``. New kinds: subclass :class:`Kind` and
 ``pytest_precision.register_kind(MY_KIND)``.
 
-The package is layered (each layer imports only those before it): ``numerics`` (formats, ULPs,
-metrics, budgets, configs, inputs, devices), ``baselines`` (files, the golden lifecycle, usage,
+The package is layered (each layer imports only those before it): ``platform`` (the machine:
+devices, Triton's runtime, the interpreter's bf16), ``numerics`` (formats, ULPs, metrics, budgets,
+configs, inputs), ``baselines`` (files, the golden lifecycle, usage,
 tools), ``explain`` (tracing, first fault, audit) and ``speed`` (timing, the gate, alignment),
 ``training`` (the train_step contract, runs, comparisons, DDP), ``kinds`` (the Kind interface,
 outcomes, registries), ``reporting`` (summary, reports, plots), ``runner`` (options, collection,
@@ -18,7 +19,7 @@ Triton kernels in ``pytest_precision.kernels``; no layer imports them.
 """
 from .kinds.base import Case, DrawnRegime, Kind, OutputRule, Regime, Variant
 from .kinds.registry import Target, register, register_kind
-from .kinds.triton import needs_triton
+from .platform.triton import needs_triton
 from .numerics.configs import CONFIGS, Config
 from .numerics.formats import FORMATS, format_of, ulp, ulp_distance
 from .numerics.metrics import Comparison, compare

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from .kinds.registry import clear as clear_targets, forget_project_kinds
-from .kinds.triton import forget_launch_failures
-from .numerics.devices import numerics_key, pin_xdist_worker
+from .platform.triton import forget_launch_failures
+from .platform.devices import numerics_key, pin_xdist_worker
 from .reporting.summary import write_terminal_summary
 from .runner.collection import SuiteCollector, keyword_expressions
 from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,  # noqa: F401 (fixtures)
@@ -87,7 +87,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _install_fused_statistics() -> None:
     """On CUDA the comparison's statistics come from the project's Triton kernel (one pass)."""
-    from .kinds.triton import triton_installed
+    from .platform.triton import triton_installed
 
     if triton_installed():
         from .kernels import error_stats

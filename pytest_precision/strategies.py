@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from hypothesis import settings, strategies as st
 
-from .numerics.devices import interpret_requested
+from .platform.devices import interpret_requested
 from .numerics.formats import format_of
 from .numerics.inputs import seeded_normal
 

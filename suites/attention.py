@@ -37,7 +37,7 @@ from torch.overrides import TorchFunctionMode
 from pytest_precision.kinds.base import NO_VARIANT, Case, Kind, OutputRule, Regime, Variant, declared_flag
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
 from pytest_precision.kinds.target import Target, TargetError
-from pytest_precision.kinds.triton import triton_error, uses_triton
+from pytest_precision.platform.triton import triton_error, uses_triton
 from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR
 from pytest_precision.numerics.formats import format_of
 from pytest_precision.strategies import AttentionInputs, build_attention_inputs

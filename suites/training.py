@@ -54,7 +54,7 @@ from pytest_precision.explain.faults import first_fault
 from pytest_precision.kinds.base import Case, Kind, skip
 from pytest_precision.kinds.outcome import Evidence, Outcome, baseline_problems
 from pytest_precision.kinds.tables import SummaryTable, fmt
-from pytest_precision.kinds.triton import bf16_as_on_gpu
+from pytest_precision.platform.triton import bf16_as_on_gpu
 from pytest_precision.kinds.target import Target, TargetError
 from pytest_precision.speed.timing import format_seconds
 from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainConfig, TrainingError, TrainMetrics,

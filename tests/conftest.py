@@ -15,8 +15,8 @@ if importlib.util.find_spec("triton") is not None and not torch.cuda.is_availabl
     os.environ["TRITON_INTERPRET"] = "1"
     import triton  # noqa: F401,E402
     # the bf16 emulation and the canary's kernels, for the same reason (and jitted in interpreter mode)
-    import pytest_precision.kinds.interpreter_bf16  # noqa: F401,E402
-    import pytest_precision.kinds.triton_canary  # noqa: F401,E402
+    import pytest_precision.platform.interpreter_bf16  # noqa: F401,E402
+    import pytest_precision.platform.triton_canary  # noqa: F401,E402
 
     if _saved is None:
         del os.environ["TRITON_INTERPRET"]

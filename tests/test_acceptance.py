@@ -98,7 +98,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 import pytest_precision
-from pytest_precision.inputs import seeded_normal
+from pytest_precision.numerics.inputs import seeded_normal
 
 
 class Net(nn.Module):

@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 from machine import ON_CPU
 
-from pytest_precision.alignment import required_multiple, tensor_core_misalignments
+from pytest_precision.speed.alignment import required_multiple, tensor_core_misalignments
 
 pytest_plugins = ["pytester"]
 
@@ -103,7 +103,7 @@ def projected(q, k, v, causal=False, key_padding_mask=None):
 """)
     r = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=bf16,fp32", *ON_CPU,
                            "--precision-update-baselines", "-k", "attention and flash and not padded", "-W",
-                           "always::pytest_precision.alignment.TensorCoreAlignmentWarning")
+                           "always::pytest_precision.speed.alignment.TensorCoreAlignmentWarning")
     r.assert_outcomes(passed=20)
     flagged = [line for line in r.outlines if "not a multiple of" in line]
     assert len(flagged) == 1 and "target 'projected'" in flagged[0] and "N=100" in flagged[0], flagged

@@ -4,8 +4,8 @@ the logic is a function of the worker id and the device count."""
 import pytest
 import torch
 
-from pytest_precision.numerics import devices
-from pytest_precision.numerics.devices import fingerprint, pin_xdist_worker, xdist_worker_device
+from pytest_precision.platform import devices
+from pytest_precision.platform.devices import fingerprint, pin_xdist_worker, xdist_worker_device
 
 
 @pytest.mark.parametrize("worker,count,expected", [

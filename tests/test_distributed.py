@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pytest_precision.distributed import HOOKS, DDPComparisonError, compare_ddp_hooks, ddp_skip_reason
+from pytest_precision.training.distributed import HOOKS, DDPComparisonError, compare_ddp_hooks, ddp_skip_reason
 from pytest_precision.suites import tiny_gpt
 from pytest_precision.training import TrainSpec
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from pytest_precision.formats import FORMATS, format_of, ordinal, ulp, ulp_distance
+from pytest_precision.numerics.formats import FORMATS, format_of, ordinal, ulp, ulp_distance
 
 PAIRS = 100_000  # per dtype, as Hypothesis examples of up to 1000 pairs
 BYTES_PER_DRAW = 2000  # two draws per example stay well inside Hypothesis's 8 KiB buffer

@@ -1,5 +1,5 @@
 """Suite inputs have the same bits on every CPU: a golden's input checksum must not change with
-the CI runner's vector ISA (torch's float32 randn does, see pytest_precision.inputs)."""
+the CI runner's vector ISA (torch's float32 randn does, see pytest_precision.numerics.inputs)."""
 import json
 import os
 import subprocess
@@ -8,7 +8,7 @@ import sys
 import torch
 
 from pytest_precision.baselines import checksum
-from pytest_precision.inputs import seeded_normal
+from pytest_precision.numerics.inputs import seeded_normal
 
 _CHECKSUMS = """
 import json

@@ -7,9 +7,9 @@ import pytest
 pytest.importorskip("triton")
 pytest_plugins = ["pytester"]
 
-from pytest_precision.explain.launches import Launch  # noqa: E402
-from pytest_precision.kinds import triton as kinds_triton  # noqa: E402
-from pytest_precision.kinds.triton import (interpret_env, interpreter_defects, interpreter_excuse,  # noqa: E402
+from pytest_precision.platform.launches import Launch  # noqa: E402
+from pytest_precision.platform import triton as kinds_triton  # noqa: E402
+from pytest_precision.platform.triton import (interpret_env, interpreter_defects, interpreter_excuse,  # noqa: E402
                                            interpreting, residual_interpreter_defects)
 
 needs_interpreter = pytest.mark.skipif(not interpreting(), reason="triton was imported without the interpreter")
@@ -150,8 +150,8 @@ def test_the_canary_sees_a_defect_the_emulation_leaves(monkeypatch):
     """Planted: the emulation without its dot. The canary run under it reports exactly the dot."""
     import numpy as np
 
-    from pytest_precision.kinds import interpreter_bf16
-    from pytest_precision.kinds.triton_canary import measure_defects
+    from pytest_precision.platform import interpreter_bf16
+    from pytest_precision.platform.triton_canary import measure_defects
 
     monkeypatch.setattr(interpreter_bf16, "_dot", lambda original: original)
     with interpret_env(True), np.errstate(all="ignore"), interpreter_bf16.emulate_bf16():
@@ -162,7 +162,7 @@ def test_the_canary_sees_a_defect_the_emulation_leaves(monkeypatch):
 
 @needs_interpreter
 def test_the_emulation_is_entered_only_where_the_canary_found_a_defect(monkeypatch):
-    from pytest_precision.kinds.interpreter_bf16 import emulating
+    from pytest_precision.platform.interpreter_bf16 import emulating
 
     with kinds_triton.bf16_as_on_gpu():
         assert emulating() == bool(interpreter_defects())
@@ -225,7 +225,7 @@ def test_a_bf16_op_the_emulation_does_not_cover_is_xfailed_naming_it(pytester, m
 
 @needs_defects
 def test_the_excuse_names_only_what_a_launch_met(monkeypatch):
-    from pytest_precision.kinds.triton_canary import Defect
+    from pytest_precision.platform.triton_canary import Defect
 
     clean = Launch("clean_kernel", ("bfloat16", "bfloat16"), bf16_ops={"arithmetic", "cast", "sum"})
     assert interpreter_excuse([clean]) is None  # bf16 emulated throughout: judged like any other case

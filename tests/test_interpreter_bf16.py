@@ -1,4 +1,4 @@
-"""The bf16 emulation under Triton's interpreter (pytest_precision.kinds.interpreter_bf16): each class
+"""The bf16 emulation under Triton's interpreter (pytest_precision.platform.interpreter_bf16): each class
 of op on bf16 operands, inside a tiny interpreted kernel, gives the bits torch's bf16 op gives
 (torch's CPU bf16 ops compute in fp32 and round once to nearest even: the semantics a GPU has),
 negatives, subnormals, inf and NaN included; what it cannot emulate is noted on the launch; and
@@ -12,8 +12,8 @@ pytest.importorskip("triton")
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from pytest_precision.explain.launches import watch_launches  # noqa: E402
-from pytest_precision.kinds.triton import interpret_env, interpreter_defects, interpreting  # noqa: E402
+from pytest_precision.platform.launches import watch_launches  # noqa: E402
+from pytest_precision.platform.triton import interpret_env, interpreter_defects, interpreting  # noqa: E402
 
 pytestmark = [pytest.mark.skipif(not interpreting(), reason="triton was imported without the interpreter"),
               # the interpreter's numpy ops warn on the edge operands (inf - inf, 3e38 * 2e38), as they do in fp32
@@ -22,7 +22,7 @@ if interpreting():
     from triton.runtime import interpreter
     from triton.runtime.errors import InterpreterError
 
-    from pytest_precision.kinds.interpreter_bf16 import emulate_bf16, emulating
+    from pytest_precision.platform.interpreter_bf16 import emulate_bf16, emulating
 
 BF16 = torch.bfloat16
 SUB = 2.0 ** -133  # the smallest bf16 subnormal

@@ -198,7 +198,7 @@ def test_targets_skip_with_a_reason_where_kernels_cannot_run(monkeypatch):
     from pytest_precision.kernels.flash_attention import flash_attention
     from pytest_precision.kernels.builtin import builtin_targets, skip_reason
 
-    from pytest_precision.kinds import triton as where_triton_runs
+    from pytest_precision.platform import triton as where_triton_runs
 
     assert skip_reason(torch.softmax, "cpu") is None  # unmarked callables are never skipped
     monkeypatch.setattr(where_triton_runs, "interpreting", lambda: False)  # a CPU process without the interpreter

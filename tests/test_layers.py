@@ -11,19 +11,23 @@ SOURCES = {"pytest_precision": "pytest_precision", "suites": "pytest_precision.s
 
 # layer -> the layers its modules may import (besides their own)
 LAYERS = {
-    "numerics": set(),
-    "baselines": {"numerics"},
-    "explain": {"numerics"},
-    "speed": {"numerics", "explain"},
-    "training": {"numerics", "baselines", "speed"},
-    "kinds": {"numerics", "baselines", "explain", "speed"},
-    "reporting": {"numerics", "explain", "speed", "kinds"},
-    "runner": {"numerics", "baselines", "explain", "speed", "kinds", "reporting"},
+    "platform": set(),
+    "numerics": {"platform"},
+    "baselines": {"platform", "numerics"},
+    "explain": {"platform", "numerics"},
+    "speed": {"platform", "numerics", "explain"},
+    "training": {"platform", "numerics", "baselines", "speed"},
+    "kinds": {"platform", "numerics", "baselines", "explain", "speed"},
+    "reporting": {"platform", "numerics", "explain", "speed", "kinds"},
+    "runner": {"platform", "numerics", "baselines", "explain", "speed", "kinds", "reporting"},
     # the public modules: the package's __init__, the plugin (which also installs the kernels'
     # one-pass statistics on CUDA), the command line, the property helpers, thin re-exports
-    "api": {"numerics", "baselines", "explain", "speed", "training", "kinds", "reporting", "runner", "kernels"},
-    "suites": {"numerics", "baselines", "explain", "speed", "training", "kinds", "kernels", "api"},
-    "kernels": {"numerics", "kinds"},
+    "api": {"platform", "numerics", "baselines", "explain", "speed", "training", "kinds", "reporting", "runner", "kernels"},
+    # benchmarks run the harness as a user would, from outside
+    "benchmarks": {"platform", "numerics", "baselines", "explain", "speed", "training", "kinds", "reporting", "runner",
+                   "api", "suites", "kernels"},
+    "suites": {"platform", "numerics", "baselines", "explain", "speed", "training", "kinds", "kernels", "api"},
+    "kernels": {"platform", "numerics", "kinds"},
 }
 
 

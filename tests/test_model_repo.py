@@ -327,7 +327,7 @@ def slow_naive(x):
 def test_the_model_repo_benchmark_says_which_targets_failed_and_on_what(tmp_path):
     import json
 
-    from pytest_precision.speed.model_repo import _failures
+    from pytest_precision.benchmarks.model_repo import _failures
 
     report = tmp_path / "report.json"
     cases = [{"target": "eager", "categories": ["regression"]}, {"target": "eager", "categories": ["regression", "speed"]},

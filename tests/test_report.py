@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from pytest_precision.report import REPORT_SCHEMA, build_report, json_safe, render_markdown
+from pytest_precision.reporting.report import REPORT_SCHEMA, build_report, json_safe, render_markdown
 
 
 def _jsonschema():
@@ -146,7 +146,7 @@ TRAINING_CONFTEST = textwrap.dedent("""
     import torch.nn.functional as F
     from torch import nn
     import pytest_precision
-    from pytest_precision.inputs import seeded_normal
+    from pytest_precision.numerics.inputs import seeded_normal
 
     class Net(nn.Module):
         def __init__(self):

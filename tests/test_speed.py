@@ -11,7 +11,7 @@ import pytest
 from machine import DEVICE, ON_CPU
 
 from pytest_precision.speed import check_speed, judge_memory, judge_speed, ratio_interval, thin_samples
-from pytest_precision.timing import Timing, measure, synchronized_perf_counter
+from pytest_precision.speed.timing import Timing, measure, synchronized_perf_counter
 
 pytest_plugins = ["pytester"]
 
@@ -303,7 +303,7 @@ def test_bench(benchmark):
 """)
     pytester.makeini("[pytest]\n")
     r = pytester.runpytest("-p", "no:cacheprovider", "--benchmark-json=out.json",
-                           "--benchmark-timer=pytest_precision.timing.synchronized_perf_counter")
+                           "--benchmark-timer=pytest_precision.speed.timing.synchronized_perf_counter")
     r.assert_outcomes(passed=1)
     data = json.loads((pytester.path / "out.json").read_text())
     info = data["machine_info"]["pytest_precision"]
@@ -313,8 +313,8 @@ def test_bench(benchmark):
 
 def test_false_alarm_benchmark_counts_each_verdict_against_its_scenario():
     """The benchmark's arithmetic on a report as the plugin writes it (the sessions themselves are
-    what ``python -m pytest_precision.speed.false_alarms`` runs)."""
-    from pytest_precision.speed.false_alarms import _rate, _speed_statuses
+    what ``python -m pytest_precision.benchmarks.false_alarms`` runs)."""
+    from pytest_precision.benchmarks.false_alarms import _rate, _speed_statuses
 
     report = {"cases": [{"config": "fp32", "regime": r, "timing": {"speed_status": s, "speed_ratio": x}}
                         for r, s, x in (("unit", "pass", 1.0), ("len1", "slower", 1.6), ("len1000", "noisy", 1.3))]

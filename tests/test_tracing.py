@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from pytest_precision.audit import audit
-from pytest_precision.faults import first_fault
-from pytest_precision.tracing import render_trace, trace
+from pytest_precision.explain.audit import audit
+from pytest_precision.explain.faults import first_fault
+from pytest_precision.explain.tracing import render_trace, trace
 
 pytest_plugins = ["pytester"]
 
@@ -138,7 +138,7 @@ def test_an_allocation_is_never_the_fault_and_a_destination_is_no_input():
     """An uninitialised buffer may hold NaN: ``empty`` produced nothing, and ``copy_`` or an
     ``out=`` op does not read what its destination held before."""
     from pytest_precision.explain.faults import locate
-    from pytest_precision.explain.launches import as_harness
+    from pytest_precision.platform.launches import as_harness
     from pytest_precision.explain.tracing import OpRecord
 
     x = torch.tensor([1.0, 12.0, -3.0])

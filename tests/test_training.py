@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from pytest_precision.numerics.configs import fp8_roundtrip
-from pytest_precision.inputs import seeded_normal
+from pytest_precision.numerics.inputs import seeded_normal
 from pytest_precision.training import (TRAIN_CONFIGS, MarkovText, TrainSpec, TrainingError, check_determinism,
                                        compare_trajectories, exact_first_step, fp8_linears, run_training, significant,
                                        stochastic_round, underflow_rates)

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 import pytest_precision
-from pytest_precision.inputs import seeded_normal
+from pytest_precision.numerics.inputs import seeded_normal
 
 
 class Net(nn.Module):
@@ -264,7 +264,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 import pytest_precision
-from pytest_precision.inputs import seeded_normal
+from pytest_precision.numerics.inputs import seeded_normal
 
 
 class Classifier(nn.Module):
@@ -486,7 +486,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 import pytest_precision
-from pytest_precision.inputs import seeded_normal
+from pytest_precision.numerics.inputs import seeded_normal
 
 
 class Net(nn.Module):

@@ -8,7 +8,7 @@ import re
 
 import pytest
 from machine import ON_CPU
-from pytest_precision.report import REPORT_SCHEMA
+from pytest_precision.reporting.report import REPORT_SCHEMA
 
 pytest_plugins = ["pytester"]
 

@@ -8,7 +8,7 @@ What is stored and how it is judged is a :class:`BaselineEntry`: :class:`TensorO
 (float64 oracles on the config's rounded inputs stored as float32, errors in ULPs or max abs),
 the training kind's metric entries in ``pytest_precision.training.baseline``.
 
-Accepted budgets are keyed by the numerics key of the machine (``numerics.devices``: device type
+Accepted budgets are keyed by the numerics key of the machine (``platform.devices``: device type
 and CPU ISA or GPU compute capability), then by output name. A machine with no budget of its own
 is judged by the widest budget recorded for its device type, or when its type has none (a first
 run on a GPU of goldens recorded on CPUs) by the widest of any machine, and the result says so;
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..numerics.budgets import MACHINE_SPREAD, Budget, abs_floor, regression_budget, violations
-from ..numerics.devices import device_class, machine_name, numerics_key
+from ..platform.devices import device_class, machine_name, numerics_key
 from ..numerics.formats import format_of
 from ..numerics.metrics import Comparison, compare
 from .store import Baseline, BaselineError, BaselineStore, checksum, same_value, unlimited
@@ -327,7 +327,7 @@ class TensorOutputs(BaselineEntry):
             result.moved_inputs = (
                 "the inputs' bits differ from those the golden was accepted on, drawn from the same seed and spec "
                 "(another machine's float32 randn, or an edit of the generator that kept its shapes and dtypes? "
-                "pytest_precision.inputs.seeded_normal draws the same bits everywhere): judged by this run's error against its float64 oracle within the golden's budget, "
+                "pytest_precision.numerics.inputs.seeded_normal draws the same bits everywhere): judged by this run's error against its float64 oracle within the golden's budget, "
                 "not element by element")
         for name, o in self.outputs.items():
             # with moved inputs the stored reference is another input's: the error is taken against

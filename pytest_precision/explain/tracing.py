@@ -21,7 +21,7 @@ from tabulate import tabulate
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .launches import as_harness, current_kernel, harness_ops, watch_launches
+from ..platform.launches import as_harness, current_kernel, harness_ops, watch_launches
 
 __all__ = ["OpRecord", "OpTracer", "trace", "render_trace", "user_frame"]
 

@@ -1,6 +1,6 @@
 """Kinds of targets and the seam they go through: the :class:`Kind` interface (``base``), the
 outcome of a case (``outcome``), the registries of kinds and targets (``registry``), summary
-tables (``tables``), where Triton code can run (``triton``)."""
+tables (``tables``)."""
 from .base import NO_VARIANT, Case, DrawnRegime, Kind, OutputRule, Regime, Variant
 from .outcome import Evidence, Outcome, PrecisionFailure, Problem
 from .registry import get_kind, kinds, register, register_kind

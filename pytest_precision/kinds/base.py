@@ -35,7 +35,7 @@ import torch
 
 from ..baselines.lifecycle import BaselineCheck, BaselineResult, TensorOutput
 from ..explain.faults import first_fault
-from ..explain.launches import watch_launches
+from ..platform.launches import watch_launches
 from ..numerics.budgets import ULP_FLOOR, Budget, peer_budget, violations
 from ..numerics.configs import CONFIGS, Config
 from ..numerics.global_state import guarded, leak_message
@@ -45,7 +45,7 @@ from ..speed.timing import Bench
 from .outcome import Evidence, Outcome, baseline_problems
 from .target import Target, TargetError
 from .tables import TENSOR_TABLE, SummaryTable
-from .triton import (bf16_as_on_gpu, first_launch_failure, interpreted, interpreter_excuse,
+from ..platform.triton import (bf16_as_on_gpu, first_launch_failure, interpreted, interpreter_excuse,
                      skip_reason as triton_skip_reason, triton_error)
 
 __all__ = ["Kind", "Case", "Regime", "DrawnRegime", "Variant", "NO_VARIANT", "OutputRule", "Measurement",

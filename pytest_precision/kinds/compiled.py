@@ -34,7 +34,7 @@ import torch
 
 from .base import Case, Kind, Measurement, Variant
 from .target import Target, TargetError
-from .triton import interpreted
+from ..platform.triton import interpreted
 
 __all__ = ["Compiled", "RECOMPILE_LIMIT"]
 

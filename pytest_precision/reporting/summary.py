@@ -7,7 +7,7 @@ import re
 
 from ..kinds.registry import get_kind
 from ..kinds.tables import HEADERS, TENSOR_TABLE, SummaryTable
-from ..numerics.devices import device_class, numerics_key
+from ..platform.devices import device_class, numerics_key
 
 __all__ = ["HEADERS", "tables", "summary_rows", "render_summary", "borrowed_budgets_line", "speed_lines", "case_lines",
            "write_terminal_summary"]
@@ -100,7 +100,7 @@ def case_lines(records: list[dict]) -> list[str]:
         lines.append(f"{moved} case(s) drew inputs whose bits differ from those their goldens were accepted on, from "
                      "the same seed and spec (another machine's float32 randn, or a generator edited without changing its "
                      "shapes and dtypes?): judged by their error against the "
-                     "float64 oracle within the golden's budget; pytest_precision.inputs.seeded_normal draws the same "
+                     "float64 oracle within the golden's budget; pytest_precision.numerics.inputs.seeded_normal draws the same "
                      "bits on every machine")
     unjudged = sorted(r.get("nodeid") or r["target"] for r in records if r.get("unjudged_limits"))
     if unjudged:

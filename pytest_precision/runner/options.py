@@ -16,7 +16,7 @@ import torch
 from ..baselines.store import BaselineStore
 from ..kinds.registry import Target, parse_ini_kinds, parse_ini_targets
 from ..numerics.configs import CONFIG_IDS, Config, select_configs
-from ..numerics.devices import fingerprint
+from ..platform.devices import fingerprint
 from ..speed.gate import DEFAULT_THRESHOLD
 from .exits import IMPORT_ADVICE, TargetEnded, refuse_process_exits
 from .timelimit import DEFAULT_TIMEOUT, NO_LIMIT_ABOVE

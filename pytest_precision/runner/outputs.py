@@ -12,7 +12,7 @@ import torch
 from ..baselines.usage import (CACHE_KEY, PRUNE_COMMAND, USAGE_KEY, BaselineUsage, find_unused, incomplete_reason,
                                module_prefix)
 from ..kinds.registry import kind_names
-from ..numerics.devices import numerics_key
+from ..platform.devices import numerics_key
 from ..reporting.plots import MISSING_MESSAGE as PLOTS_MISSING, plots_available
 from .options import OPTIONS_KEY, RECORDS_KEY
 
@@ -24,7 +24,7 @@ USAGE_OUTPUT_KEY = "precision_baseline_usage"
 def add_output_options(group) -> None:
     group.addoption("--precision-report", metavar="FILE.json",
                     help="write every suite case (metrics, budgets, timings, verdict) as JSON (schema: "
-                         "pytest_precision.report.REPORT_SCHEMA)")
+                         "pytest_precision.reporting.report.REPORT_SCHEMA)")
     group.addoption("--precision-report-md", metavar="FILE",
                     help="write the summary table, totals and failing cases as Markdown (CI job summaries, PR comments)")
     group.addoption("--precision-plots", metavar="DIR",

@@ -271,7 +271,7 @@ def _measure_cuda(fn, plan: SamplingPlan) -> Timing:
 
 def synchronized_perf_counter() -> float:
     """``time.perf_counter`` after the GPU has finished its queued work: a correct timer for
-    pytest-benchmark on CUDA code (``--benchmark-timer=pytest_precision.timing.synchronized_perf_counter``),
+    pytest-benchmark on CUDA code (``--benchmark-timer=pytest_precision.speed.timing.synchronized_perf_counter``),
     whose default timer reads the clock when the kernel is launched, not when it has run."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.synchronize()

@@ -36,7 +36,7 @@ import torch
 from ..baselines.lifecycle import BaselineEntry, BaselineResult, budget_sources
 from ..baselines.store import Baseline, checksum
 from ..numerics.budgets import REGRESSION_SLACK
-from ..numerics.devices import device_class
+from ..platform.devices import device_class
 from .compare import TrainMetrics
 from .configs import TrainConfig
 from .distributed import HookComparison

@@ -26,7 +26,7 @@ import os
 import sys
 from unittest import mock
 
-from ..numerics.devices import interpret_requested
+from .devices import interpret_requested
 
 __all__ = ["INTERPRET_HINT", "triton_error", "first_launch_failure", "forget_launch_failures", "interpret_env", "needs_triton", "uses_triton", "triton_installed", "interpret_requested",
            "interpreting", "unavailable", "skip_reason", "interpreted", "interpreter_defects",

@@ -1,6 +1,6 @@
 """Benchmark: how long a model repository's precision run takes, and where the time goes.
 
-    python -m pytest_precision.speed.model_repo [--workdir DIR] [--plant] [--keep]
+    python -m pytest_precision.benchmarks.model_repo [--workdir DIR] [--plant] [--keep]
 
 Writes a repository of the size a model repo has (two attention adapters: an eager one and one
 through SDPA; a Triton row-softmax kernel; a small GPT as a TrainSpec), then runs, each in a fresh

@@ -30,11 +30,11 @@ compute bf16 as a GPU does instead:
 
 Any other builder op that meets a bf16 operand (atomics, extern/libdevice functions, inline asm,
 histogram, ``tl.dot_scaled``, and whatever a later triton adds) runs as the interpreter has it and
-is noted on the running launch (``explain.launches.Launch.unemulated``); a failing case that ran one
+is noted on the running launch (``launches.Launch.unemulated``); a failing case that ran one
 is not the kernel's fault. Each emulated op notes its class on the launch (``Launch.bf16_ops``), so
 a defect the canary still sees under the emulation is cited only where the launch computed it.
 
-Import this module only where triton is imported in interpreter mode (``kinds.triton`` does).
+Import this module only where triton is imported in interpreter mode (``triton`` does).
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ import triton.language as tl
 from triton.runtime import interpreter as _interpreter
 from triton.runtime.interpreter import ReduceOps, ScanOps, TensorHandle
 
-from ..explain.launches import current_launch
+from .launches import current_launch
 
 __all__ = ["emulate_bf16", "emulating", "ARITHMETIC", "COMPARISON", "CAST", "DOT", "SUM", "round_to_bf16"]
 

@@ -1,8 +1,8 @@
 """Tiny Triton kernels that show whether this process's Triton interpreter computes bfloat16
 right, one per class of defect known in triton 3.9.0, and :func:`measure_defects`, which runs them
-and compares each result with torch's (imported only under the interpreter, by ``kinds.triton``).
+and compares each result with torch's (imported only under the interpreter, by ``triton``).
 
-The classes are the ones the bf16 emulation (``kinds.interpreter_bf16``) notes on a launch:
+The classes are the ones the bf16 emulation (``interpreter_bf16``) notes on a launch:
 arithmetic (``+ - *`` and negation), comparison (``<`` and ``tl.maximum``), cast (fp32 -> bf16
 rounding, and subnormals both ways), dot and sum."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..explain.launches import unwatched
+from .launches import unwatched
 from .interpreter_bf16 import ARITHMETIC, CAST, COMPARISON, DOT, SUM
 
 __all__ = ["Defect", "measure_defects"]

@@ -1,5 +1,5 @@
 """How often the speed gate fails correct code, and how often it catches a slowdown, under load:
-``python -m pytest_precision.speed.false_alarms``.
+``python -m pytest_precision.benchmarks.false_alarms``.
 
 It records the speed of a softmax target on this machine (serial, idle), then runs real pytest
 sessions of the suite against those records and counts each case's speed verdict:
@@ -132,7 +132,7 @@ def _rate(row: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_precision.speed.false_alarms", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pytest_precision.benchmarks.false_alarms", description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default="fp32,bf16,fp16", help="configs of the softmax suite to time (default: %(default)s)")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--rounds", type=int, default=1, help="run the scenarios this many times (default: %(default)s)")

@@ -4,9 +4,9 @@ their tensor arguments, what they computed in bfloat16, and which kernel is runn
 The interpreter runs a kernel as Python and numpy, and the torch ops it issues meanwhile
 (``aten::set_``, ``aten::empty_like``) are its internals, not the user's code: a trace names them
 "inside Triton kernel <name> (interpreted)" with the line that launched it. Where the interpreter's
-bfloat16 is wrong, the harness computes it as a GPU does (``kinds.interpreter_bf16``), and notes on
+bfloat16 is wrong, the harness computes it as a GPU does (``interpreter_bf16``), and notes on
 the running launch which classes of bf16 ops it computed so and which ops with bf16 operands it
-left to the interpreter (``kinds.triton.interpreter_excuse`` reads them).
+left to the interpreter (``triton.interpreter_excuse`` reads them).
 """
 from __future__ import annotations
 
