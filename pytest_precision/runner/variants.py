@@ -36,7 +36,7 @@ import pytest
 
 from ..kinds.base import NO_VARIANT, Kind, Variant
 from ..kinds.target import Target, TargetError
-from ..baselines.store import process_alive
+from ..platform.processes import process_alive
 from .exits import TargetEnded, refuse_process_exits
 from .timelimit import DEFAULT_TIMEOUT, CaseTimeout, time_limit
 
