@@ -16,7 +16,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from .baselines.store import MAX_JSON_BYTES, BaselineError, read_bounded
+from .baselines.reading import MAX_JSON_BYTES, read_bounded
+from .baselines.schema import BaselineError
 from .baselines.tools import diff_lines, list_lines, remove, show_lines
 from .baselines.usage import CACHE_KEY
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from pytest_precision.__main__ import default_dir, main
-from pytest_precision.baselines.store import BaselineError
+from pytest_precision.baselines.schema import BaselineError
 from pytest_precision.baselines.tools import baseline_names, diff_lines, remove
 
 GOLDENS = Path(__file__).resolve().parents[1] / "baselines"

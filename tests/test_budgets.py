@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from pytest_precision.baselines.lifecycle import BaselineCheck, TensorOutput
+from pytest_precision.baselines.lifecycle import BaselineCheck
+from pytest_precision.baselines.tensors import TensorOutput
 from pytest_precision.baselines.store import BaselineStore
 from pytest_precision.numerics.budgets import Budget, regression_budget, violations
 from pytest_precision.numerics.metrics import compare
@@ -77,9 +78,9 @@ def test_a_borrowed_budget_is_scaled_by_the_peer_and_still_catches_a_regression(
     out_there, _ = _cmp(2.5 * 2 ** -22, worst=2.5 * 2 ** -20)
     unscaled = _check(tmp_path, "cpu-avx2", False, monkeypatch)
     monkeypatch.setattr(TensorOutput, "peer", None, raising=False)
-    from pytest_precision.baselines import lifecycle
-    for k in lifecycle.MACHINE_SPREAD:  # nor the spread measured between machines
-        monkeypatch.setitem(lifecycle.MACHINE_SPREAD, k, 1.0)
+    from pytest_precision.numerics.budgets import MACHINE_SPREAD
+    for k in MACHINE_SPREAD:  # nor the spread measured between machines
+        monkeypatch.setitem(MACHINE_SPREAD, k, 1.0)
     r = unscaled.check_outputs({"reference": TensorOutput(out_there, ref, torch.float32)}, inputs=ref)
     assert r.problems, "unscaled, the borrowed budget is too tight: that is the false alarm scaling removes"
     monkeypatch.undo()

@@ -15,7 +15,8 @@ import torch
 
 from pytest_precision.__main__ import main
 from pytest_precision.baselines.lifecycle import BaselineCheck
-from pytest_precision.baselines.store import BaselineError, BaselineStore
+from pytest_precision.baselines.schema import BaselineError
+from pytest_precision.baselines.store import BaselineStore
 
 pytest_plugins = ["pytester"]
 

@@ -25,9 +25,10 @@ import pytest
 import torch
 
 from pytest_precision.__main__ import main
-from pytest_precision.baselines.lifecycle import MAX_PEER_SCALE, TensorOutput, TensorOutputs
-from pytest_precision.baselines.store import (MAX_JSON_BYTES, BaselineError, BaselineStore, name_problem,
-                                              read_arrays, read_meta)
+from pytest_precision.baselines.reading import MAX_JSON_BYTES, read_arrays, read_meta
+from pytest_precision.baselines.schema import BaselineError
+from pytest_precision.baselines.store import BaselineStore, name_problem
+from pytest_precision.baselines.tensors import MAX_PEER_SCALE, TensorOutput, TensorOutputs
 from pytest_precision.baselines.tools import baseline_names, diff_lines, remove
 from pytest_precision.numerics.budgets import Budget
 from pytest_precision.numerics.metrics import compare
@@ -90,7 +91,8 @@ def bomb(tmp_path_factory) -> bytes:
 _MEASURE = """
 import json, resource, sys, time
 from pathlib import Path
-from pytest_precision.baselines.store import BaselineStore, BaselineError
+from pytest_precision.baselines.schema import BaselineError
+from pytest_precision.baselines.store import BaselineStore
 from pytest_precision.baselines.tools import list_lines, show_lines, diff_lines
 root = Path(sys.argv[1])
 start = time.monotonic()
@@ -465,7 +467,7 @@ def test_an_unlimited_training_limit_is_read_only_where_what_was_accepted_was_no
                                                                                          refused):
     """A training golden accepted with a gradient norm that overflowed has no finite limit on it, as
     pytest-precision writes it; the same Infinity beside a finite accepted ratio is an edit."""
-    from pytest_precision.baselines.store import unlimited
+    from pytest_precision.baselines.schema import unlimited
     from pytest_precision.reporting.summary import case_lines
 
     _, meta_path = _one_golden(tmp_path)
@@ -576,7 +578,7 @@ def test_names_from_a_golden_reach_the_terminal_without_their_escapes(tmp_path):
 
 
 def test_a_training_golden_accepted_with_a_non_finite_sqnr_reads_and_says_so(tmp_path):
-    from pytest_precision.baselines.store import unlimited
+    from pytest_precision.baselines.schema import unlimited
 
     _, meta_path = _one_golden(tmp_path)
     entry = {"budget": {"min_param_sqnr_db": -math.inf, "min_grad_sqnr_db": {"w": -math.inf, "b": 40.0}},

@@ -3,20 +3,20 @@ list them, show one, diff two directories budget by budget, remove a list of the
 
 Pure functions of the files: a baseline is named by its path under the root without the suffix,
 ``<key>/<config>`` (``softmax/torch.softmax/len32768/fp32``), and is the pair ``.npz`` + ``.json``.
-Both are read as the plugin reads them (``store``: JSON as data with its structure and types
+Both are read as the plugin reads them (``reading``: JSON as data with its structure and types
 checked, tensors with ``allow_pickle=False``, the pair's checksum compared): nothing here runs code
 from a file, and a file that cannot be read is named in ``errors``, never a traceback.
 """
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 
 import numpy as np
 
-from .store import BaselineError, StoredPair, named, outside, read_pair, same_value, shown
+from .reading import StoredPair, outside, read_pair
+from .schema import BaselineError, named, same_value, shown
 
 __all__ = ["BUDGET_FIELDS", "baseline_names", "read_meta", "list_lines", "show_lines", "diff_lines", "remove"]
 

@@ -6,13 +6,13 @@ import functools
 import math
 import os
 import re
-import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 import torch
 
+from ..baselines.commands import update_command
 from ..baselines.store import BaselineStore
 from ..kinds.registry import Target, parse_ini_kinds, parse_ini_targets
 from ..numerics.configs import CONFIG_IDS, Config, select_configs
@@ -101,21 +101,7 @@ class RunOptions:
 
     def update_command(self, *, nodeid: str | None = None, suite_item: str | None = None, config_id: str = "") -> str:
         """The exact command that (re)writes one baseline."""
-        parts = ["pytest"]
-        if nodeid is not None:
-            parts.append(nodeid)
-        else:
-            parts += ["--precision-suite", "-k", suite_item or ""]
-            if self.builtins:
-                parts.append("--precision-builtins")
-            if self.compile:
-                parts.append("--precision-compile")
-        if config_id:
-            parts.append(f"--precision-configs={config_id}")
-        if self.device != self.default_device:
-            parts.append(f"--precision-device={self.device}")
-        parts.append("--precision-update-baselines")
-        return " ".join(shlex.quote(p) for p in parts)
+        return update_command(self, nodeid=nodeid, suite_item=suite_item, config_id=config_id)
 
 
 def parse_timeout(raw: str) -> float:
