@@ -5,7 +5,7 @@ the worst case with ``hypothesis.target()`` when called inside a ``@given`` test
 One argument rule: the output under test comes first, then the inputs it came from
 (``softmax_order_preserved(probs, logits)``); a property that calls the function itself takes the
 function first, then its inputs (``softmax_shift_invariant(softmax, x)``). Calls that look
-swapped raise a ValueError or TypeError naming the helper and the argument.
+swapped raise a ValueError or TypeError naming the helper and the argument (``property_arguments``).
 
     @given(logits(torch.float16))
     def test_my_softmax(x):
@@ -24,7 +24,9 @@ from hypothesis.errors import InvalidArgument
 from .kinds.outcome import PrecisionFailure
 from .numerics.formats import FORMATS, format_of, ulp
 from .numerics.inputs import seeded_normal
+from .numerics.describe import comparison_lines
 from .numerics.metrics import Comparison, compare
+from .property_arguments import check_callable, check_probs
 
 __all__ = [
     "PropertyResult", "Verdict", "softmax_rows_sum_to_one", "softmax_shift_invariant", "softmax_order_preserved",
@@ -55,11 +57,7 @@ class PropertyResult:
                f" (budget {self.budget:.4g})"
         lines = [head] + ([f"  {self.detail}"] if self.detail else [])
         if self.comparison is not None:
-            c = self.comparison
-            lines.append(f"  shape {c.shape}, ULPs in {c.dtype}")
-            lines += [f"  {s}" for s in c.statistics_lines()]
-            if c.worst:
-                lines += ["  worst elements:"] + ["    " + r for r in c.worst_table().splitlines()]
+            lines += comparison_lines(self.comparison, None)
         return "\n".join(lines)
 
     def assert_ok(self) -> "PropertyResult":
@@ -104,73 +102,6 @@ def _live_rows(logits: torch.Tensor | None, probs: torch.Tensor) -> torch.Tensor
         return torch.ones(probs.shape[:-1], dtype=torch.bool, device=probs.device)
     bad = torch.isnan(logits) | torch.isposinf(logits)
     return ~torch.isneginf(logits).all(dim=-1) & ~bad.any(dim=-1)
-
-
-# ---- argument checks -------------------------------------------------------------------------
-
-def _looks_like_probs(t: torch.Tensor) -> bool:
-    """Every row in [0, 1] summing to 1 within 0.1 (fp8's rounding stays inside that); rows that
-    are all NaN are left out, since a fully masked row's softmax is NaN."""
-    if not t.is_floating_point() or t.numel() == 0 or t.dim() == 0:
-        return False
-    t64 = t.detach().to(torch.float64).reshape(-1, t.shape[-1])
-    t64 = t64[~torch.isnan(t64).all(-1)]
-    if t64.numel() == 0 or torch.isnan(t64).any():
-        return False
-    return bool(((t64 >= 0) & (t64 <= 1)).all() and ((t64.sum(-1) - 1).abs() <= 0.1).all())
-
-
-def _impossible_probs(t: torch.Tensor) -> tuple[bool, str]:
-    """Values no softmax can output at any rounding: negatives (exp and the division keep the
-    sign) and infinities. Values just above 1 can come from multiplying by a rounded 1/sum."""
-    t64 = t.detach().to(torch.float64)
-    bad = (t64 < 0) | torch.isinf(t64) | (t64 > 1.01)
-    if not bool(bad.any()):
-        return False, ""
-    fin = t64[~torch.isnan(t64)]
-    return True, f"values outside [0, 1] (min {float(fin.min()):.4g}, max {float(fin.max()):.4g})"
-
-
-def _looks_like_log_probs(t: torch.Tensor) -> bool:
-    """A log_softmax output: every value <= 0, some below 0, each row's logsumexp 0."""
-    if not t.is_floating_point() or t.numel() == 0 or t.shape[-1] < 2:
-        return False
-    t64 = t.detach().to(torch.float64).reshape(-1, t.shape[-1])
-    t64 = t64[~torch.isnan(t64).any(-1)]
-    if t64.numel() == 0 or not bool((t64 <= 0).all()) or not bool((t64 < 0).any()):
-        return False
-    return bool((torch.logsumexp(t64, -1).abs() <= 1e-2).all())
-
-
-def _check_probs(helper: str, probs: torch.Tensor, logits: torch.Tensor | None) -> None:
-    """Raise when ``probs`` and ``logits`` look swapped, or when ``probs`` is a log_softmax output.
-
-    A swap is called only when both hold: ``logits`` looks like softmax output *and* ``probs``
-    holds values no softmax can produce. A softmax that goes out of range on ordinary logits is
-    therefore still reported by the property as a violation, not hidden behind this error.
-    """
-    if not isinstance(probs, torch.Tensor) or (logits is not None and not isinstance(logits, torch.Tensor)):
-        raise TypeError(f"{helper}: `probs` and `logits` must be tensors (the softmax output first, then the "
-                        f"logits), got {type(probs).__name__} and {type(logits).__name__}")
-    if logits is not None and probs.shape != logits.shape:
-        raise ValueError(f"{helper}: `probs` has shape {tuple(probs.shape)} and `logits` {tuple(logits.shape)}: "
-                         "pass the softmax output and the logits it was computed from")
-    if _looks_like_log_probs(probs):
-        raise ValueError(f"{helper}: `probs` looks like log-probabilities (every value <= 0, each row's logsumexp "
-                         "is 0): pass the softmax output, not log_softmax's")
-    if logits is not None:
-        impossible, what = _impossible_probs(probs)
-        if impossible and _looks_like_probs(logits):
-            raise ValueError(f"{helper}: `probs` has {what} while `logits` looks like softmax output (rows in "
-                             "[0, 1] summing to 1): the arguments look swapped; pass the softmax output first, "
-                             "then the logits")
-
-
-def _check_callable(helper: str, name: str, fn, first_input) -> None:
-    if not callable(fn):
-        hint = " (the arguments look swapped)" if callable(first_input) else ""
-        raise TypeError(f"{helper}: `{name}` must be the function under test, got a {type(fn).__name__}{hint}: "
-                        "pass the function first, then its inputs")
 
 
 # ---- softmax ---------------------------------------------------------------------------------
@@ -269,7 +200,7 @@ def softmax_rows_sum_to_one(probs: torch.Tensor, logits: torch.Tensor | None = N
     whose logits are fully masked, +inf or NaN are skipped (their softmax is NaN by rule).
     """
     helper = "softmax_rows_sum_to_one"
-    _check_probs(helper, probs, logits)
+    check_probs(helper, probs, logits)
     dtype = probs.dtype if probs.dtype in FORMATS else torch.float32
     work = working_dtype or (torch.float64 if dtype == torch.float64 else torch.float32)
     n = probs.shape[-1]
@@ -341,7 +272,7 @@ def softmax_shift_invariant(softmax: Callable[[torch.Tensor], torch.Tensor], x: 
     a ValueError names the elements where it does not.
     """
     helper = "softmax_shift_invariant"
-    _check_callable(helper, "softmax", softmax, x)
+    check_callable(helper, "softmax", softmax, x)
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{helper}: `x` must be a tensor of logits, got {type(x).__name__}")
     name = "softmax shift invariance"
@@ -390,7 +321,7 @@ def _span(c: torch.Tensor) -> str:
 
 def softmax_order_preserved(probs: torch.Tensor, logits: torch.Tensor) -> PropertyResult:
     """x_i < x_j implies p_i <= p_j in every row; error is the number of violating pairs."""
-    _check_probs("softmax_order_preserved", probs, logits)
+    check_probs("softmax_order_preserved", probs, logits)
     xs, order = torch.sort(logits.to(torch.float64), dim=-1, stable=True)
     ps = torch.gather(probs.to(torch.float64), -1, order)
     strictly_up = xs[..., 1:] > xs[..., :-1]
@@ -403,7 +334,7 @@ def softmax_order_preserved(probs: torch.Tensor, logits: torch.Tensor) -> Proper
 
 def softmax_masked_positions_zero(probs: torch.Tensor, logits: torch.Tensor) -> PropertyResult:
     """Positions whose logit is -inf get probability exactly 0 (rows not fully masked)."""
-    _check_probs("softmax_masked_positions_zero", probs, logits)
+    check_probs("softmax_masked_positions_zero", probs, logits)
     masked = torch.isneginf(logits) & _live_rows(logits, probs)[..., None]
     bad = masked & (probs != 0)
     n = int(bad.sum())
@@ -414,7 +345,7 @@ def softmax_masked_positions_zero(probs: torch.Tensor, logits: torch.Tensor) -> 
 def softmax_in_unit_interval(probs: torch.Tensor, logits: torch.Tensor | None = None) -> PropertyResult:
     """Every probability is in [0, 1] and not NaN (rows whose logits are fully masked, +inf or
     NaN are skipped)."""
-    _check_probs("softmax_in_unit_interval", probs, logits)
+    check_probs("softmax_in_unit_interval", probs, logits)
     live = _live_rows(logits, probs)[..., None].expand_as(probs)
     bad = live & ~((probs >= 0) & (probs <= 1))  # NaN fails both comparisons
     n = int(bad.sum())
@@ -444,7 +375,7 @@ def attention_key_permutation_equivariant(attention: Callable, q, k, v, *, causa
                                           perm: torch.Tensor | None = None, budget: float = 4.0) -> PropertyResult:
     """Permuting keys together with values leaves the output unchanged (non-causal attention).
     Error in ULPs of each output row's largest value, so cancellation does not inflate it."""
-    _check_callable("attention_key_permutation_equivariant", "attention", attention, q)
+    check_callable("attention_key_permutation_equivariant", "attention", attention, q)
     if causal:
         raise ValueError("attention_key_permutation_equivariant: causal attention depends on key order")
     perm = torch.randperm(k.shape[-2], generator=torch.Generator().manual_seed(0)) if perm is None else perm
@@ -496,7 +427,7 @@ def attention_causal_ignores_future(attention: Callable, q, k, v, *, split: int 
                                     budget: float = 0.0) -> PropertyResult:
     """Causal attention: replacing the keys and values at positions >= ``split`` leaves the outputs
     of queries before ``split`` unchanged (top-left aligned causal mask, as torch's is_causal)."""
-    _check_callable("attention_causal_ignores_future", "attention", attention, q)
+    check_callable("attention_causal_ignores_future", "attention", attention, q)
     sk = k.shape[-2]
     split = max(1, sk // 2) if split is None else split
     g = torch.Generator().manual_seed(1)

@@ -54,4 +54,4 @@ def test_golden_catches_a_regressed_user_function(pytester):
     r.stdout.fnmatch_lines([
         "*test_user.py::test_softmax[[]bf16-300[]]: regressed against its golden (max ULP * > budget *",
         "*worst elements:*",
-        "*to accept the new results: pytest 'test_user.py::test_softmax[[]bf16-300[]]' --precision-update-baselines"])
+        "*accept them as the golden with: pytest 'test_user.py::test_softmax[[]bf16-300[]]' --precision-update-baselines"])

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from ..baselines.lifecycle import BaselineCheck, BaselineResult
+from ..baselines.entry import BaselineResult
+from ..baselines.lifecycle import BaselineCheck
 from ..kinds.outcome import PrecisionFailure
 from ..numerics.configs import Config, Prepared
 from .options import OPTIONS_KEY
@@ -79,14 +80,8 @@ class GoldenFixture:
         if res.error:
             raise PrecisionFailure(f"{self._nodeid}: golden baseline: {res.error}")
         if res.problems:
-            c = res.comparison
-            lines = [f"{self._nodeid}: regressed against its golden ({'; '.join(s for _, s in res.problems)})",
-                     f"  shape {c.shape}, ULPs in {c.dtype}; regression budget max ULP {res.budget.max_ulp:.4g}"]
-            lines += ["  " + s for s in c.statistics_lines()]
-            if c.worst:
-                lines += ["  worst elements:"] + ["    " + r for r in c.worst_table().splitlines()]
-            lines.append(f"  to accept the new results: {g.update_command}")
-            raise PrecisionFailure("\n".join(lines))
+            head = f"{self._nodeid}: regressed against its golden ({'; '.join(s for _, s in res.problems)})"
+            raise PrecisionFailure("\n".join([head, *res.message_lines(g.update_command, brief=False)]))
         return res
 
     def settle(self, passed: bool) -> None:
