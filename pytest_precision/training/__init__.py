@@ -2,8 +2,8 @@
 synthetic data (``data``), the training configs (``configs``), pure-bf16 stochastic rounding and
 fp8 Linear emulation (``recipes``), a run of a few steps and the float64 first step (``run``), its
 comparison with the fp32 run (``compare``), the floors and spreads the verdicts use (``limits``),
-DDP gradient compression on the real engine (``distributed``) and what a training golden holds
-(``baseline``)."""
+DDP gradient compression on the real engine (``distributed``), what a training golden holds
+(``baseline``) and its per-parameter rates judged as counts (``rates``)."""
 from .compare import (GradientLoss, TrainMetrics, compare_trajectories, mantissa_eps, significant, tensors_sqnr_db,
                       underflow_rates, update_lost_rates)
 from .configs import FLOAT64, TRAIN_CONFIGS, TrainConfig

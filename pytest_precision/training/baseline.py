@@ -33,15 +33,17 @@ import math
 
 import torch
 
-from ..baselines.lifecycle import BaselineEntry, BaselineResult, budget_sources
-from ..baselines.store import Baseline, checksum
+from ..baselines.entry import BaselineEntry, BaselineResult
+from ..baselines.lifecycle import budget_sources
+from ..baselines.reading import Baseline
+from ..baselines.store import checksum
 from ..numerics.budgets import REGRESSION_SLACK
 from ..platform.devices import device_class
 from .compare import TrainMetrics
 from .configs import TrainConfig
 from .distributed import HookComparison
-from .limits import (CROSS_KEY_RTOL, SAME_KEY_RTOL, count_bound, count_text, db_to_error, error_to_db, percent,
-                     rate_budget_count, spread_floor)
+from .limits import CROSS_KEY_RTOL, SAME_KEY_RTOL, count_text, db_to_error, error_to_db, percent, spread_floor
+from .rates import rates_budget, rates_describe, rates_problem, with_count_slack
 from .run import Trajectory
 
 __all__ = ["TrajectoryEntry", "DDPEntry", "OUTPUT", "rates_line", "fp32_reference", "fp32_moved", "budget_for"]
@@ -79,24 +81,6 @@ def _sqnr_budget(metric: str, accepted_db: float) -> float:
     return error_to_db(_error_budget(metric, db_to_error(accepted_db)))
 
 
-def _rates_budget(accepted: dict[str, list]) -> dict[str, float]:
-    """Per parameter, the rate allowed: ``REGRESSION_SLACK`` x the accepted count plus what another
-    summation order adds to it (``limits.count_bound``), over the parameter's elements."""
-    return {n: min(1.0, rate_budget_count(round(r * count), REGRESSION_SLACK) / max(1, count))
-            for n, (r, count) in accepted.items()}
-
-
-def _with_count_slack(budget: dict, accepted: dict, keys: tuple[tuple[str, str], ...]) -> dict:
-    """``budget`` with each per-parameter rate budget at least the one its accepted counts give
-    today (a golden accepted under the earlier two-element floor travels too)."""
-    out = dict(budget)
-    for bkey, akey in keys:
-        derived = _rates_budget(accepted[akey])
-        stored = budget[bkey]
-        out[bkey] = {n: max(stored.get(n, 0.0), derived.get(n, 0.0)) for n in set(stored) | set(derived)}
-    return out
-
-
 _TRAJECTORY_RATES = (("max_underflow_rate", "underflow_rate"), ("max_update_lost_rate", "update_lost_rate"))
 
 
@@ -109,8 +93,8 @@ def budget_for(acc: dict) -> dict:
         "min_param_sqnr_db": _sqnr_budget("param_sqnr", acc["param_sqnr_db"]),
         "max_grad_norm_log_ratio": _error_budget("grad_norm_ratio", _log(acc["grad_norm_ratio"])),
         "max_update_log_ratio": _error_budget("update_ratio", _log(acc["update_ratio"])),
-        "max_underflow_rate": _rates_budget(acc["underflow_rate"]),
-        "max_update_lost_rate": _rates_budget(acc["update_lost_rate"]),
+        "max_underflow_rate": rates_budget(acc["underflow_rate"]),
+        "max_update_lost_rate": rates_budget(acc["update_lost_rate"]),
         "skipped_steps": acc["skipped_steps"] + 1,
         "first_nonfinite_step": acc["first_nonfinite_step"],
     }
@@ -265,7 +249,7 @@ class TrajectoryEntry(BaselineEntry):
         return None
 
     def budget_from(self, name: str, records: list[dict], borrowed: bool) -> dict:
-        return _widest([_with_count_slack(r["budget"], r["accepted"], _TRAJECTORY_RATES) for r in records])
+        return _widest([with_count_slack(r["budget"], r["accepted"], _TRAJECTORY_RATES) for r in records])
 
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
         recorded = base.meta.get("budgets", {})
@@ -288,8 +272,8 @@ class TrajectoryEntry(BaselineEntry):
         return (f"max loss deviation {b['max_loss_deviation']:.3g}, gradient SQNR >= "
                 f"{min(b['min_grad_sqnr_db'].values(), default=math.inf):.4g} dB (first step), "
                 f"{b['min_worst_grad_sqnr_db']:.4g} dB (worst step), parameter SQNR >= {b['min_param_sqnr_db']:.4g} dB, "
-                f"{_rates_describe('gradient underflow', acc['underflow_rate'], b['max_underflow_rate'])}, "
-                f"{_rates_describe('update lost', acc['update_lost_rate'], b['max_update_lost_rate'])}, "
+                f"{rates_describe('gradient underflow', acc['underflow_rate'], b['max_underflow_rate'])}, "
+                f"{rates_describe('update lost', acc['update_lost_rate'], b['max_update_lost_rate'])}, "
                 f"skipped steps {b['skipped_steps']}")
 
     def changes(self, old: dict[str, dict], new: dict[str, dict]) -> list[str]:
@@ -334,7 +318,7 @@ class DDPEntry(BaselineEntry):
     def accepted_outputs(self, result: BaselineResult) -> dict[str, dict]:
         acc = self.accepted()
         budget = {"min_grad_sqnr_db": _sqnr_budget("grad_sqnr", acc["grad_sqnr_db"]),
-                  "max_underflow_rate": _rates_budget(acc["underflow_rate"]), "overflow": acc["overflow"]}
+                  "max_underflow_rate": rates_budget(acc["underflow_rate"]), "overflow": acc["overflow"]}
         return {OUTPUT: {"budget": budget, "accepted": acc}}
 
     def meta_fields(self) -> dict:
@@ -344,7 +328,7 @@ class DDPEntry(BaselineEntry):
         return _older_format(base, key, "max_underflow_rate", command, dict)
 
     def budget_from(self, name: str, records: list[dict], borrowed: bool) -> dict:
-        budgets = [_with_count_slack(r["budget"], r["accepted"], (("max_underflow_rate", "underflow_rate"),))
+        budgets = [with_count_slack(r["budget"], r["accepted"], (("max_underflow_rate", "underflow_rate"),))
                    for r in records]
         return {"min_grad_sqnr_db": min(b["min_grad_sqnr_db"] for b in budgets),
                 "max_underflow_rate": _per_name(budgets, "max_underflow_rate", max),
@@ -355,7 +339,7 @@ class DDPEntry(BaselineEntry):
         if not acc["grad_sqnr_db"] >= budget["min_grad_sqnr_db"]:
             result.problems.append(("accuracy", f"gradient SQNR {acc['grad_sqnr_db']:.4g} dB < budget "
                                                 f"{budget['min_grad_sqnr_db']:.4g} dB"))
-        problem = _rates_problem("gradient-underflow rate", acc["underflow_rate"], budget["max_underflow_rate"])
+        problem = rates_problem("gradient-underflow rate", acc["underflow_rate"], budget["max_underflow_rate"])
         if problem:
             result.problems.append(("underflow", problem))
         if acc["overflow"] > budget["overflow"]:
@@ -364,7 +348,7 @@ class DDPEntry(BaselineEntry):
     def describe(self, outputs: dict[str, dict]) -> str:
         b, acc = outputs[OUTPUT]["budget"], outputs[OUTPUT]["accepted"]
         return (f"SQNR >= {b['min_grad_sqnr_db']:.4g} dB, "
-                f"{_rates_describe('gradient underflow', acc['underflow_rate'], b['max_underflow_rate'])}, "
+                f"{rates_describe('gradient underflow', acc['underflow_rate'], b['max_underflow_rate'])}, "
                 f"overflow <= {b['overflow']}")
 
 
@@ -388,40 +372,6 @@ def _inputs_checksum(ref: Trajectory, batch0) -> str:
     leaves = batch0 if isinstance(batch0, (tuple, list)) else (list(batch0.values()) if isinstance(batch0, dict) else [batch0])
     parts += [t.detach().flatten().to(torch.float64).cpu() for t in leaves if isinstance(t, torch.Tensor)]
     return checksum(torch.cat([p.to(torch.float64) for p in parts]))
-
-
-def _allowed_count(budget: dict[str, float], name: str, elements: int) -> float:
-    """The count of ``name``'s ``elements`` its budget allows (a parameter without one: what
-    another summation order gives where none was lost)."""
-    rate = budget.get(name)
-    return count_bound(0) if rate is None else rate * elements
-
-
-def _rates_problem(word: str, accepted: dict[str, list], budget: dict[str, float]) -> str | None:
-    """The parameter furthest past its budget, counted in its elements."""
-    worst = None
-    for n, (rate, elements) in accepted.items():
-        count, allowed = round(rate * elements), _allowed_count(budget, n, elements)
-        if count > allowed + 1e-9 and (worst is None or (count - allowed) / max(1, elements) > worst[0]):
-            worst = ((count - allowed) / max(1, elements), n, count, elements, allowed)
-    if worst is None:
-        return None
-    _, n, count, elements, allowed = worst
-    allowed = min(elements, math.floor(allowed + 1e-9))
-    return f"{word} {count_text(count, elements)} in {n} > budget {allowed} elements ({percent(allowed / max(1, elements))})"
-
-
-def _rates_describe(word: str, accepted: dict[str, list], budget: dict[str, float]) -> str:
-    """The rate budgets of a new golden in a phrase: the parameter with the most accepted, and a
-    parameter at 0."""
-    counted = [(round(r * elements), elements, n) for n, (r, elements) in accepted.items()]
-    top = max(counted, default=None, key=lambda t: (t[0], t[2]))
-    zero = f"{count_bound(0)} elements where none was accepted"
-    if top is None or top[0] == 0:
-        return f"{word} 0 accepted, budget {zero}"
-    count, elements, n = top
-    allowed = min(elements, math.floor(_allowed_count(budget, n, elements) + 1e-9))
-    return f"{word} in {n} {count} of {elements} accepted, budget {allowed} elements ({zero})"
 
 
 def _violations(acc: dict, budget: dict) -> list[tuple[str, str]]:
@@ -448,7 +398,7 @@ def _violations(acc: dict, budget: dict) -> list[tuple[str, str]]:
                                     f"to {math.exp(budget[bkey]):.6g}"))
     for key, word, cat in (("underflow_rate", "gradient-underflow rate", "underflow"),
                            ("update_lost_rate", "update-lost rate", "accuracy")):
-        problem = _rates_problem(word, acc[key], budget[f"max_{key}"])
+        problem = rates_problem(word, acc[key], budget[f"max_{key}"])
         if problem:
             out.append((cat, problem))
     if acc["skipped_steps"] > budget["skipped_steps"]:
