@@ -128,3 +128,72 @@ def test_the_readme_triton_target_runs_under_the_interpreter(pytester):
                            "--precision-update-baselines"], cwd=pytester.path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert re.search(r"\b4 passed\b", proc.stdout), proc.stdout[-3000:]
+
+
+# --- the quickstart: the first 150 lines take a newcomer from install to a failing and then an accepted golden
+
+def _quickstart() -> str:
+    return README[README.index("## Quickstart"):README.index("## Contents")]
+
+
+def _as_pattern(line: str) -> str:
+    """An excerpt line of the README as an fnmatch pattern: its numbers and paths may differ by machine."""
+    line = re.sub(r"/repo/\S*?\.npz", "*", line)
+    line = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "*", line)
+    return line.replace("[", "[[]")
+
+
+def test_the_quickstart_is_in_the_first_150_lines():
+    head = "\n".join(README.splitlines()[:150])
+    assert "## Contents" in head, "the contents list follows the quickstart within the first 150 lines"
+    quickstart = _quickstart()
+    for step in ("# conftest.py", "@pytest_precision.register(", "pytest --precision-suite", "FAIL accuracy,baseline",
+                 "--precision-update-baselines", "precision baselines written", "FAIL accuracy,regression", "runs-on:"):
+        assert step in quickstart, step
+
+
+def test_the_quickstart_fails_then_accepts_as_written(pytester):
+    """The quickstart's 16-bit softmax fails as its excerpt shows, its fix is accepted as a golden, and
+    the 16-bit softmax put back then fails against that golden, as the README says."""
+    quickstart = _quickstart()
+    naive = _block("in x's dtype: fp16 and bf16 round every exp")
+    fixed = naive[:naive.index("def my_softmax")] + _block("def my_softmax(x):\n    xf = x.float()")
+    excerpts = [line for line in quickstart.splitlines() if line.startswith("precision-suite::softmax[my_softmax-")]
+    first, regression = excerpts
+    args = ("--precision-configs=bf16", "-k", "bf16-unit")
+    pytester.makeconftest(naive)
+    result = _run(pytester, *args)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([_as_pattern(first)])
+    pytester.makeconftest(fixed)
+    _run(pytester, *args).assert_outcomes(failed=1)  # no golden yet: only the baseline is missing
+    result = _run(pytester, "--precision-update-baselines", *args)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*precision baselines written: 1 *", "softmax/my_softmax/unit [[]bf16] on * new: *"])
+    _run(pytester, *args).assert_outcomes(passed=1)
+    pytester.makeconftest(naive)
+    result = _run(pytester, *args)
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([_as_pattern(regression)])
+
+
+def test_the_readme_links_lead_to_its_headings():
+    body = re.sub(r"```.*?```", "", README, flags=re.S)
+    slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+             for h in re.findall(r"^#+ (.*)$", body, flags=re.M)}
+    assert not {link for link in re.findall(r"\]\(#([^)]+)\)", body) if link not in slugs}
+
+
+@pytest.mark.skipif(not hasattr(__import__("pytest_precision"), "TensorKind")
+                    or not __import__("importlib").util.find_spec("pytest_precision.testing"),
+                    reason="pytest_precision.TensorKind and pytest_precision.testing.check_kind are not in this tree yet")
+def test_the_readme_own_kind_runs_as_written(pytester):
+    pytester.makepyfile(logsumexp_kind=_block("class LogSumExp(pytest_precision.TensorKind)"),
+                        test_logsumexp_kind=_block("check_kind(KIND)"))
+    pytester.makeconftest("import torch\nimport pytest_precision\n"
+                          "pytest_precision.register_kind('logsumexp_kind:KIND')\n"
+                          "pytest_precision.register('mine', lambda x: torch.logsumexp(x, -1), kind='logsumexp')\n")
+    pytester.runpytest("-p", "no:cacheprovider", "test_logsumexp_kind.py").assert_outcomes(passed=1)
+    args = ("--precision-configs=fp32,bf16", "-k", "mine")
+    _run(pytester, "--precision-update-baselines", *args).assert_outcomes(passed=4)
+    _run(pytester, *args).assert_outcomes(passed=4)
