@@ -19,8 +19,7 @@ from pathlib import Path
 from .baselines.store import MAX_JSON_BYTES, BaselineError, read_bounded
 from .baselines.tools import diff_lines, list_lines, remove, show_lines
 from .baselines.usage import CACHE_KEY
-
-DEFAULT_DIR = "precision_baselines"
+from .runner.option_table import BASELINE_DIR
 
 
 class InputError(Exception):
@@ -45,7 +44,7 @@ def _ini_options(cwd: Path) -> dict:
 
 
 def default_dir(cwd: Path) -> Path:
-    return cwd / str(_ini_options(cwd).get("precision_baseline_dir") or DEFAULT_DIR)
+    return cwd / str(_ini_options(cwd).get(BASELINE_DIR.name) or BASELINE_DIR.default)
 
 
 def _cache_file(cwd: Path) -> Path:
@@ -137,8 +136,8 @@ def _main(argv: list[str] | None, cwd: Path | None, out) -> int:
 
     def with_dir(p):
         p.add_argument("--dir", type=Path, default=None,
-                       help="baseline directory (default: precision_baseline_dir from ./pyproject.toml, "
-                            f"else {DEFAULT_DIR})")
+                       help=f"baseline directory (default: {BASELINE_DIR.name} from ./pyproject.toml, "
+                            f"else {BASELINE_DIR.default})")
         return p
 
     with_dir(actions.add_parser("list", help="one line per baseline"))

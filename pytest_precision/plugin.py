@@ -12,55 +12,15 @@ from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,
                               precision_config)
 from .runner.exits import watch_threads
 from .runner.options import OPTIONS_KEY, RECORDS_KEY, RunOptions, load_ini_kinds
-from .runner.outputs import RunOutputs, add_output_options
-from .runner.timelimit import DEFAULT_TIMEOUT
+from .runner import option_table
+from .runner.outputs import RunOutputs
 from .runner.variants import SharedDecisions
 
 WORKER_RECORDS = "precision_records"  # xdist workeroutput key
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("precision", "numerical precision checks (pytest-precision)")
-    group.addoption("--precision-suite", action="store_true",
-                    help="run the suites on the registered targets (the built-in targets when none is registered)")
-    group.addoption("--precision-builtins", action="store_true",
-                    help="also run the built-in targets (torch's ops, the project's Triton kernels, tiny_gpt) beside "
-                         "the registered ones, for comparison (with nothing registered they run anyway)")
-    group.addoption("--precision-compile", action="store_true",
-                    help="also run each target under torch.compile in every config (config ids +compiled), judged "
-                         "like the eager one and against it")
-    group.addoption("--precision-update-baselines", action="store_true",
-                    help="write golden baselines (atomically) and print old vs new budgets")
-    group.addoption("--precision-configs", metavar="ID,ID",
-                    help="configs to run: fp32,tf32,fp16,bf16,amp-fp16,amp-bf16,fp8-e4m3 (default: all the device "
-                         "runs); the training suite runs the recipes of each (amp-fp16: with and without a "
-                         "GradScaler; bf16: pure bf16, with stochastic rounding, DDP's bf16 hook; fp16: DDP's fp16 hook)")
-    group.addoption("--precision-device", choices=("cpu", "cuda"),
-                    help="device to run on (default: cuda when available, else cpu)")
-    group.addoption("--precision-no-speed", action="store_true",
-                    help="do not time suite cases: no speed or memory gate, no speed records written, no "
-                         "tensor-core alignment lint")
-    group.addoption("--precision-trace", action="store_true",
-                    help="trace every suite case op by op (forward and backward: dtypes, non-finite and zero "
-                         "counts, max |out|, source line) and print the traces")
-    group.addoption("--precision-audit", action="store_true",
-                    help="print, per target and config, the dtype each op really ran in, and flag matmuls "
-                         "left in fp32 under autocast, softmax/norms/losses in 16 bits and explicit 16-bit casts")
-    group.addoption("--precision-strict-budgets", action="store_true",
-                    help="a machine with no regression budget of its own fails its cases instead of being judged "
-                         "by the widest budget of other machines (scaled by its peer error)")
-    group.addoption("--precision-speed-threshold", metavar="PERCENT",
-                    help="fail a case this much slower than its recorded median, when clear of the noise "
-                         "(default: 10 on CUDA, 20 on CPU)")
-    parser.addini("precision_baseline_dir", "directory of golden baselines, relative to the rootdir",
-                  default="precision_baselines")
-    parser.addini("precision_targets", "targets as 'package.module:function kind' lines", type="linelist", default=[])
-    parser.addini("precision_kinds", "kinds as 'package.module:KIND' lines (pytest_precision.Kind objects)",
-                  type="linelist", default=[])
-    parser.addini("precision_timeout", "seconds a suite case may run before it fails with the stack where it was "
-                  f"(0 or inf: no limit; pytest-timeout's timeout marker on a case replaces it); default {DEFAULT_TIMEOUT:g}",
-                  default=str(DEFAULT_TIMEOUT))
-    add_output_options(group)
+    option_table.add_to(parser)
 
 
 @pytest.hookimpl(tryfirst=True)
