@@ -15,8 +15,7 @@ from .runner.options import OPTIONS_KEY, RECORDS_KEY, RunOptions, load_ini_kinds
 from .runner import option_table
 from .runner.outputs import RunOutputs
 from .runner.variants import SharedDecisions
-
-WORKER_RECORDS = "precision_records"  # xdist workeroutput key
+from .runner import worker_output
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -88,12 +87,6 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     return report
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:  # an xdist worker: the controller prints the table
-        workeroutput[WORKER_RECORDS] = session.config.stash[RECORDS_KEY]
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
     """pytest-benchmark's machine id ignores the GPU: add the device fingerprint our speed
@@ -109,8 +102,8 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 
 
 class _XdistController:
-    """Merges the workers' records on the controller (as syrupy does with workeroutput), and gives
-    the workers one directory to share the run's variant decisions in (``runner.variants``)."""
+    """Hands each worker's output (records, baseline usage) to the controller (``runner.worker_output``),
+    and gives the workers one directory to share the run's variant decisions in (``runner.variants``)."""
 
     def __init__(self):
         self.decisions = SharedDecisions()
@@ -123,7 +116,11 @@ class _XdistController:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.decisions.remove()
 
+    @pytest.hookimpl(trylast=True)  # after RunOutputs has counted the goldens the worker used
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(session.config, "workeroutput"):  # a worker: the controller prints and writes
+            worker_output.hand_over(session.config)
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
-        records = getattr(node, "workeroutput", {}).get(WORKER_RECORDS, [])
-        node.config.stash[RECORDS_KEY].extend(records)
+        worker_output.take_from(node.config, node, error)

@@ -17,9 +17,7 @@ from ..reporting.plots import MISSING_MESSAGE as PLOTS_MISSING, plots_available
 from .option_table import PLOTS, REPORT, REPORT_MD, Option
 from .options import OPTIONS_KEY, RECORDS_KEY
 
-__all__ = ["RunOutputs", "USAGE_OUTPUT_KEY"]
-
-USAGE_OUTPUT_KEY = "precision_baseline_usage"
+__all__ = ["RunOutputs"]
 
 
 def _path_option(config: pytest.Config, option: Option) -> Path | None:
@@ -65,18 +63,10 @@ class RunOutputs:
         if item is not None and (report.failed or report.skipped):
             self.usage.excuse(item)
 
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node, error) -> None:
-        self.usage.merge(getattr(node, "workeroutput", {}).get(USAGE_OUTPUT_KEY, {}))
-        if error is not None:
-            self.usage.workers_down.append(getattr(getattr(node, "gateway", None), "id", "?"))
-
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
         state = self.config.stash[OPTIONS_KEY]
         self.usage.used |= state.store.used
-        workeroutput = getattr(self.config, "workeroutput", None)
-        if workeroutput is not None:  # an xdist worker: the controller writes the outputs
-            workeroutput[USAGE_OUTPUT_KEY] = self.usage.as_workeroutput()
+        if hasattr(self.config, "workeroutput"):  # an xdist worker: it hands its usage over (runner.worker_output)
             return
         if state.run_suite:
             self._unused_baselines(state, session, exitstatus)
