@@ -170,5 +170,6 @@ def _check_writable(root: Path) -> None:
 
 
 OPTIONS_KEY = pytest.StashKey[RunOptions]()
-# the run's records: one plain dict per suite case (summary row, report detail), merged across xdist workers
+# the run's records: one per suite case, as the plain dict of its kinds.record.CaseRecord (summary row,
+# report detail), merged across xdist workers (runner.worker_output)
 RECORDS_KEY = pytest.StashKey[list]()
