@@ -1,8 +1,10 @@
 """The case record is typed (kinds.record.CaseRecord), and the report's schema is held against it:
 every field the report carries has a property of its JSON type, and every property of a report
 case comes from a field (or is the verdict, the metrics or the timing the report groups them in)."""
+import ast
 import types
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,10 @@ from pytest_precision.kinds.record import UNSET, CaseRecord, record_fields
 from pytest_precision.reporting.report import REPORT_SCHEMA, build_report
 
 CASE = REPORT_SCHEMA["$defs"]["case"]
+PACKAGE = Path(__file__).resolve().parents[1] / "pytest_precision"
+# the modules that read records (the summary, its tables, the reports, the plots, the audit section)
+READERS = ("reporting/summary.py", "reporting/report.py", "reporting/plots.py", "reporting/merge.py", "kinds/tables.py",
+           "explain/audit.py")
 JSON_TYPES = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null", list: "array",
               dict: "object"}
 
@@ -82,3 +88,30 @@ def test_a_typed_record_reports_as_its_dict_did():
                                 "nan": 0},
                     "baseline_update": None, "baseline_refused": None, "borrowed_budget": False, "golden_note": None,
                     "timing": {"time_s": 1e-3, "speed_status": "pass", "speed_ratio": 1.0, "peak_bytes": None}}
+
+
+def _keys_read(source: str) -> set[str]:
+    """The string keys read from a record (named ``r`` or ``record``): ``r["k"]``, ``r.get("k")``, ``"k" in r``."""
+    def is_record(node):
+        return isinstance(node, ast.Name) and node.id in ("r", "record")
+
+    def text(node):
+        return node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+
+    keys = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript) and is_record(node.value):
+            keys.add(text(node.slice))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and is_record(node.func.value) and node.args:
+            keys.add(text(node.args[0]))
+        elif isinstance(node, ast.Compare) and any(is_record(c) for c in node.comparators):
+            keys.add(text(node.left))
+    return keys - {None}
+
+
+def test_every_key_the_readers_read_from_a_record_is_a_field():
+    fields = set(CaseRecord.__dataclass_fields__)
+    for module in READERS:
+        keys = _keys_read((PACKAGE / module).read_text(encoding="utf-8"))
+        assert keys and keys <= fields, (module, sorted(keys - fields))
