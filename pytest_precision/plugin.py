@@ -7,15 +7,14 @@ from .kinds.registry import clear as clear_targets, forget_project_kinds
 from .platform.triton import forget_launch_failures
 from .platform.devices import numerics_key, pin_xdist_worker
 from .reporting.summary import write_terminal_summary
+from .runner import option_table, worker_output
 from .runner.collection import SuiteCollector, keyword_expressions
 from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,  # noqa: F401 (fixtures)
                               precision_config)
 from .runner.exits import watch_threads
 from .runner.options import OPTIONS_KEY, RECORDS_KEY, RunOptions, load_ini_kinds
-from .runner import option_table
 from .runner.outputs import RunOutputs
 from .runner.variants import SharedDecisions
-from .runner import worker_output
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
