@@ -20,8 +20,9 @@ from .baselines.reading import MAX_JSON_BYTES, read_bounded
 from .baselines.schema import BaselineError
 from .baselines.tools import diff_lines, list_lines, remove, show_lines
 from .baselines.usage import CACHE_KEY
+from .runner.option_table import BASELINE_DIR, REPORT, SUITE
 
-DEFAULT_DIR = "precision_baselines"
+RERUN = f"run pytest {SUITE.name} again"  # what remakes the list of unused baselines
 
 
 class InputError(Exception):
@@ -46,7 +47,7 @@ def _ini_options(cwd: Path) -> dict:
 
 
 def default_dir(cwd: Path) -> Path:
-    return cwd / str(_ini_options(cwd).get("precision_baseline_dir") or DEFAULT_DIR)
+    return cwd / str(_ini_options(cwd).get(BASELINE_DIR.name) or BASELINE_DIR.default)
 
 
 def _cache_file(cwd: Path) -> Path:
@@ -61,17 +62,17 @@ def _prune(args, cwd: Path, out) -> int:
         saved = json.loads(read_bounded(cache, MAX_JSON_BYTES).decode("utf-8"))
     except BaselineError as e:
         if cache.exists() or cache.is_symlink():
-            raise InputError(f"{e} (the list of unused baselines: run pytest --precision-suite again)") from e
-        print(f"no list of unused baselines at {cache}: run pytest --precision-suite (with the cache provider "
+            raise InputError(f"{e} (the list of unused baselines: {RERUN})") from e
+        print(f"no list of unused baselines at {cache}: run pytest {SUITE.name} (with the cache provider "
               "on) first", file=sys.stderr)
         return 2
     except ValueError as e:  # UnicodeDecodeError, JSONDecodeError
-        raise InputError(f"{cache}: not the list a run saves ({type(e).__name__}): run pytest --precision-suite again") from e
+        raise InputError(f"{cache}: not the list a run saves ({type(e).__name__}): {RERUN}") from e
     unused = saved.get("unused") if isinstance(saved, dict) else None
     if not isinstance(saved, dict) or not isinstance(saved.get("root"), str) or not (
             unused is None or (isinstance(unused, list) and all(isinstance(n, str) for n in unused))):
         raise InputError(f"{cache}: not the list a run saves (an object with a root and a list of names): "
-                         "run pytest --precision-suite again")
+                         f"{RERUN}")
     root = Path(saved["root"])
     if root.resolve() != args.dir.resolve():
         print(f"the last run checked {root}, not {args.dir}: pass --dir {root} or rerun pytest", file=sys.stderr)
@@ -138,8 +139,8 @@ def _main(argv: list[str] | None, cwd: Path | None, out) -> int:
 
     def with_dir(p):
         p.add_argument("--dir", type=Path, default=None,
-                       help="baseline directory (default: precision_baseline_dir from ./pyproject.toml, "
-                            f"else {DEFAULT_DIR})")
+                       help=f"baseline directory (default: {BASELINE_DIR.name} from ./pyproject.toml, "
+                            f"else {BASELINE_DIR.default})")
         return p
 
     with_dir(actions.add_parser("list", help="one line per baseline"))
@@ -148,11 +149,11 @@ def _main(argv: list[str] | None, cwd: Path | None, out) -> int:
     diff = actions.add_parser("diff", help="every budget that moved between two baseline directories")
     diff.add_argument("a", type=Path)
     diff.add_argument("b", type=Path)
-    prune = with_dir(actions.add_parser("prune", help="remove the baselines the last --precision-suite run did not use"))
+    prune = with_dir(actions.add_parser("prune", help=f"remove the baselines the last {SUITE.name} run did not use"))
     prune.add_argument("--dry-run", action="store_true", help="list the files, remove nothing")
     report = sub.add_parser("report", help="report tools")
     report_actions = report.add_subparsers(dest="action", required=True)
-    merge = report_actions.add_parser("merge", help="reports of several machines (--precision-report) in one table")
+    merge = report_actions.add_parser("merge", help=f"reports of several machines ({REPORT.name}) in one table")
     merge.add_argument("reports", type=Path, nargs="+", metavar="REPORT.json")
     merge.add_argument("-o", "--output", type=Path, default=None, help="write the Markdown table here, not to stdout")
     args = parser.parse_args(argv)

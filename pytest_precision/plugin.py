@@ -7,60 +7,18 @@ from .kinds.registry import clear as clear_targets, forget_project_kinds
 from .platform.triton import forget_launch_failures
 from .platform.devices import numerics_key, pin_xdist_worker
 from .reporting.summary import write_terminal_summary
+from .runner import option_table, worker_output
 from .runner.collection import SuiteCollector, keyword_expressions
 from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,  # noqa: F401 (fixtures)
                               precision_config)
 from .runner.exits import watch_threads
 from .runner.options import OPTIONS_KEY, RECORDS_KEY, RunOptions, load_ini_kinds
-from .runner.outputs import RunOutputs, add_output_options
-from .runner.timelimit import DEFAULT_TIMEOUT
+from .runner.outputs import RunOutputs
 from .runner.variants import SharedDecisions
-
-WORKER_RECORDS = "precision_records"  # xdist workeroutput key
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("precision", "numerical precision checks (pytest-precision)")
-    group.addoption("--precision-suite", action="store_true",
-                    help="run the suites on the registered targets (the built-in targets when none is registered)")
-    group.addoption("--precision-builtins", action="store_true",
-                    help="also run the built-in targets (torch's ops, the project's Triton kernels, tiny_gpt) beside "
-                         "the registered ones, for comparison (with nothing registered they run anyway)")
-    group.addoption("--precision-compile", action="store_true",
-                    help="also run each target under torch.compile in every config (config ids +compiled), judged "
-                         "like the eager one and against it")
-    group.addoption("--precision-update-baselines", action="store_true",
-                    help="write golden baselines (atomically) and print old vs new budgets")
-    group.addoption("--precision-configs", metavar="ID,ID",
-                    help="configs to run: fp32,tf32,fp16,bf16,amp-fp16,amp-bf16,fp8-e4m3 (default: all the device "
-                         "runs); the training suite runs the recipes of each (amp-fp16: with and without a "
-                         "GradScaler; bf16: pure bf16, with stochastic rounding, DDP's bf16 hook; fp16: DDP's fp16 hook)")
-    group.addoption("--precision-device", choices=("cpu", "cuda"),
-                    help="device to run on (default: cuda when available, else cpu)")
-    group.addoption("--precision-no-speed", action="store_true",
-                    help="do not time suite cases: no speed or memory gate, no speed records written, no "
-                         "tensor-core alignment lint")
-    group.addoption("--precision-trace", action="store_true",
-                    help="trace every suite case op by op (forward and backward: dtypes, non-finite and zero "
-                         "counts, max |out|, source line) and print the traces")
-    group.addoption("--precision-audit", action="store_true",
-                    help="print, per target and config, the dtype each op really ran in, and flag matmuls "
-                         "left in fp32 under autocast, softmax/norms/losses in 16 bits and explicit 16-bit casts")
-    group.addoption("--precision-strict-budgets", action="store_true",
-                    help="a machine with no regression budget of its own fails its cases instead of being judged "
-                         "by the widest budget of other machines (scaled by its peer error)")
-    group.addoption("--precision-speed-threshold", metavar="PERCENT",
-                    help="fail a case this much slower than its recorded median, when clear of the noise "
-                         "(default: 10 on CUDA, 20 on CPU)")
-    parser.addini("precision_baseline_dir", "directory of golden baselines, relative to the rootdir",
-                  default="precision_baselines")
-    parser.addini("precision_targets", "targets as 'package.module:function kind' lines", type="linelist", default=[])
-    parser.addini("precision_kinds", "kinds as 'package.module:KIND' lines (pytest_precision.Kind objects)",
-                  type="linelist", default=[])
-    parser.addini("precision_timeout", "seconds a suite case may run before it fails with the stack where it was "
-                  f"(0 or inf: no limit; pytest-timeout's timeout marker on a case replaces it); default {DEFAULT_TIMEOUT:g}",
-                  default=str(DEFAULT_TIMEOUT))
-    add_output_options(group)
+    option_table.add_to(parser)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -128,12 +86,6 @@ def pytest_runtest_makereport(item: pytest.Item, call):
     return report
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    workeroutput = getattr(session.config, "workeroutput", None)
-    if workeroutput is not None:  # an xdist worker: the controller prints the table
-        workeroutput[WORKER_RECORDS] = session.config.stash[RECORDS_KEY]
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict) -> None:
     """pytest-benchmark's machine id ignores the GPU: add the device fingerprint our speed
@@ -149,8 +101,8 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 
 
 class _XdistController:
-    """Merges the workers' records on the controller (as syrupy does with workeroutput), and gives
-    the workers one directory to share the run's variant decisions in (``runner.variants``)."""
+    """Hands each worker's output (records, baseline usage) to the controller (``runner.worker_output``),
+    and gives the workers one directory to share the run's variant decisions in (``runner.variants``)."""
 
     def __init__(self):
         self.decisions = SharedDecisions()
@@ -163,7 +115,11 @@ class _XdistController:
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.decisions.remove()
 
+    @pytest.hookimpl(trylast=True)  # after RunOutputs has counted the goldens the worker used
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if hasattr(session.config, "workeroutput"):  # a worker: the controller prints and writes
+            worker_output.hand_over(session.config)
+
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
-        records = getattr(node, "workeroutput", {}).get(WORKER_RECORDS, [])
-        node.config.stash[RECORDS_KEY].extend(records)
+        worker_output.take_from(node.config, node, error)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from ..baselines.lifecycle import BaselineResult
 from ..explain.faults import Fault
+from .record import CaseRecord
 
 __all__ = ["CATEGORY_ORDER", "Problem", "Evidence", "Outcome", "PrecisionFailure", "baseline_problems"]
 
@@ -53,7 +54,8 @@ class Evidence:
         return []
 
     def record_fields(self, outcome: "Outcome") -> dict:
-        """Fields of the summary record (plain types: records cross from xdist workers)."""
+        """Fields of the case's record, by name (kinds.record.CaseRecord; plain types: records cross
+        from xdist workers)."""
         return {}
 
     def report_fields(self, outcome: "Outcome") -> dict:
@@ -96,15 +98,19 @@ class Outcome:
         """The verdict and every problem's sentence: the message's first line, the report's headline."""
         return self.verdict + (f" ({'; '.join(p.sentence for p in self.problems)})" if self.problems else "")
 
-    def record(self) -> dict:
-        """The summary row of this case (plain types)."""
-        return {"suite": self.suite, "kind": self.kind, "target": self.target, "config": self.config,
-                "regime": self.regime, **self.evidence.record_fields(self), "passed": self.passed,
-                "categories": self.categories, "baseline_update": self.baseline.updated,
-                "baseline_refused": self.baseline.refused_line, "borrowed_budget": self.baseline.note is not None,
-                "borrowed_across_devices": self.baseline.borrowed_across_devices,
-                **({"inputs_moved": True} if self.baseline.moved_inputs else {}),
-                **({"unjudged_limits": self.baseline.unjudged} if self.baseline.unjudged else {})}
+    def record(self) -> CaseRecord:
+        """The record of this case: the verdict, the evidence's fields and the golden's."""
+        b = self.baseline
+        record = CaseRecord(self.target, self.config, self.regime, suite=self.suite, kind=self.kind,
+                            passed=self.passed, categories=self.categories, baseline_update=b.updated,
+                            baseline_refused=b.refused_line, borrowed_budget=b.note is not None,
+                            borrowed_across_devices=b.borrowed_across_devices)
+        record.add(**self.evidence.record_fields(self))
+        if b.moved_inputs:
+            record.inputs_moved = True
+        if b.unjudged:
+            record.unjudged_limits = b.unjudged
+        return record
 
     def report_details(self) -> dict:
         b = self.baseline

@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 from ..kinds.details import MAGNITUDE_EDGES, ULP_EDGES
+from ..kinds.record import record_fields
 from .summary import borrowed_budgets_line, case_lines, speed_lines, tables
 
 __all__ = ["REPORT_SCHEMA", "REPORT_VERSION", "build_report", "write_json_report", "render_markdown",
@@ -141,10 +142,12 @@ REPORT_SCHEMA: dict = {
     },
 }
 
-_TIMING = ("time_s", "speed_status", "speed_ratio", "peak_bytes")
-_METRICS = ("max_ulp", "max_rel", "sqnr_db", "overflow", "underflow", "nan")
-_CARRIED = ("categories", "headline", "outputs", "golden_note", "borrowed_budget", "baseline_update", "baseline_refused",
-            "variants_note", "inputs_moved", "unjudged_limits", "error_by_magnitude", "training", "training_detail")
+# where a case's record goes in its report case (kinds.record.CaseRecord; tests/test_record_schema.py
+# holds REPORT_SCHEMA against it)
+_IDENTITY = record_fields("identity")
+_TIMING = record_fields("timing")
+_METRICS = record_fields("metrics")
+_CARRIED = record_fields("case")
 
 
 def json_safe(value):
@@ -159,7 +162,7 @@ def json_safe(value):
 
 
 def _case(record: dict) -> dict:
-    case = {k: record.get(k) for k in ("nodeid", "suite", "target", "config", "regime")}
+    case = {k: record.get(k) for k in _IDENTITY}
     case["nodeid"] = case["nodeid"] or f"{record['target']}-{record['config']}-{record['regime']}"
     case["suite"] = case["suite"] or ""
     if "skipped" in record:

@@ -21,6 +21,7 @@ from ..explain.tracing import render_trace, trace
 from ..kinds.base import NO_VARIANT, Case, Kind
 from ..kinds.compiled import Compiled
 from ..kinds.outcome import PrecisionFailure
+from ..kinds.record import CaseRecord
 from ..kinds.registry import kinds, registered, target_names_problem
 from ..kinds.target import Target, TargetError
 from ..speed.alignment import tensor_core_misalignments, warn_misalignments
@@ -168,10 +169,13 @@ class SuiteItem(pytest.Item):
         self.keyword_expression = self.name  # keyword_expressions() refines it once every item is known
 
     def _record(self, **fields) -> dict:
+        """The record of a case that left no outcome (skipped, crashed), as it crosses from xdist workers."""
         case = self.case
-        note = {"variants_note": self.decision.note} if self.decision.note else {}
-        return {"target": case.target.name, "config": case.config_id, "regime": case.regime, "suite": case.kind.suite,
-                "kind": case.kind.name, "nodeid": self.nodeid, **note, **fields}
+        record = CaseRecord(case.target.name, case.config_id, case.regime, suite=case.kind.suite, kind=case.kind.name,
+                            nodeid=self.nodeid, **fields)
+        if self.decision.note:
+            record.variants_note = self.decision.note
+        return record.as_dict()
 
     def runtest(self) -> None:
         options: RunOptions = self.config.stash[OPTIONS_KEY]
@@ -206,11 +210,11 @@ class SuiteItem(pytest.Item):
             records.append(self._record(passed=False, categories=["crash"], crashed=reason,
                                         headline=f"FAIL crash ({reason})", baseline_refused=refused))
             raise
-        records.append(record)
+        records.append(record.as_dict())
         if failure is not None:
             raise failure
 
-    def _run(self, options: RunOptions, baseline: BaselineCheck) -> tuple[dict, PrecisionFailure | None]:
+    def _run(self, options: RunOptions, baseline: BaselineCheck) -> tuple[CaseRecord, PrecisionFailure | None]:
         case = self.case
         reason = case.config.skip_reason(options.device)
         if reason:
@@ -229,11 +233,11 @@ class SuiteItem(pytest.Item):
             self._time(options, baseline, outcome, record)
         if options.trace or (options.audit and case.regime == case.kind.audit_regime):
             self._trace(options, outcome, record)
-        record["nodeid"] = self.nodeid
+        record.nodeid = self.nodeid
         if self.decision.note:
-            record["variants_note"] = self.decision.note
+            record.variants_note = self.decision.note
         if options.details:
-            record.update(outcome.report_details())
+            record.add(**outcome.report_details())
         self.outcome = outcome
         failure = None if outcome.passed else PrecisionFailure(outcome.message(self.nodeid, baseline.update_command))
         return record, failure
@@ -252,7 +256,7 @@ class SuiteItem(pytest.Item):
         if outcome.baseline.error:  # the write failed (a read-only directory)
             outcome.add("golden", "baseline", outcome.baseline.error)
 
-    def _time(self, options: RunOptions, baseline: BaselineCheck, outcome, record: dict) -> None:
+    def _time(self, options: RunOptions, baseline: BaselineCheck, outcome, record: CaseRecord) -> None:
         """The speed gate and the tensor-core lint for this case; adds to the outcome."""
         case = self.case
         bench = case.kind.bench_call(case)
@@ -272,22 +276,22 @@ class SuiteItem(pytest.Item):
             outcome.add(category, category, sentence)
         if speed.verdict.status in ("noisy", "shared"):  # a slower verdict is in the headline already
             outcome.details.append(speed.verdict.describe())
-        record.update(speed.record(), passed=outcome.passed, categories=outcome.categories)
+        record.add(**speed.record(), passed=outcome.passed, categories=outcome.categories)
 
-    def _trace(self, options: RunOptions, outcome, record: dict) -> None:
+    def _trace(self, options: RunOptions, outcome, record: CaseRecord) -> None:
         """--precision-trace: the case's ops; --precision-audit: the dtypes they ran in (once per
         target and config, on the kind's audit regime). Kept in the record, so xdist merges it."""
         case = self.case
         call = case.kind.trace_call(case)
         if call is None:
             return
-        record["case"] = self.name
+        record.case = self.name
         if options.trace:
-            record["trace"] = render_trace(trace(call))
+            record.trace = render_trace(trace(call))
             if not outcome.passed:
-                outcome.details.append("op trace:\n" + record["trace"])
+                outcome.details.append("op trace:\n" + record.trace)
         if options.audit and case.regime == case.kind.audit_regime:
-            record["audit"] = audit(call, autocast=getattr(case.config, "autocast_dtype", None) is not None)
+            record.audit = audit(call, autocast=getattr(case.config, "autocast_dtype", None) is not None)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, PrecisionFailure):

@@ -19,6 +19,8 @@ from ..numerics.configs import CONFIG_IDS, Config, select_configs
 from ..platform.devices import fingerprint
 from ..speed.gate import DEFAULT_THRESHOLD
 from .exits import IMPORT_ADVICE, TargetEnded, refuse_process_exits
+from .option_table import (AUDIT, BASELINE_DIR, BUILTINS, COMPILE, CONFIGS, DEVICE, KINDS, NO_SPEED, OUTPUT_OPTIONS,
+                           SPEED_THRESHOLD, STRICT_BUDGETS, SUITE, TARGETS, TIMEOUT, TRACE, UPDATE_BASELINES, IniKey)
 from .timelimit import DEFAULT_TIMEOUT, NO_LIMIT_ABOVE
 
 __all__ = ["RunOptions", "OPTIONS_KEY", "RECORDS_KEY", "load_ini_kinds", "parse_timeout"]
@@ -49,21 +51,20 @@ class RunOptions:
     @classmethod
     def from_config(cls, config: pytest.Config) -> "RunOptions":
         default_device = "cuda" if torch.cuda.is_available() else "cpu"
-        device = config.getoption("precision_device") or default_device
+        device = DEVICE.value(config) or default_device
         if device == "cuda" and not torch.cuda.is_available():
-            raise pytest.UsageError("--precision-device=cuda: torch.cuda.is_available() is False on this machine")
-        run_suite = bool(config.getoption("precision_suite"))
-        spec = config.getoption("precision_configs")
+            raise pytest.UsageError(f"{DEVICE.name}=cuda: torch.cuda.is_available() is False on this machine")
+        run_suite = bool(SUITE.value(config))
+        spec = CONFIGS.value(config)
         if spec is not None and not spec.replace(",", " ").split():
-            raise pytest.UsageError(f"--precision-configs={spec!r} names no config; known: {', '.join(CONFIG_IDS)}")
+            raise pytest.UsageError(f"{CONFIGS.name}={spec!r} names no config; known: {', '.join(CONFIG_IDS)}")
         try:
             configs = select_configs(spec)
             # imported only when the suite runs: a target module's import is not every run's business
-            ini_targets = (_import_ini_lines(parse_ini_targets, "precision_targets", config.getini("precision_targets"),
-                                             str(config.rootpath)) if run_suite else [])
+            ini_targets = _import_ini_lines(parse_ini_targets, TARGETS, config) if run_suite else []
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
-        threshold = config.getoption("precision_speed_threshold")
+        threshold = SPEED_THRESHOLD.value(config)
         if threshold is None:
             threshold = DEFAULT_THRESHOLD["cuda" if device.startswith("cuda") else "cpu"]
         else:
@@ -72,28 +73,25 @@ class RunOptions:
             except ValueError:
                 threshold = -1.0
             if not threshold > 0:
-                raise pytest.UsageError(f"--precision-speed-threshold={config.getoption('precision_speed_threshold')}: "
+                raise pytest.UsageError(f"{SPEED_THRESHOLD.name}={SPEED_THRESHOLD.value(config)}: "
                                         "give a positive percentage, for example 10 or 10%")
-        raw_dir = str(config.getini("precision_baseline_dir") or "precision_baselines")
+        raw_dir = str(BASELINE_DIR.value(config) or BASELINE_DIR.default)
         if re.search(r"\s[;#]", raw_dir):
             # pytest's ini files end a value at the line's end: a comment after it is part of it
-            raise pytest.UsageError(f"precision_baseline_dir = {raw_dir}: a comment after the value would name the "
+            raise pytest.UsageError(f"{BASELINE_DIR.name} = {raw_dir}: a comment after the value would name the "
                                     "directory; put it on a line of its own")
         root = Path(raw_dir)
         if not root.is_absolute():
             root = config.rootpath / root
-        update = bool(config.getoption("precision_update_baselines"))
+        update = bool(UPDATE_BASELINES.value(config))
         if update:
             _check_writable(root)
-        timeout = parse_timeout(str(config.getini("precision_timeout")))
+        timeout = parse_timeout(str(TIMEOUT.value(config)))
         return cls(device, configs, BaselineStore(root), update, run_suite, default_device, ini_targets,
-                   speed=not config.getoption("precision_no_speed"), speed_threshold=threshold,
-                   trace=bool(config.getoption("precision_trace")),
-                   strict_budgets=bool(config.getoption("precision_strict_budgets")), audit=bool(config.getoption("precision_audit")),
-                   parallel=_parallel(config), timeout=timeout, builtins=bool(config.getoption("precision_builtins")),
-                   compile=bool(config.getoption("precision_compile")),
-                   details=any(config.getoption(o) for o in ("precision_report", "precision_report_md",
-                                                             "precision_plots")))
+                   speed=not NO_SPEED.value(config), speed_threshold=threshold, trace=bool(TRACE.value(config)),
+                   strict_budgets=bool(STRICT_BUDGETS.value(config)), audit=bool(AUDIT.value(config)),
+                   parallel=_parallel(config), timeout=timeout, builtins=bool(BUILTINS.value(config)),
+                   compile=bool(COMPILE.value(config)), details=any(o.value(config) for o in OUTPUT_OPTIONS))
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -113,22 +111,22 @@ def parse_timeout(raw: str) -> float:
     except ValueError:
         seconds = math.nan
     if not seconds >= 0:
-        raise pytest.UsageError(f"precision_timeout = {raw}: give seconds (0: no limit)")
+        raise pytest.UsageError(f"{TIMEOUT.name} = {raw}: give seconds (0: no limit)")
     return 0.0 if seconds > NO_LIMIT_ABOVE else seconds  # inf, or past three years: no limit
 
 
-def _import_ini_lines(parse, option: str, lines: list[str], rootdir: str) -> list:
-    """``parse`` (the registry's reader of ``option``'s lines) one line at a time, so that a module
+def _import_ini_lines(parse, key: IniKey, config: pytest.Config) -> list:
+    """``parse`` (the registry's reader of ``key``'s lines) one line at a time, so that a module
     that ends the process when imported (``sys.exit``, ``os._exit``) is a ValueError naming its line."""
-    out = []
-    for raw in lines:
+    out, rootdir = [], str(config.rootpath)
+    for raw in key.value(config):
         line = raw.split("#", 1)[0].strip()
         module = line.split(":", 1)[0]
         try:
             with refuse_process_exits(f"importing {module}", IMPORT_ADVICE):
                 out += parse([raw], rootdir)
         except TargetEnded as e:
-            raise ValueError(f"{option}: {line!r}: {e}") from None
+            raise ValueError(f"{key.name}: {line!r}: {e}") from None
     return out
 
 
@@ -136,7 +134,7 @@ def load_ini_kinds(config: pytest.Config) -> None:
     """Register the kinds of ini ``precision_kinds``; anything wrong with a line, its module's
     import included, is a usage error naming the line."""
     try:
-        _import_ini_lines(parse_ini_kinds, "precision_kinds", config.getini("precision_kinds"), str(config.rootpath))
+        _import_ini_lines(parse_ini_kinds, KINDS, config)
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
 
@@ -154,9 +152,10 @@ def _check_writable(root: Path) -> None:
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         where = "" if existing == root else f": {existing} is not writable"
-        raise pytest.UsageError(f"--precision-update-baselines: cannot write to the baseline directory {root}{where}")
+        raise pytest.UsageError(f"{UPDATE_BASELINES.name}: cannot write to the baseline directory {root}{where}")
 
 
 OPTIONS_KEY = pytest.StashKey[RunOptions]()
-# the run's records: one plain dict per suite case (summary row, report detail), merged across xdist workers
+# the run's records: one per suite case, as the plain dict of its kinds.record.CaseRecord (summary row,
+# report detail), merged across xdist workers (runner.worker_output)
 RECORDS_KEY = pytest.StashKey[list]()

@@ -14,26 +14,14 @@ from ..baselines.usage import (CACHE_KEY, PRUNE_COMMAND, USAGE_KEY, BaselineUsag
 from ..kinds.registry import kind_names
 from ..platform.devices import numerics_key
 from ..reporting.plots import MISSING_MESSAGE as PLOTS_MISSING, plots_available
+from .option_table import PLOTS, REPORT, REPORT_MD, Option
 from .options import OPTIONS_KEY, RECORDS_KEY
 
-__all__ = ["RunOutputs", "USAGE_OUTPUT_KEY", "add_output_options"]
-
-USAGE_OUTPUT_KEY = "precision_baseline_usage"
+__all__ = ["RunOutputs"]
 
 
-def add_output_options(group) -> None:
-    group.addoption("--precision-report", metavar="FILE.json",
-                    help="write every suite case (metrics, budgets, timings, verdict) as JSON (schema: "
-                         "pytest_precision.reporting.report.REPORT_SCHEMA)")
-    group.addoption("--precision-report-md", metavar="FILE",
-                    help="write the summary table, totals and failing cases as Markdown (CI job summaries, PR comments)")
-    group.addoption("--precision-plots", metavar="DIR",
-                    help="write PNG figures (ULP histogram per config, error against logit magnitude) to DIR; "
-                         "needs the plots extra (matplotlib)")
-
-
-def _path_option(config: pytest.Config, name: str) -> Path | None:
-    value = config.getoption(name)
+def _path_option(config: pytest.Config, option: Option) -> Path | None:
+    value = option.value(config)
     if not value:
         return None
     p = Path(value)
@@ -42,7 +30,7 @@ def _path_option(config: pytest.Config, name: str) -> Path | None:
 
 class RunOutputs:
     def __init__(self, config: pytest.Config):
-        if config.getoption("precision_plots") and not plots_available():
+        if PLOTS.value(config) and not plots_available():
             raise pytest.UsageError(PLOTS_MISSING)  # at start-up, not after a long run
         self.config = config
         usage = BaselineUsage(whole_project=config.args_source != pytest.Config.ArgsSource.ARGS)
@@ -75,18 +63,10 @@ class RunOutputs:
         if item is not None and (report.failed or report.skipped):
             self.usage.excuse(item)
 
-    @pytest.hookimpl(optionalhook=True)
-    def pytest_testnodedown(self, node, error) -> None:
-        self.usage.merge(getattr(node, "workeroutput", {}).get(USAGE_OUTPUT_KEY, {}))
-        if error is not None:
-            self.usage.workers_down.append(getattr(getattr(node, "gateway", None), "id", "?"))
-
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus) -> None:
         state = self.config.stash[OPTIONS_KEY]
         self.usage.used |= state.store.used
-        workeroutput = getattr(self.config, "workeroutput", None)
-        if workeroutput is not None:  # an xdist worker: the controller writes the outputs
-            workeroutput[USAGE_OUTPUT_KEY] = self.usage.as_workeroutput()
+        if hasattr(self.config, "workeroutput"):  # an xdist worker: it hands its usage over (runner.worker_output)
             return
         if state.run_suite:
             self._unused_baselines(state, session, exitstatus)
@@ -116,19 +96,19 @@ class RunOutputs:
         configs = [c.id for c in state.configs]
         key = numerics_key(state.device)
         notes = list(self.lines)  # the unused-baselines lines, not the "written to" ones below
-        path = _path_option(self.config, "precision_report")
+        path = _path_option(self.config, REPORT)
         if path is not None:
             write_json_report(path, build_report(records, device=state.device, numerics_key=key,
                                                  fingerprint=state.fingerprint, torch_version=torch.__version__,
                                                  configs=configs))
             self.lines.append(f"precision report (JSON) written to {path}")
-        path = _path_option(self.config, "precision_report_md")
+        path = _path_option(self.config, REPORT_MD)
         if path is not None:
             write_markdown_report(path, render_markdown(records, config_order=configs, device=state.device,
                                                         numerics_key=key, fingerprint=state.fingerprint,
                                                         extra_lines=notes))
             self.lines.append(f"precision report (Markdown) written to {path}")
-        directory = _path_option(self.config, "precision_plots")
+        directory = _path_option(self.config, PLOTS)
         if directory is not None:
             from ..reporting.plots import write_plots
 
