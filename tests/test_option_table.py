@@ -26,9 +26,6 @@ def test_the_row_pattern_reads_options_with_or_without_their_value_and_ini_keys(
                                       "--precision-device"}
 
 
-@pytest.mark.xfail(strict=True, reason="README.md is being restructured in parallel (issue 25 item 9): its reference "
-                                       "table must list the ini keys as rows of their own (| `precision_timeout` | "
-                                       "...); remove this mark when it does")
 def test_the_readme_documents_every_option_and_ini_key_and_no_other():
     documented = documented_names(README.read_text(encoding="utf-8"))
     assert sorted(option_table.NAMES - documented) == [], "declared but not in the README's options table"
