@@ -3,7 +3,6 @@ those, and the README's reference table documents exactly those."""
 import re
 from pathlib import Path
 
-import pytest
 
 from pytest_precision.runner import option_table
 
