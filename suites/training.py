@@ -45,13 +45,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import warnings
-import weakref
 
 from tabulate import tabulate
 
 from pytest_precision.baselines.lifecycle import BaselineCheck
 from pytest_precision.explain.faults import first_fault
-from pytest_precision.kinds.base import Case, Kind, skip
+from pytest_precision.kinds.cases import Case
+from pytest_precision.kinds.kind import Kind, skip
 from pytest_precision.kinds.outcome import Evidence, Outcome, baseline_problems
 from pytest_precision.kinds.tables import SummaryTable, fmt
 from pytest_precision.platform.triton import bf16_as_on_gpu
@@ -72,12 +72,10 @@ from . import ddp
 
 __all__ = ["TRAIN_STEP", "TrainStepKind", "TrainingEvidence", "TRAINING_TABLE", "judge"]
 
-# spec -> {device: the fp32 run} and {(device, step): the float64 step or why it could not run}, shared
-# by the spec's configs; weak, so a spec's runs go when its conftest does (pytester sessions in one
-# process), and never keyed by id(), which a later spec reuses
-_REFERENCES: "weakref.WeakKeyDictionary[TrainSpec, dict[str, Trajectory]]" = weakref.WeakKeyDictionary()
-_EXACT: "weakref.WeakKeyDictionary[TrainSpec, dict]" = weakref.WeakKeyDictionary()
-_CHECKED: "weakref.WeakKeyDictionary[TrainSpec, str | None]" = weakref.WeakKeyDictionary()
+# the session's memos (Case.state), shared by a spec's configs: spec -> whether it repeats itself
+# (None, or why not); (spec, device) -> its fp32 run; (spec, device, step, random state) -> the
+# float64 step or why it could not run. Keyed by the spec, never by id(), which a later spec reuses
+CHECKED, REFERENCES, EXACT = "train_step.checked", "train_step.fp32", "train_step.float64"
 
 
 def _g(v) -> str:
@@ -366,30 +364,31 @@ class TrainStepKind(Kind):
         """The case's spec, once per session found to repeat itself (``check_determinism``); a
         TargetError otherwise, before anything runs or is written."""
         spec = self._spec(case.target)
-        if spec not in _CHECKED:
+        checked = case.state.memo(CHECKED)
+        if spec not in checked:
             try:
                 check_determinism(spec, f"target {case.target.name!r} (train_step)")
-                _CHECKED[spec] = None
+                checked[spec] = None
             except TrainingError as e:
-                _CHECKED[spec] = str(e)
-        if _CHECKED[spec] is not None:
-            raise TargetError(_CHECKED[spec])
+                checked[spec] = str(e)
+        if checked[spec] is not None:
+            raise TargetError(checked[spec])
         return spec
 
     def _reference(self, case: Case) -> Trajectory:
         spec = self._spec(case.target)
-        runs = _REFERENCES.setdefault(spec, {})
-        if case.device not in runs:
+        runs, key = case.state.memo(REFERENCES), (spec, case.device)
+        if key not in runs:
             fp32 = TRAIN_CONFIGS["fp32"]
             try:
-                runs[case.device] = run_training(spec, fp32, case.device, self._where(case.target, fp32))
+                runs[key] = run_training(spec, fp32, case.device, self._where(case.target, fp32))
             except TrainingError as e:
                 raise TargetError(str(e)) from e.__cause__
-            ref = runs[case.device]
+            ref = runs[key]
             note = built_dtype_note(ref.built_dtypes, len(ref.initial))
             if note:  # once per target and session: the table's line points here
                 warnings.warn(ModelDtypeWarning(f"target {case.target.name!r} (train_step): {note}"), stacklevel=2)
-        return runs[case.device]
+        return runs[key]
 
     def _exact(self, case: Case, spec: TrainSpec, run: Trajectory) -> ExactStep | str:
         """The float64 first step of ``run`` (cached per step index and the random state the run
@@ -398,8 +397,8 @@ class TrainStepKind(Kind):
         if step is None:
             return "no step ran"
         rng = run.rng_states[step]
-        cache = _EXACT.setdefault(spec, {})
-        key = (case.device, step, rng.digest)
+        cache = case.state.memo(EXACT)
+        key = (spec, case.device, step, rng.digest)
         if key not in cache:
             try:
                 cache[key] = exact_first_step(spec, step, case.device,

@@ -7,9 +7,11 @@ import torch
 
 import pytest_precision
 from pytest_precision.kinds import registry
-from pytest_precision.kinds.base import NO_VARIANT, Case, Kind
+from pytest_precision.kinds.cases import NO_VARIANT, Case
+from pytest_precision.kinds.kind import Kind
 from pytest_precision.kinds.target import Target
 from pytest_precision.numerics.configs import CONFIGS
+from pytest_precision.testing import check_kind
 
 pytest_plugins = ["pytester"]
 
@@ -25,7 +27,7 @@ def _regime(name, description, scale, shift=0.0):
     return pytest_precision.Regime(name, description, make, base_seed=7, parameters={"scale": scale, "shift": shift})
 
 
-class LogSumExp(pytest_precision.Kind):
+class LogSumExp(pytest_precision.TensorKind):
     name = "logsumexp"
     contract = "fn(x) -> logsumexp over the last dimension, shape x.shape[:-1], x's dtype"
     regimes = {r.name: r for r in (_regime("unit", "N(0, 1)", 1.0), _regime("large", "N(100, 10^2)", 10.0, 100.0))}
@@ -64,55 +66,23 @@ def example_kind(tmp_path, monkeypatch):
 
 def _example_target(kind: Kind) -> Target:
     """A target of ``kind`` to run it through: its trusted peer, or (the op kind, whose regimes and
-    peer are each target's) a GELU declared with its inputs."""
+    peer are each target's) a GELU declared with its inputs, or (the training kind) its built-in one."""
     if kind.name == "op":
         declared = kind.declare("gelu", {"inputs": {"unit": lambda g: torch.randn(8, 64, generator=g)}})
         return Target("gelu", torch.nn.functional.gelu, "op", declared=declared)
+    if kind.name == "train_step":
+        return kind.default_targets()[0]
     return Target("peer", kind.peer, kind.name)
-
-
-def _conforms(kind: Kind) -> None:
-    """What every kind owes the runner (the hooks it must answer, and answer consistently)."""
-    assert kind.name and kind.contract and kind.suite and kind.table is not None
-    assert registry.get_kind(kind.name) is kind
-    sample = _example_target(kind)
-    names = kind.regime_names(sample)
-    assert names and len(set(names)) == len(names)
-    configs = kind.configs(list(CONFIGS.values()))
-    assert configs and len({c.id for c in configs}) == len(configs)
-    assert kind.variants("cpu")
-    with pytest.raises(TypeError):
-        kind.check_target("not-a-target", 42)
-    for target in kind.default_targets():
-        assert target.kind == kind.name
-        kind.check_target(target.name, target.fn)
-    case = Case(kind, Target("t", lambda *a: None, kind.name), configs[0], kind.variants("cpu")[0], names[0], "cpu")
-    assert case.name == f"{kind.name}[t-{configs[0].id}{kind.variants('cpu')[0].suffix}-{names[0]}]"
-    assert case.baseline_key == f"{kind.name}/t/{names[0]}"
-    regimes = kind.regimes_for(sample)
-    for regime in regimes.values():  # seeded inputs: the same bits twice
-        case = Case(kind, sample, configs[0], NO_VARIANT, regime.name, "cpu")
-        a = kind.floating_inputs(kind.for_target(case, regime.inputs()))
-        b = kind.floating_inputs(kind.for_target(case, regime.inputs()))
-        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
-    if regimes:  # a tensor kind: the oracle and the peer agree on its first regime in fp32
-        regime = next(iter(regimes.values()))
-        case = Case(kind, sample, CONFIGS["fp32"], NO_VARIANT, regime.name, "cpu")
-        inputs = kind.for_target(case, regime.inputs())
-        m = kind.measure(case, inputs, grad_seed=regime.seed + 1)
-        grads = kind.case_grad_inputs(case, inputs)
-        assert set(m.oracle) == {kind.forward_output, *(f"d{n}" for n in grads)}
-        assert all(not pytest_precision.numerics.budgets.violations(m.oracle[n], m.peer_budget[n]) for n in m.oracle)
-        assert kind.trace_call(case) is not None
 
 
 @pytest.mark.parametrize("name", list(registry.BUILTIN_KINDS))
 def test_every_builtin_kind_conforms(name):
-    _conforms(registry.get_kind(name))
+    kind = registry.get_kind(name)
+    check_kind(kind, _example_target(kind))
 
 
 def test_a_project_kind_conforms(example_kind):
-    _conforms(example_kind)
+    check_kind(example_kind, _example_target(example_kind))
 
 
 def test_kinds_are_named_and_refused_clearly(example_kind):
