@@ -75,8 +75,8 @@ class SdpaBackend(Variant):
 
 
 def _regime(name: str, description: str, shape: dict, irregular: bool = False) -> Regime:
-    return Regime(name, description, lambda g: build_attention_inputs(seed=g, **shape), BASE_SEED, shape,
-                  irregular)
+    return Regime.from_generator(name, description, lambda g: build_attention_inputs(seed=g, **shape), BASE_SEED, shape,
+                                 irregular)
 
 
 # small: goldens (output and three gradients per case) are committed

@@ -92,7 +92,7 @@ def _inputs(g: torch.Generator, rows: int, classes: int, scale: float = 1.0, mar
 def _regime(name: str, description: str, **shape) -> Regime:
     shape.setdefault("rows", ROWS)
     shape.setdefault("classes", CLASSES)
-    return Regime(name, description, lambda g: _inputs(g, **shape), BASE_SEED, dict(shape))
+    return Regime.from_generator(name, description, lambda g: _inputs(g, **shape), BASE_SEED, shape)
 
 
 REGIMES: dict[str, Regime] = {r.name: r for r in (

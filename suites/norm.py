@@ -78,7 +78,7 @@ def _regimes(rms: bool) -> dict[str, Regime]:
         def make(g: torch.Generator) -> NormInputs:
             x = make_x(g)
             return NormInputs(x, *_affine(g, x.shape[-1], rms))
-        return Regime(name, description, make, BASE_SEED)
+        return Regime.from_generator(name, description, make, BASE_SEED)
 
     return {r.name: r for r in (
         regime("unit", "N(0, 1), 8 x 256", lambda g: seeded_normal(g, ROWS, COLS)),

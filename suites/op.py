@@ -208,14 +208,15 @@ def _inputs(name: str, value: Any) -> OpInputs:
                                  "strategies; one drawn regime per target")
             drawn, strategy = regime, make
         elif callable(make):
-            regimes[regime] = Regime(regime, f"inputs[{regime!r}] of {name}", _seeded(name, regime, make), BASE_SEED)
+            regimes[regime] = Regime.from_generator(regime, f"inputs[{regime!r}] of {name}", _portable(name, regime, make),
+                                                    BASE_SEED)
         else:
             raise TypeError(f"target {name!r} (op): inputs[{regime!r}]={make!r} is neither a generator (a function "
                             "of a torch.Generator) nor a Hypothesis strategy")
     return OpInputs(regimes, drawn, strategy)
 
 
-def _seeded(name: str, regime: str, make: Callable) -> Callable[[torch.Generator], Any]:
+def _portable(name: str, regime: str, make: Callable) -> Callable[[torch.Generator], Any]:
     def inputs(g: torch.Generator):
         try:
             # torch's float32 randn draws other bits under another vector ISA: drawn portably, a

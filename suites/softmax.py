@@ -61,7 +61,7 @@ def _fully_masked(g):
 
 
 def _regime(name: str, description: str, make: Callable[[torch.Generator], torch.Tensor]) -> Regime:
-    return Regime(name, description, make, BASE_SEED)
+    return Regime.from_generator(name, description, make, BASE_SEED)
 
 
 REGIMES: dict[str, Regime] = {r.name: r for r in (

@@ -155,3 +155,77 @@ def test_the_builtin_torch_op_is_held_against_an_independent_peer(monkeypatch):
     monkeypatch.setattr(kind, "_op", lambda x, dim: torch.softmax(x.bfloat16(), dim).to(x.dtype))
     m = kind.measure(case, regime.inputs())
     assert pytest_precision.numerics.budgets.violations(m.oracle["reference"], m.peer_budget["reference"])
+
+
+def test_a_tensor_kind_written_on_the_seam_is_refused_with_the_class_to_use():
+    """Kind is the seam alone: a class that writes the tensor hooks on it would leave run, bench_call
+    and trace_call undone, so making one says to subclass TensorKind."""
+    class Half(Kind):
+        name = "half"
+
+        def floating_inputs(self, x):
+            return {"x": x}
+
+        def reference(self, x):
+            return x
+
+    with pytest.raises(TypeError, match=r"Half writes the tensor kind's hooks \(floating_inputs, reference\) on "
+                                        r"pytest_precision.Kind.*subclass pytest_precision.TensorKind"):
+        Half()
+
+
+def test_check_kind_says_what_a_kind_gets_wrong():
+    from pytest_precision.kinds.cases import Regime
+
+    class Drifting(pytest_precision.TensorKind):
+        """Its regime draws from torch's global generator, not the one it is given: other bits each call."""
+        name, contract = "drifting", "fn(x) -> x"
+        regimes = {"unit": Regime.from_generator("unit", "N(0, 1)", lambda g: torch.randn(4, 8), base_seed=1)}
+
+        def floating_inputs(self, x):
+            return {"x": x}
+
+        def invoke(self, fn, values, x, device):
+            return fn(values["x"])
+
+        def expected_shape(self, values, x):
+            return tuple(values["x"].shape)
+
+        def reference(self, x):
+            return x
+
+        def peer(self, x):
+            return x
+
+    with pytest.raises(AssertionError, match="kind 'drifting': regime 'unit' gave other inputs on a second call"):
+        check_kind(Drifting())
+    with pytest.raises(AssertionError, match="kind 'softmax': target 'wrong' fails the oracle with the peer budget"):
+        check_kind(registry.get_kind("softmax"), Target("wrong", lambda x: torch.softmax(x * 1.01, -1), "softmax"))
+
+
+def test_a_regime_draws_from_a_generator_seeded_as_its_own_seed_would_seed_it():
+    from pytest_precision.kinds.cases import Regime
+    from pytest_precision.numerics.inputs import seeded_normal
+
+    drawn = Regime.from_generator("unit", "N(0, 1)", lambda g: seeded_normal(g, 4, 8), base_seed=7)
+    seeded = Regime("unit", "N(0, 1)", lambda seed: seeded_normal(torch.Generator().manual_seed(seed), 4, 8), base_seed=7)
+    assert torch.equal(drawn.inputs(), seeded.inputs())
+
+
+def test_run_state_belongs_to_one_session():
+    """A Triton kernel that cannot launch is said once per session: the first case fails, the later
+    ones point to it; a new session (a new RunState) says it again."""
+    from pytest_precision.kinds.session import RunState
+
+    state = RunState()
+    assert state.first_launch_failure("k", "softmax[k-fp32-unit]") is None
+    assert state.first_launch_failure("k", "softmax[k-fp16-unit]") == "softmax[k-fp32-unit]"
+    assert RunState().first_launch_failure("k", "softmax[k-fp16-unit]") is None
+    assert state.memo("x") is state.memo("x") and RunState().memo("x") == {}
+
+
+def test_a_tensor_kind_overrides_hooks_not_the_template():
+    with pytest.raises(TypeError, match="Stashing overrides TensorKind's template method measure: override its hooks"):
+        class Stashing(pytest_precision.TensorKind):
+            def measure(self, case, inputs, grad_seed=0):
+                return super().measure(case, inputs, grad_seed)

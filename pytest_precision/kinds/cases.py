@@ -4,7 +4,6 @@ cell of the matrix (kind, target, config, variant, regime, device, and the sessi
 from __future__ import annotations
 
 import contextlib
-import inspect
 import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, ContextManager
@@ -20,27 +19,27 @@ if TYPE_CHECKING:  # (Kind and TensorKind are named in annotations only: their m
 __all__ = ["Regime", "DrawnRegime", "Variant", "NO_VARIANT", "Case"]
 
 
-def _takes_seed(make: Callable) -> bool:
-    """Whether ``make`` is of the earlier form, a function of the seed itself: its one parameter is
-    named ``seed``."""
-    try:
-        return list(inspect.signature(make).parameters) == ["seed"]
-    except (TypeError, ValueError):
-        return False
+@dataclass(frozen=True)
+class _FromGenerator:
+    """``make(g)`` as a function of the seed: ``g`` a CPU generator seeded with it (``Regime.from_generator``)."""
+
+    make: Callable[[torch.Generator], Any]
+
+    def __call__(self, seed: int) -> Any:
+        return self.make(torch.Generator(device="cpu").manual_seed(seed))
 
 
 @dataclass(frozen=True)
 class Regime:
-    """A named input regime: ``make(g)`` builds the inputs (float32, CPU) from ``g``, a CPU
-    ``torch.Generator`` seeded with the regime's seed, which is the kind's base seed plus a hash of
-    the name, so adding a regime moves no other (a ``make`` whose one parameter is named ``seed``
-    gets the seed itself, and seeds its own generator). ``irregular``: sizes deliberately off the
-    tensor cores' multiples (the alignment lint, which speaks about the user's own shapes, stays
-    quiet on it)."""
+    """A named input regime: ``make(seed)`` builds the inputs (float32, CPU) from the regime's seed,
+    which is the kind's base seed plus a hash of the name, so adding a regime moves no other;
+    ``Regime.from_generator`` makes one whose ``make(g)`` gets a CPU ``torch.Generator`` seeded with
+    it (what every built-in kind uses). ``irregular``: sizes deliberately off the tensor cores'
+    multiples (the alignment lint, which speaks about the user's own shapes, stays quiet on it)."""
 
     name: str
     description: str
-    make: Callable[[torch.Generator], Any]
+    make: Callable[[int], Any]
     base_seed: int
     parameters: dict = field(default_factory=dict)  # what the golden's input spec records besides the seed
     irregular: bool = False
@@ -49,10 +48,16 @@ class Regime:
     def seed(self) -> int:
         return self.base_seed + zlib.crc32(self.name.encode()) % 100_000
 
+    @classmethod
+    def from_generator(cls, name: str, description: str, make: Callable[[torch.Generator], Any], base_seed: int,
+                       parameters: dict | None = None, irregular: bool = False) -> "Regime":
+        """A regime whose ``make(g)`` draws its inputs from ``g``, a CPU ``torch.Generator`` the
+        regime seeds with its seed (draw from ``g`` alone, and the inputs have the same bits on
+        every run; ``numerics.inputs.seeded_normal`` draws normals with the same bits on every CPU)."""
+        return cls(name, description, _FromGenerator(make), base_seed, dict(parameters or {}), irregular)
+
     def inputs(self) -> Any:
-        if _takes_seed(self.make):
-            return self.make(self.seed)
-        return self.make(torch.Generator(device="cpu").manual_seed(self.seed))
+        return self.make(self.seed)
 
 
 @dataclass(frozen=True)

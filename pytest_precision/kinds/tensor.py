@@ -46,7 +46,12 @@ from .measurement import MeasureContext, Measurement, OutputRule, TensorEvidence
 from .outcome import Outcome, baseline_problems
 from .target import Target, TargetError
 
-__all__ = ["TensorKind", "CaseInputs"]
+__all__ = ["TensorKind", "CaseInputs", "TEMPLATE_METHODS"]
+
+# the template methods (typing.final): a subclass that overrides one is refused when it is defined,
+# as a type checker would refuse it (typing.final alone does nothing at run time)
+TEMPLATE_METHODS = ("case_inputs", "why_skipped", "run", "measure", "rule", "call", "reference_outputs", "outcome",
+                    "bench_call", "trace_call")
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,14 @@ class TensorKind(Kind):
     # implementation of the same math, so that the oracle check can fail; None where there is none
     independent_peer: Callable | None = None
     independent_peer_name = "an independent implementation"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        overridden = [m for m in TEMPLATE_METHODS if m in vars(cls)]
+        if overridden:
+            raise TypeError(f"{cls.__name__} overrides TensorKind's template method {', '.join(overridden)}: override "
+                            "its hooks instead (output_rule with rule_facts for what a measurement needs), or "
+                            "subclass pytest_precision.Kind and implement run, bench_call and trace_call")
 
     # ---- inputs --------------------------------------------------------------------------------
 
