@@ -18,8 +18,9 @@ __all__ = ["attack"]
 
 
 def attack(kind: Kind, case: Case) -> Outcome:
-    """The drawn regime: Hypothesis searches for inputs on which the target breaks its peer
-    budget or counts, steered toward the largest error, and shrinks what it finds."""
+    """The drawn regime of ``case`` (``kind`` a TensorKind): Hypothesis searches for inputs on which
+    the target breaks its peer budget or counts, steered toward the largest error, and shrinks
+    what it finds."""
     from hypothesis import HealthCheck, given, reject, seed, settings
     from hypothesis.errors import Unsatisfiable
     from hypothesis import target as steer

@@ -19,7 +19,7 @@ __all__ = ["locate_fault"]
 
 
 def locate_fault(kind: Kind, case: Case, m: Measurement, inputs: Any, grad_seed: int, outcome: Outcome):
-    """Re-run the target traced under the config, beside the same callable on the float64
+    """Re-run the target of ``case`` (a TensorKind's) traced under the config, beside the same callable on the float64
     inputs without autocast or variant, and name the first op that lost the value. A target
     that refuses float64 (its host code maps only the 32- and 16-bit dtypes) is compared with
     its float32 run instead, and the message says so. Every run starts from the random state
