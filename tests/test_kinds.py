@@ -217,3 +217,8 @@ def test_a_tensor_kind_overrides_hooks_not_the_template():
         class Stashing(pytest_precision.TensorKind):
             def measure(self, case, inputs, grad_seed=0):
                 return super().measure(case, inputs, grad_seed)
+    with pytest.raises(TypeError, match=r"Earlier.output_rule\(self, case, name, out, peer, ref, exact, inputs\) is "
+                                        r"the earlier form: write output_rule\(self, ctx, name, out, peer, ref\)"):
+        class Earlier(pytest_precision.TensorKind):
+            def output_rule(self, case, name, out, peer, ref, exact, inputs):
+                return super().output_rule(case, name, out, peer, ref)

@@ -25,6 +25,7 @@ counts, and a failure with a lost value names the first op that lost it (``kinds
 from __future__ import annotations
 
 import contextlib
+import inspect
 from dataclasses import dataclass, replace
 from typing import Any, Callable, final
 
@@ -84,6 +85,11 @@ class TensorKind(Kind):
             raise TypeError(f"{cls.__name__} overrides TensorKind's template method {', '.join(overridden)}: override "
                             "its hooks instead (output_rule with rule_facts for what a measurement needs), or "
                             "subclass pytest_precision.Kind and implement run, bench_call and trace_call")
+        rule = vars(cls).get("output_rule")
+        if rule is not None and len(inspect.signature(rule).parameters) == 8:  # the earlier form: a TypeError per case
+            raise TypeError(f"{cls.__name__}.output_rule(self, case, name, out, peer, ref, exact, inputs) is the earlier "
+                            "form: write output_rule(self, ctx, name, out, peer, ref), reading ctx.case, ctx.exact and "
+                            "ctx.inputs (a pytest_precision.MeasureContext)")
 
     # ---- inputs --------------------------------------------------------------------------------
 
