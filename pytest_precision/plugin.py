@@ -4,11 +4,11 @@ from __future__ import annotations
 import pytest
 
 from .kinds.registry import clear as clear_targets, forget_project_kinds
-from .platform.triton import forget_launch_failures
 from .platform.devices import numerics_key, pin_xdist_worker
 from .reporting.summary import write_terminal_summary
+from .kinds.session import RunState
 from .runner import option_table, worker_output
-from .runner.collection import SuiteCollector, keyword_expressions
+from .runner.collection import RUN_STATE_KEY, SuiteCollector, keyword_expressions
 from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,  # noqa: F401 (fixtures)
                               precision_config)
 from .runner.exits import watch_threads
@@ -34,6 +34,7 @@ def pytest_configure(config: pytest.Config) -> None:
     pin_xdist_worker(options.device)  # before the fingerprint or any CUDA work of this worker
     config.stash[OPTIONS_KEY] = options
     config.stash[RECORDS_KEY] = []
+    config.stash[RUN_STATE_KEY] = RunState()  # what the cases learn for later ones, dropped with the session
     if options.device.startswith("cuda"):
         _install_fused_statistics()
     config.pluginmanager.register(RunOutputs(config), "precision-outputs")
@@ -56,7 +57,6 @@ def _install_fused_statistics() -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     clear_targets()  # registrations belong to one session (pytester runs several in one process)
     forget_project_kinds()
-    forget_launch_failures()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

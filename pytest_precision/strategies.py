@@ -208,12 +208,14 @@ def attention_inputs(draw, dtype: torch.dtype = torch.float32, *,
     return a
 
 
-def build_attention_inputs(*, seed: int, batch: int, heads: int, kv_heads: int, q_len: int, k_len: int,
+def build_attention_inputs(*, seed: "int | torch.Generator", batch: int, heads: int, kv_heads: int, q_len: int, k_len: int,
                            head_dim: int, causal: bool = False, padding: bool = False, q_scale: float = 1.0,
                            outliers: bool = False) -> AttentionInputs:
-    """Float32 attention inputs from a CPU generator seed (the same bits on every machine): what
-    ``attention_inputs`` draws from and what the attention suite's named regimes are made of."""
-    g = torch.Generator().manual_seed(seed)
+    """Float32 attention inputs from a CPU generator seed, or a CPU generator seeded with one (the
+    same bits on every machine): what ``attention_inputs`` draws from and what the attention
+    suite's named regimes are made of."""
+    g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
+    seed = g.initial_seed()
     q = seeded_normal(g, batch, heads, q_len, head_dim, scale=q_scale)
     k = seeded_normal(g, batch, kv_heads, k_len, head_dim)
     v = seeded_normal(g, batch, kv_heads, k_len, head_dim)

@@ -1,5 +1,14 @@
-"""The built-in kinds run by ``pytest --precision-suite`` (installed as ``pytest_precision.suites``):
-``softmax.py`` (the softmax and log_softmax kinds), ``attention.py`` (attention), ``training.py``
-(train_step, with its DDP cases in ``ddp.py``) and ``tiny_gpt.py`` (the built-in training target).
-Each kind is a ``pytest_precision.kinds.Kind``; ``pytest_precision.kinds.registry`` names them by
-import path and imports a module the first time its kind is needed."""
+"""The built-in kinds run by ``pytest --precision-suite`` (installed as ``pytest_precision.suites``),
+one module per kind, each kind a ``pytest_precision.kinds.TensorKind`` (targets that return a
+tensor) or, for training, a ``pytest_precision.kinds.Kind``:
+
+- ``softmax.py``: softmax and log_softmax (suite ``softmax``);
+- ``attention.py``: attention, with its SDPA backend variants;
+- ``norm.py``: layer_norm and rms_norm (suite ``norm``);
+- ``cross_entropy.py``: cross_entropy, a loss over class targets;
+- ``op.py``: op, any tensor operation declared as data at registration;
+- ``training.py``: train_step (suite ``training``), with what its cases show in
+  ``training_report.py``, its DDP cases in ``ddp.py`` and its built-in target in ``tiny_gpt.py``.
+
+``pytest_precision.kinds.registry`` names the kinds by import path and imports a module the first
+time its kind is needed."""

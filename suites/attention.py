@@ -34,19 +34,21 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from torch.overrides import TorchFunctionMode
 
-from pytest_precision.kinds.base import NO_VARIANT, Case, Kind, OutputRule, Regime, Variant, declared_flag
+from pytest_precision.kinds.cases import NO_VARIANT, Case, Regime, Variant
+from pytest_precision.kinds.declarations import declared_flag
+from pytest_precision.kinds.measurement import OutputRule
+from pytest_precision.kinds.tensor import TensorKind
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
 from pytest_precision.kinds.target import Target, TargetError
 from pytest_precision.platform.triton import triton_error, uses_triton
-from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR
+from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR
 from pytest_precision.numerics.formats import format_of
 from pytest_precision.strategies import AttentionInputs, build_attention_inputs
 
 __all__ = ["ATTENTION", "AttentionKind", "SdpaBackend", "REGIMES", "attention_scores", "reference_attention",
-           "error_floor", "sdpa", "BASE_SEED", "GRAD_PEER_FACTOR"]
+           "error_floor", "sdpa", "BASE_SEED"]
 
 BASE_SEED = 20261123
-GRAD_PEER_FACTOR = 3.0  # FlashAttention's rule for gradients
 
 _BACKENDS = {
     "math": SDPBackend.MATH,
@@ -73,8 +75,8 @@ class SdpaBackend(Variant):
 
 
 def _regime(name: str, description: str, shape: dict, irregular: bool = False) -> Regime:
-    return Regime(name, description, lambda seed: build_attention_inputs(seed=seed, **shape), BASE_SEED, shape,
-                  irregular)
+    return Regime.from_generator(name, description, lambda g: build_attention_inputs(seed=g, **shape), BASE_SEED, shape,
+                                 irregular)
 
 
 # small: goldens (output and three gradients per case) are committed
@@ -227,7 +229,7 @@ def _head_dims(name: str, value) -> "Callable[[int], bool]":
     return supported
 
 
-class AttentionKind(Kind):
+class AttentionKind(TensorKind):
     name = "attention"
     contract = "fn(q, k, v, causal[, key_padding_mask=]) -> (B, H, S_q, D) in q's dtype"
     regimes = REGIMES
@@ -236,7 +238,7 @@ class AttentionKind(Kind):
     forward_output = "out"
     grad_inputs = ("q", "k", "v")
     declarations = {
-        **Kind.declarations,
+        **TensorKind.declarations,
         "sdpa": "True/False: whether it calls scaled_dot_product_attention (the SDPA backend variants apply); "
                 "default: watched on a first call",
         "head_dims": "the head dims it supports (ints, or a function of the head dim); default: every",
@@ -337,8 +339,9 @@ class AttentionKind(Kind):
     def peer(self, q, k, v, causal=False, key_padding_mask=None, lower_right=False):
         return reference_attention(q, k, v, causal, key_padding_mask, lower_right)
 
-    def output_rule(self, case, name, out, peer, ref, exact, a) -> OutputRule:
-        rule = super().output_rule(case, name, out, peer, ref, exact, a)
+    def output_rule(self, ctx, name, out, peer, ref) -> OutputRule:
+        rule = super().output_rule(ctx, name, out, peer, ref)
+        exact, a = ctx.exact, ctx.inputs
         finite = ref[torch.isfinite(ref)]
         top = float(finite.abs().max()) if finite.numel() else 0.0
         with torch.no_grad():

@@ -35,17 +35,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pytest_precision.kinds.base import Case, DrawnRegime, Kind, OutputRule, Regime
+from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
+from pytest_precision.kinds.measurement import MeasureContext, OutputRule
+from pytest_precision.kinds.tensor import TensorKind
 from pytest_precision.kinds.target import Target
-from pytest_precision.numerics.budgets import ULP_FLOOR
+from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, ULP_FLOOR
 from pytest_precision.numerics.formats import format_of, ulp
 from pytest_precision.numerics.inputs import seeded_normal
 
-__all__ = ["CrossEntropyKind", "CrossEntropyInputs", "CROSS_ENTROPY", "BASE_SEED", "GRAD_PEER_FACTOR",
+__all__ = ["CrossEntropyKind", "CrossEntropyInputs", "CROSS_ENTROPY", "BASE_SEED",
            "IGNORE_INDEX", "cross_entropy_reference", "composite_cross_entropy", "torch_smoothing_overflow"]
 
 BASE_SEED = 20261125
-GRAD_PEER_FACTOR = 3.0  # as the other kinds' gradients
 IGNORE_INDEX = -100  # torch's default
 ROWS, CLASSES = 16, 256  # small: goldens are committed
 
@@ -91,8 +92,7 @@ def _inputs(g: torch.Generator, rows: int, classes: int, scale: float = 1.0, mar
 def _regime(name: str, description: str, **shape) -> Regime:
     shape.setdefault("rows", ROWS)
     shape.setdefault("classes", CLASSES)
-    return Regime(name, description, lambda seed: _inputs(torch.Generator().manual_seed(seed), **shape), BASE_SEED,
-                  dict(shape))
+    return Regime.from_generator(name, description, lambda g: _inputs(g, **shape), BASE_SEED, shape)
 
 
 REGIMES: dict[str, Regime] = {r.name: r for r in (
@@ -173,7 +173,7 @@ def _keywords(a: CrossEntropyInputs) -> dict:
     return kw
 
 
-class CrossEntropyKind(Kind):
+class CrossEntropyKind(TensorKind):
     name = "cross_entropy"
     contract = ("fn(logits, target, ignore_index=-100, label_smoothing=0.0) -> mean loss over the rows not ignored, "
                 "0-dim, in the logits' dtype or float32")
@@ -183,7 +183,7 @@ class CrossEntropyKind(Kind):
     grad_inputs = ("logits",)
 
     declarations = {
-        **Kind.declarations,
+        **TensorKind.declarations,
         "all_ignored": "'nan' (default: torch's 0 / 0) or 'zero': the loss it returns for a batch whose rows are all "
                        "ignored (its gradient is 0 either way)",
     }
@@ -249,13 +249,8 @@ class CrossEntropyKind(Kind):
 
     # ---- numerics ----
 
-    def measure(self, case, inputs, grad_seed: int = 0):
-        # the gradient's floor is in units of the upstream gradient (a scalar), which only measure knows
-        self._upstream = abs(float(self._grad_out((), grad_seed)))
-        return super().measure(case, inputs, grad_seed)
-
-    def output_rule(self, case, name, out, peer, ref, exact, a: CrossEntropyInputs) -> OutputRule:
-        logits = exact["logits"]
+    def output_rule(self, ctx: MeasureContext, name, out, peer, ref) -> OutputRule:
+        case, a, logits = ctx.case, ctx.inputs, ctx.exact["logits"]
         if name == self.forward_output:
             # never quantised, fp8 recipes included: a loss is a reduction kept in fp32 or wider
             dtype = out.dtype if out.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
@@ -273,7 +268,7 @@ class CrossEntropyKind(Kind):
             rule.abs_floor = ULP_FLOOR * (step + (lse + 0.5 * math.sqrt(max(1, logits.shape[-1]))) * 2.0 ** -24)
             rule.rms_floor = rule.abs_floor
             return rule
-        rule = super().output_rule(case, name, out, peer, ref, exact, a)
+        rule = super().output_rule(ctx, name, out, peer, ref)
         if case.config.fp8 is None:  # autocast runs the loss in fp32: its gradient counts in the logits' dtype
             rule.dtype = out.dtype
         rule.peer_factor = GRAD_PEER_FACTOR
@@ -285,8 +280,9 @@ class CrossEntropyKind(Kind):
         # classes: F.cross_entropy's gradient is 3.1e-7 off where p reaches 0.2 and lse is 22.5
         # (5 ULPs at 0.5), the composite exp / sum 1.4e-8.
         rows = max(1, int((a.target != a.ignore_index).sum()))
-        rule.abs_floor = ULP_FLOOR * self._upstream / rows * (format_of(rule.dtype).eps
-                                                             + _exp_condition(logits, a) * 2.0 ** -24)
+        upstream = abs(float(ctx.upstream(())))  # the gradient's floor is in units of the (scalar) upstream gradient
+        rule.abs_floor = ULP_FLOOR * upstream / rows * (format_of(rule.dtype).eps
+                                                        + _exp_condition(logits, a) * 2.0 ** -24)
         # zeros within the floor are probabilities too small to matter at this scale, not lost values
         rule.underflow_floor = rule.abs_floor
         return rule

@@ -17,12 +17,11 @@ when the SQNR of the gradients is below what the format's precision gives a corr
 """
 from __future__ import annotations
 
-import weakref
-
 import torch
 
 from pytest_precision.baselines.lifecycle import BaselineCheck
-from pytest_precision.kinds.base import Case, skip
+from pytest_precision.kinds.cases import Case
+from pytest_precision.kinds.kind import skip
 from pytest_precision.kinds.outcome import Evidence, Outcome, baseline_problems
 from pytest_precision.kinds.target import TargetError
 from pytest_precision.training import LossContractError, TrainConfig, TrainingError, TrainSpec
@@ -32,9 +31,9 @@ from pytest_precision.training.limits import DDP_MARGIN_DB, UNDERFLOW_LIMIT, lim
 
 __all__ = ["DDPEvidence", "run_case", "sqnr_floor_db"]
 
-# spec -> {device: {hook: HookComparison} or the reason the spec cannot run under DDP}; one group
-# of processes serves both hooks; weak, as the fp32 references of the train_step kind
-_RESULTS: "weakref.WeakKeyDictionary[TrainSpec, dict]" = weakref.WeakKeyDictionary()
+# the session's memo (Case.state): (spec, device) -> {hook: HookComparison} or the reason the spec
+# cannot run under DDP; one group of processes serves both hooks
+RESULTS = "train_step.ddp"
 
 
 def sqnr_floor_db(dtype: torch.dtype) -> float:
@@ -42,18 +41,18 @@ def sqnr_floor_db(dtype: torch.dtype) -> float:
     return _floor(dtype, DDP_MARGIN_DB)
 
 
-def _comparisons(spec: TrainSpec, device: str, where: str) -> dict | str:
-    runs = _RESULTS.setdefault(spec, {})
-    if device not in runs:
+def _comparisons(case: Case, spec: TrainSpec, where: str) -> dict | str:
+    runs, key = case.state.memo(RESULTS), (spec, case.device)
+    if key not in runs:
         try:
-            runs[device] = compare_ddp_hooks(spec, device=device)
+            runs[key] = compare_ddp_hooks(spec, device=case.device)
         except LossContractError as e:  # the forward is not a loss: the step_fn cannot be split
-            runs[device] = (f"the DDP cases run forward and loss under DDP, not the step_fn, and {e}")
+            runs[key] = (f"the DDP cases run forward and loss under DDP, not the step_fn, and {e}")
         except TypeError as e:  # callables the spawned processes cannot import
-            runs[device] = str(e)
+            runs[key] = str(e)
         except (DDPComparisonError, TrainingError) as e:  # TrainingError: a callable changed torch's state
             raise TargetError(f"{where}: {e}") from e
-    return runs[device]
+    return runs[key]
 
 
 class DDPEvidence(Evidence):
@@ -92,7 +91,7 @@ class DDPEvidence(Evidence):
 def run_case(kind, case: Case, spec: TrainSpec, baseline: BaselineCheck) -> Outcome:
     config = case.config
     where = f"target {case.target.name!r} (train_step) under config {config.id}"
-    results = _comparisons(spec, case.device, where)
+    results = _comparisons(case, spec, where)
     if isinstance(results, str):
         skip(f"{case.target.name}: {results}")
     r = results[config.ddp_hook]

@@ -24,18 +24,19 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from pytest_precision.kinds.base import Case, DrawnRegime, Kind, OutputRule, Regime
+from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
+from pytest_precision.kinds.measurement import MeasureContext, OutputRule
+from pytest_precision.kinds.tensor import TensorKind
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
 from pytest_precision.kinds.target import Target
-from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR
+from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR
 from pytest_precision.numerics.formats import format_of
 from pytest_precision.numerics.inputs import seeded_normal
 
-__all__ = ["NormKind", "NormInputs", "LAYER_NORM", "RMS_NORM", "BASE_SEED", "GRAD_PEER_FACTOR", "EPS",
+__all__ = ["NormKind", "NormInputs", "LAYER_NORM", "RMS_NORM", "BASE_SEED", "EPS",
            "norm_reference", "composite_norm", "sensitivity", "Sensitivity", "MEAN_ROUNDING", "torch_backward_limit"]
 
 BASE_SEED = 20261124
-GRAD_PEER_FACTOR = 3.0  # as attention's gradients: a gradient sums more rounded terms than the forward
 EPS = 1e-5  # torch.nn.LayerNorm's default
 ROWS, COLS = 8, 256  # small: goldens (y and two or three gradients per case) are committed
 
@@ -74,11 +75,10 @@ def _near_eps_rows(g: torch.Generator) -> torch.Tensor:
 
 def _regimes(rms: bool) -> dict[str, Regime]:
     def regime(name: str, description: str, make_x: Callable[[torch.Generator], torch.Tensor]) -> Regime:
-        def make(seed: int) -> NormInputs:
-            g = torch.Generator().manual_seed(seed)
+        def make(g: torch.Generator) -> NormInputs:
             x = make_x(g)
             return NormInputs(x, *_affine(g, x.shape[-1], rms))
-        return Regime(name, description, make, BASE_SEED)
+        return Regime.from_generator(name, description, make, BASE_SEED)
 
     return {r.name: r for r in (
         regime("unit", "N(0, 1), 8 x 256", lambda g: seeded_normal(g, ROWS, COLS)),
@@ -202,7 +202,7 @@ def torch_backward_limit(a: NormInputs | None, dtype: torch.dtype, failed: set[s
             "limit of torch's op, not of the harness)")
 
 
-class NormKind(Kind):
+class NormKind(TensorKind):
     """layer_norm (``rms=False``) or rms_norm (``rms=True``) over the last dimension."""
 
     suite = "norm"
@@ -252,15 +252,13 @@ class NormKind(Kind):
 
     # ---- numerics ----
 
-    def measure(self, case, inputs, grad_seed: int = 0):
-        # output_rule's floors rest on the oracle's sensitivity under this upstream gradient;
-        # output_rule is called from inside measure, once per output
-        exact = {n: case.config.prepare(t, "cpu").exact for n, t in self.floating_inputs(inputs).items()}
-        self._sensitivity = sensitivity(exact, inputs.eps, self._grad_out(tuple(exact["x"].shape), grad_seed), self.rms,
-                                        case.config.input_dtype)
-        return super().measure(case, inputs, grad_seed)
+    def rule_facts(self, ctx: MeasureContext) -> Sensitivity:
+        """The oracle's sensitivity under this measurement's upstream gradient: output_rule's floors rest on it."""
+        exact = ctx.exact
+        return sensitivity(exact, ctx.inputs.eps, ctx.upstream(tuple(exact["x"].shape)), self.rms,
+                           ctx.case.config.input_dtype)
 
-    def output_rule(self, case, name, out, peer, ref, exact, a: NormInputs) -> OutputRule:
+    def output_rule(self, ctx: MeasureContext, name, out, peer, ref) -> OutputRule:
         """Absolute-error budgets, with a floor of ULP_FLOOR x (one ULP of the dtype at the largest
         term the output sums + how far one rounding of the row means moves it + CANCELLING_ROUNDINGS
         fp32 roundings of the terms a dy + b x + c cancels, for dx). The mean's rounding is taken
@@ -270,18 +268,17 @@ class NormKind(Kind):
         off (floor 1.7e-3), its dx 1.0e-3 (4.3e-3; the two-pass composite's 2.0e-4) and its
         dweight 5.6e-3 (2.2e-2); on rows centred on 0 the floor is the ULP term alone, 2 ULPs at
         the largest term, as for rms_norm (torch's errors there: 0.5 to 1 of them)."""
-        rule = super().output_rule(case, name, out, peer, ref, exact, a)
+        rule = super().output_rule(ctx, name, out, peer, ref)
+        config, facts = ctx.case.config, ctx.facts
         forward = name == self.forward_output
-        if forward:
-            self._forward_dtype = rule.dtype
-        elif case.config.autocast_dtype is not None and case.config.fp8 is None:
+        if not forward and config.autocast_dtype is not None and config.fp8 is None:
             # autocast runs norms in fp32 (on CPU and CUDA): gradients count in the dtype the
-            # target's y came back in, not in the autocast dtype (measure compares y first)
-            rule.dtype = self._forward_dtype
+            # target's y came back in, not in the autocast dtype (y is compared first)
+            rule.dtype = ctx.rules[self.forward_output].dtype
         rule.peer_factor = PEER_FACTOR if forward else GRAD_PEER_FACTOR
-        moved = (self._sensitivity.moved if forward else self._sensitivity.moved_saved)[name]
-        terms = self._sensitivity.terms[name]
-        cancelling = self._sensitivity.cancelling.get(name, 0.0) * CANCELLING_ROUNDINGS * 2.0 ** -24
+        moved = (facts.moved if forward else facts.moved_saved)[name]
+        terms = facts.terms[name]
+        cancelling = facts.cancelling.get(name, 0.0) * CANCELLING_ROUNDINGS * 2.0 ** -24
         rule.abs_floor = ULP_FLOOR * (terms * format_of(rule.dtype).eps + float(moved.max()) + cancelling)
         # the regression budget's RMS: a row's mean, rounded in another order, moves the whole row alike
         rule.rms_floor = ULP_FLOOR * float(moved.pow(2).mean().sqrt())

@@ -52,26 +52,25 @@ the same move.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from pytest_precision.baselines.store import file_component, name_problem
-from pytest_precision.kinds.base import Case, DrawnRegime, Kind, OutputRule, Regime
+from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
+from pytest_precision.kinds.measurement import MeasureContext, OutputRule
+from pytest_precision.kinds.tensor import TensorKind
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
 from pytest_precision.kinds.target import Target, TargetError
-from pytest_precision.numerics.budgets import PEER_FACTOR, ULP_FLOOR, abs_floor
-from pytest_precision.numerics.configs import CONFIGS
+from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR, abs_floor
 from pytest_precision.numerics.formats import format_of
 from pytest_precision.numerics.inputs import portable_normal_draws
 from pytest_precision.numerics.metrics import compare
 
-__all__ = ["OP", "OpKind", "OpInputs", "OpCall", "round_to_tf32", "BASE_SEED", "GRAD_PEER_FACTOR",
-           "DEFAULT_EXAMPLES"]
+__all__ = ["OP", "OpKind", "OpInputs", "OpCall", "round_to_tf32", "BASE_SEED", "DEFAULT_EXAMPLES"]
 
 BASE_SEED = 20261124
-GRAD_PEER_FACTOR = 3.0
 DEFAULT_EXAMPLES = 30
 # the RMS floor of the peer budget, in ULPs of the dtype at the output's RMS magnitude: rounding
 # the output alone costs about 0.2 (measured: fp16 matmuls accumulated in fp32), a few more
@@ -92,7 +91,6 @@ class OpInputs:
     regimes: dict
     drawn: str | None = None
     strategy: Any = None
-    repeatable: set = field(default_factory=set, compare=False)  # regimes seen to give the same inputs twice
 
 
 class OpCall:
@@ -116,9 +114,8 @@ class OpCall:
         if not self.floating:
             raise TargetError(f"{where}: no floating tensor among the inputs ({', '.join(n for n, _ in self.slots)}): "
                               "nothing for a config to round")
-        self.shape: tuple | None = None  # the reference's output shape, once it ran
-        self.moved: dict | None = None  # the exact outputs of the inputs moved as the config's arithmetic may (_moved)
-        self.peer_source: Callable | None = None  # what the default peer runs in the config (OpKind.measure)
+        # the reference's output shape, once it ran (a fact of these inputs, whatever the case)
+        self.shape: tuple | None = None
 
     def arguments(self, values: dict[str, torch.Tensor], device: str) -> tuple[tuple, dict]:
         """The call's arguments: ``values`` for the floating inputs, the rest on ``device``."""
@@ -211,27 +208,28 @@ def _inputs(name: str, value: Any) -> OpInputs:
                                  "strategies; one drawn regime per target")
             drawn, strategy = regime, make
         elif callable(make):
-            regimes[regime] = Regime(regime, f"inputs[{regime!r}] of {name}", _seeded(name, regime, make), BASE_SEED)
+            regimes[regime] = Regime.from_generator(regime, f"inputs[{regime!r}] of {name}", _portable(name, regime, make),
+                                                    BASE_SEED)
         else:
             raise TypeError(f"target {name!r} (op): inputs[{regime!r}]={make!r} is neither a generator (a function "
                             "of a torch.Generator) nor a Hypothesis strategy")
     return OpInputs(regimes, drawn, strategy)
 
 
-def _seeded(name: str, regime: str, make: Callable) -> Callable[[int], Any]:
-    def inputs(seed: int):
+def _portable(name: str, regime: str, make: Callable) -> Callable[[torch.Generator], Any]:
+    def inputs(g: torch.Generator):
         try:
             # torch's float32 randn draws other bits under another vector ISA: drawn portably, a
             # golden's inputs are the same on every CPU
             with portable_normal_draws():
-                return make(torch.Generator(device="cpu").manual_seed(seed))
+                return make(g)
         except Exception as e:
             raise TargetError(f"target {name!r} (op): the generator of inputs regime {regime!r} raised "
                               f"{type(e).__name__}: {e}") from e
     return inputs
 
 
-class OpKind(Kind):
+class OpKind(TensorKind):
     name = "op"
     contract = ("fn(*inputs) or fn(**inputs) -> one tensor; inputs=, and optionally reference=, peer=, grads=, "
                 "error=, declared at registration")
@@ -239,7 +237,7 @@ class OpKind(Kind):
     table = ABS_ERROR_TABLE
     forward_output = "out"
     declarations = {
-        **Kind.declarations,
+        **TensorKind.declarations,
         "inputs": "regime name -> generator(torch.Generator) returning a tensor, a tuple (positional) or a dict "
                   "(keyword) of inputs, or a Hypothesis strategy drawing them (the drawn regime); required",
         "reference": "the exact result in the same convention, run in float64; default: the target on float64 inputs",
@@ -299,11 +297,12 @@ class OpKind(Kind):
         call = OpCall(case.target, raw, where)
         spec = self._spec(case.target)
         regime = spec.regimes.get(case.regime)
-        if regime is not None and case.regime not in spec.repeatable:
+        repeatable = case.state.memo("op.repeatable")  # (target, regime) seen to give the same inputs twice
+        if regime is not None and (case.target.name, case.regime) not in repeatable:
             if not call.same_as(OpCall(case.target, regime.inputs(), where)):
                 raise TargetError(f"{where}: the generator gave different inputs on two calls; draw from the "
                                   "torch.Generator it is given (the same bits on every machine and run)")
-            spec.repeatable.add(case.regime)
+            repeatable[case.target.name, case.regime] = True
         return call
 
     def case_grad_inputs(self, case: Case, call: OpCall | None = None) -> tuple[str, ...]:
@@ -328,7 +327,7 @@ class OpKind(Kind):
             return self._reference(call, values, device)
         args, kwargs = call.arguments(values, device)
         if fn == self.peer:  # the declared reference in the config (without one, no peer runs: peer_is_exact)
-            fn = call.peer_source
+            fn = call.target.declared.get("reference")
         return fn(*args, **kwargs)
 
     def reference(self, *args, **kwargs):
@@ -369,50 +368,45 @@ class OpKind(Kind):
         super().validate(case, out, values, call, where)
 
     def peer_for(self, target: Target) -> tuple[Callable, str]:
+        """The declared peer, else the declared reference run in the config (an independent
+        implementation, in the config's dtypes and under its autocast), else none: the exact result
+        rounded as the target's output is (``peer_is_exact``, ``output_rule``). Never the target's
+        own arithmetic, which would share a defect present at every precision."""
         peer = target.declared.get("peer")
         if peer is not None:
             return peer, f"peer {getattr(peer, '__name__', repr(peer))}"
-        return self.peer, "the declared reference, else the exact result rounded as its output"
+        if target.declared.get("reference") is not None:
+            return self.peer, "the declared reference"
+        return self.peer, "the exact result rounded as its output (no peer= or reference= declared)"
 
     def peer(self, *args, **kwargs):
-        """Stands for the default peer (``invoke`` runs the case's ``peer_source`` in the config)."""
+        """Stands for the default peer (``invoke`` runs the target's declared reference in the config)."""
         raise NotImplementedError("the op kind's default peer is each case's own")
 
     # ---- numerics ----------------------------------------------------------------------------
 
-    def measure(self, case: Case, call: OpCall, grad_seed: int = 0):
-        """As every kind's, after the oracle on the inputs moved as the config's arithmetic may move
-        them (``_moved``): how far that takes the exact result is a floor of the budgets. The default
-        peer is the declared reference run in the config (an independent implementation, in the
-        config's dtypes and under its autocast), or, with none declared, the exact result rounded as
-        the target's output is (``output_rule``): never the target's own arithmetic, which would
-        share a defect present at every precision."""
-        exact = {n: case.config.prepare(t, "cpu").exact for n, t in call.floating.items()}
-        move = _moved(case.config, grad_seed + 7)
-        call.moved = self._reference_outputs({n: move(e) for n, e in exact.items()}, call, grad_seed,
-                                             self.case_grad_inputs(case, call))
-        declared = case.target.declared
-        call.peer_source = declared.get("reference")
-        m = super().measure(case, call, grad_seed)
-        if declared.get("peer") is None:
-            m.peer_name = ("the declared reference" if call.peer_source is not None else
-                           "the exact result rounded as its output (no peer= or reference= declared)")
-        return m
+    def rule_facts(self, ctx: MeasureContext) -> dict[str, torch.Tensor]:
+        """The oracle on the inputs moved as the config's arithmetic may move them (``_moved``): how
+        far that takes the exact result is a floor of the budgets (``output_rule``)."""
+        move = _moved(ctx.case.config, ctx.grad_seed + 7)
+        return self.reference_outputs({n: move(e) for n, e in ctx.exact.items()}, ctx.inputs, ctx.grad_seed,
+                                      self.case_grad_inputs(ctx.case, ctx.inputs))
 
     def peer_is_exact(self, case: Case, call: OpCall) -> bool:
-        return case.target.declared.get("peer") is None and call.peer_source is None
+        return case.target.declared.get("peer") is None and case.target.declared.get("reference") is None
 
-    def output_rule(self, case, name, out, peer, ref, exact, call: OpCall) -> OutputRule:
-        if case.target.declared.get("peer") is None:
-            if call.peer_source is None:
+    def output_rule(self, ctx: MeasureContext, name, out, peer, ref) -> OutputRule:
+        declared = ctx.case.target.declared
+        if declared.get("peer") is None:
+            if declared.get("reference") is None:
                 peer = ref  # no independent implementation: the exact result, rounded below as the output is
             if peer.dtype != out.dtype:
                 peer = peer.to(out.dtype)
-        rule = super().output_rule(case, name, out, peer, ref, exact, call)
+        rule = super().output_rule(ctx, name, out, peer, ref)
         rule.peer_factor = PEER_FACTOR if name == self.forward_output else GRAD_PEER_FACTOR
         # the moved inputs' exact result: an error a correct implementation has, scaled as the peer's
-        moved = call.moved[name]
-        if case.target.declared.get("error", "abs") == "ulp":
+        moved = ctx.facts[name]
+        if declared.get("error", "abs") == "ulp":
             shift = compare(moved, ref, rule.dtype, scale=rule.scale).max_ulp
             rule.ulp_floor += rule.peer_factor * shift if math.isfinite(shift) else 0.0
             return rule

@@ -15,7 +15,9 @@ from typing import Callable
 
 import torch
 
-from pytest_precision.kinds.base import Case, DrawnRegime, Kind, OutputRule, Regime
+from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
+from pytest_precision.kinds.measurement import OutputRule
+from pytest_precision.kinds.tensor import TensorKind
 from pytest_precision.kinds.target import Target
 from pytest_precision.numerics.budgets import ULP_FLOOR
 from pytest_precision.numerics.formats import format_of
@@ -59,7 +61,7 @@ def _fully_masked(g):
 
 
 def _regime(name: str, description: str, make: Callable[[torch.Generator], torch.Tensor]) -> Regime:
-    return Regime(name, description, lambda seed: make(torch.Generator(device="cpu").manual_seed(seed)), BASE_SEED)
+    return Regime.from_generator(name, description, make, BASE_SEED)
 
 
 REGIMES: dict[str, Regime] = {r.name: r for r in (
@@ -100,7 +102,7 @@ def oracle(kind: str, x64: torch.Tensor) -> torch.Tensor:
     return (x - m) - torch.log1p(e.sum(-1, keepdim=True))
 
 
-class SoftmaxKind(Kind):
+class SoftmaxKind(TensorKind):
     """softmax (``log=False``) or log_softmax (``log=True``) over the last dimension."""
 
     suite = "softmax"
@@ -146,13 +148,13 @@ class SoftmaxKind(Kind):
         s = e.sum(-1, keepdim=True)
         return (x - m) - torch.log(s) if self.log else e / s
 
-    def output_rule(self, case, name, out, peer, ref, exact, inputs) -> OutputRule:
-        rule = super().output_rule(case, name, out, peer, ref, exact, inputs)
+    def output_rule(self, ctx, name, out, peer, ref) -> OutputRule:
+        rule = super().output_rule(ctx, name, out, peer, ref)
         rule.log_domain = self.log
         # the peer sums the row in another order: a sum of n terms in fp32 is off by about
         # sqrt(n) 2^-24 relative in whatever order (torch's fused CPU softmax is 94 ULP off on rows
         # of 32768 where the composite is 32), half of that in the dtype's ULPs on top of the floor
-        n = max(1, int(exact["x"].shape[-1]))
+        n = max(1, int(ctx.exact["x"].shape[-1]))
         rule.ulp_floor = ULP_FLOOR + 0.5 * math.sqrt(n) * 2.0 ** (format_of(rule.dtype).mantissa_bits - 23)
         return rule
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from pytest_precision.kinds import registry
-from pytest_precision.kinds.base import NO_VARIANT, Case
+from pytest_precision.kinds.cases import NO_VARIANT, Case
 from pytest_precision.numerics.budgets import violations
 from pytest_precision.numerics.configs import CONFIGS
 

@@ -7,9 +7,11 @@ import torch
 
 import pytest_precision
 from pytest_precision.kinds import registry
-from pytest_precision.kinds.base import NO_VARIANT, Case, Kind
+from pytest_precision.kinds.cases import NO_VARIANT, Case
+from pytest_precision.kinds.kind import Kind
 from pytest_precision.kinds.target import Target
 from pytest_precision.numerics.configs import CONFIGS
+from pytest_precision.testing import check_kind
 
 pytest_plugins = ["pytester"]
 
@@ -25,7 +27,7 @@ def _regime(name, description, scale, shift=0.0):
     return pytest_precision.Regime(name, description, make, base_seed=7, parameters={"scale": scale, "shift": shift})
 
 
-class LogSumExp(pytest_precision.Kind):
+class LogSumExp(pytest_precision.TensorKind):
     name = "logsumexp"
     contract = "fn(x) -> logsumexp over the last dimension, shape x.shape[:-1], x's dtype"
     regimes = {r.name: r for r in (_regime("unit", "N(0, 1)", 1.0), _regime("large", "N(100, 10^2)", 10.0, 100.0))}
@@ -64,55 +66,23 @@ def example_kind(tmp_path, monkeypatch):
 
 def _example_target(kind: Kind) -> Target:
     """A target of ``kind`` to run it through: its trusted peer, or (the op kind, whose regimes and
-    peer are each target's) a GELU declared with its inputs."""
+    peer are each target's) a GELU declared with its inputs, or (the training kind) its built-in one."""
     if kind.name == "op":
         declared = kind.declare("gelu", {"inputs": {"unit": lambda g: torch.randn(8, 64, generator=g)}})
         return Target("gelu", torch.nn.functional.gelu, "op", declared=declared)
+    if kind.name == "train_step":
+        return kind.default_targets()[0]
     return Target("peer", kind.peer, kind.name)
-
-
-def _conforms(kind: Kind) -> None:
-    """What every kind owes the runner (the hooks it must answer, and answer consistently)."""
-    assert kind.name and kind.contract and kind.suite and kind.table is not None
-    assert registry.get_kind(kind.name) is kind
-    sample = _example_target(kind)
-    names = kind.regime_names(sample)
-    assert names and len(set(names)) == len(names)
-    configs = kind.configs(list(CONFIGS.values()))
-    assert configs and len({c.id for c in configs}) == len(configs)
-    assert kind.variants("cpu")
-    with pytest.raises(TypeError):
-        kind.check_target("not-a-target", 42)
-    for target in kind.default_targets():
-        assert target.kind == kind.name
-        kind.check_target(target.name, target.fn)
-    case = Case(kind, Target("t", lambda *a: None, kind.name), configs[0], kind.variants("cpu")[0], names[0], "cpu")
-    assert case.name == f"{kind.name}[t-{configs[0].id}{kind.variants('cpu')[0].suffix}-{names[0]}]"
-    assert case.baseline_key == f"{kind.name}/t/{names[0]}"
-    regimes = kind.regimes_for(sample)
-    for regime in regimes.values():  # seeded inputs: the same bits twice
-        case = Case(kind, sample, configs[0], NO_VARIANT, regime.name, "cpu")
-        a = kind.floating_inputs(kind.for_target(case, regime.inputs()))
-        b = kind.floating_inputs(kind.for_target(case, regime.inputs()))
-        assert a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
-    if regimes:  # a tensor kind: the oracle and the peer agree on its first regime in fp32
-        regime = next(iter(regimes.values()))
-        case = Case(kind, sample, CONFIGS["fp32"], NO_VARIANT, regime.name, "cpu")
-        inputs = kind.for_target(case, regime.inputs())
-        m = kind.measure(case, inputs, grad_seed=regime.seed + 1)
-        grads = kind.case_grad_inputs(case, inputs)
-        assert set(m.oracle) == {kind.forward_output, *(f"d{n}" for n in grads)}
-        assert all(not pytest_precision.numerics.budgets.violations(m.oracle[n], m.peer_budget[n]) for n in m.oracle)
-        assert kind.trace_call(case) is not None
 
 
 @pytest.mark.parametrize("name", list(registry.BUILTIN_KINDS))
 def test_every_builtin_kind_conforms(name):
-    _conforms(registry.get_kind(name))
+    kind = registry.get_kind(name)
+    check_kind(kind, _example_target(kind))
 
 
 def test_a_project_kind_conforms(example_kind):
-    _conforms(example_kind)
+    check_kind(example_kind, _example_target(example_kind))
 
 
 def test_kinds_are_named_and_refused_clearly(example_kind):
@@ -185,3 +155,70 @@ def test_the_builtin_torch_op_is_held_against_an_independent_peer(monkeypatch):
     monkeypatch.setattr(kind, "_op", lambda x, dim: torch.softmax(x.bfloat16(), dim).to(x.dtype))
     m = kind.measure(case, regime.inputs())
     assert pytest_precision.numerics.budgets.violations(m.oracle["reference"], m.peer_budget["reference"])
+
+
+def test_a_tensor_kind_written_on_the_seam_is_refused_with_the_class_to_use():
+    """Kind is the seam alone: a class that writes the tensor hooks on it would leave run, bench_call
+    and trace_call undone, so making one says to subclass TensorKind."""
+    class Half(Kind):
+        name = "half"
+
+        def floating_inputs(self, x):
+            return {"x": x}
+
+        def reference(self, x):
+            return x
+
+    with pytest.raises(TypeError, match=r"Half writes the tensor kind's hooks \(floating_inputs, reference\) on "
+                                        r"pytest_precision.Kind.*subclass pytest_precision.TensorKind"):
+        Half()
+
+
+def test_check_kind_says_what_a_kind_gets_wrong():
+    from pytest_precision.kinds.cases import Regime
+
+    class Drifting(type(registry.get_kind("softmax"))):
+        """Its regime draws from torch's global generator, not the one it is given: other bits each call."""
+        regimes = {"unit": Regime.from_generator("unit", "N(0, 1)", lambda g: torch.randn(4, 8), base_seed=1)}
+
+        def __init__(self):
+            super().__init__(log=False)
+            self.name = "drifting"
+
+    with pytest.raises(AssertionError, match="kind 'drifting': regime 'unit' gave other inputs on a second call"):
+        check_kind(Drifting())
+    with pytest.raises(AssertionError, match="kind 'softmax': target 'wrong' fails the oracle with the peer budget"):
+        check_kind(registry.get_kind("softmax"), Target("wrong", lambda x: torch.softmax(x * 1.01, -1), "softmax"))
+
+
+def test_a_regime_draws_from_a_generator_seeded_as_its_own_seed_would_seed_it():
+    from pytest_precision.kinds.cases import Regime
+    from pytest_precision.numerics.inputs import seeded_normal
+
+    drawn = Regime.from_generator("unit", "N(0, 1)", lambda g: seeded_normal(g, 4, 8), base_seed=7)
+    seeded = Regime("unit", "N(0, 1)", lambda seed: seeded_normal(torch.Generator().manual_seed(seed), 4, 8), base_seed=7)
+    assert torch.equal(drawn.inputs(), seeded.inputs())
+
+
+def test_run_state_belongs_to_one_session():
+    """A Triton kernel that cannot launch is said once per session: the first case fails, the later
+    ones point to it; a new session (a new RunState) says it again."""
+    from pytest_precision.kinds.session import RunState
+
+    state = RunState()
+    assert state.first_launch_failure("k", "softmax[k-fp32-unit]") is None
+    assert state.first_launch_failure("k", "softmax[k-fp16-unit]") == "softmax[k-fp32-unit]"
+    assert RunState().first_launch_failure("k", "softmax[k-fp16-unit]") is None
+    assert state.memo("x") is state.memo("x") and RunState().memo("x") == {}
+
+
+def test_a_tensor_kind_overrides_hooks_not_the_template():
+    with pytest.raises(TypeError, match="Stashing overrides TensorKind's template method measure: override its hooks"):
+        class Stashing(pytest_precision.TensorKind):
+            def measure(self, case, inputs, grad_seed=0):
+                return super().measure(case, inputs, grad_seed)
+    with pytest.raises(TypeError, match=r"Earlier.output_rule\(self, case, name, out, peer, ref, exact, inputs\) is "
+                                        r"the earlier form: write output_rule\(self, ctx, name, out, peer, ref\)"):
+        class Earlier(pytest_precision.TensorKind):
+            def output_rule(self, case, name, out, peer, ref, exact, inputs):
+                return super().output_rule(case, name, out, peer, ref)

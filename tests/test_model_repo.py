@@ -263,11 +263,11 @@ def broken(x):
                                  "conftest.py:8: in broken", "conftest.py:4: in reshape_rows",
                                  "E   RuntimeError: shape*"])
     failure = result.stdout.str().split("FAILURES")[1].split("precision summary")[0]
-    assert "pytest_precision" not in failure and "kinds/base.py" not in failure
+    assert "pytest_precision" not in failure and "kinds/tensor.py" not in failure
     assert len(failure.splitlines()) < 20
     # pytest's --fulltrace still shows every frame, the harness's too
     full = _run(pytester, "--precision-configs=fp32", "-k", "unit", "--fulltrace")
-    assert "kinds/base.py" in full.stdout.str().split("FAILURES")[1]
+    assert "kinds/tensor.py" in full.stdout.str().split("FAILURES")[1]
 
 
 def test_an_ini_target_declares_its_limits_on_its_line(pytester):
@@ -288,7 +288,7 @@ def test_a_slow_failing_target_is_caught_within_the_drawn_regimes_time(pytester)
 import time
 import torch
 import pytest_precision
-from pytest_precision.kinds.base import DrawnRegime
+from pytest_precision.kinds.cases import DrawnRegime
 from pytest_precision.suites.softmax import SoftmaxKind
 
 

@@ -91,7 +91,7 @@ import pytest_precision
 from pytest_precision.numerics.inputs import seeded_normal
 
 
-class SafeSoftmax(pytest_precision.Kind):
+class SafeSoftmax(pytest_precision.TensorKind):
     """A kind whose name ends with another's: "softmax[t-fp32-unit]" is inside "safe_softmax[t-fp32-unit]"."""
     name = "safe_softmax"
     contract = "fn(x) -> softmax over the last dimension"

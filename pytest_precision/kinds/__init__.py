@@ -1,10 +1,26 @@
-"""Kinds of targets and the seam they go through: the :class:`Kind` interface (``base``), the
-outcome of a case (``outcome``), the registries of kinds and targets (``registry``), summary
-tables (``tables``)."""
-from .base import NO_VARIANT, Case, DrawnRegime, Kind, OutputRule, Regime, Variant
+"""Kinds of targets and the seam they go through:
+
+- ``kind``: :class:`Kind`, the seam (identity, targets, declarations, the case matrix, and the
+  ``run`` / ``bench_call`` / ``trace_call`` each kind implements);
+- ``tensor``: :class:`TensorKind`, the template of kinds whose targets return a tensor, judged
+  from small hooks; ``measurement`` (the context ``output_rule`` reads, output rules,
+  measurements, tensor evidence), ``drawn`` (the drawn regime's Hypothesis search), ``fault``
+  (a failing case's first fault);
+- ``cases``: regimes, variants and the :class:`Case`; ``session``: :class:`RunState`, what one
+  session's cases learn for the next; ``declarations``: what targets may declare (dtypes, flags);
+- ``compiled``: the ``+compiled`` variant; ``outcome``: a case's outcome and message; ``tables``
+  and ``details``: summary tables and report detail; ``registry``: the kinds and targets of a
+  session; ``target``: a registered target.
+"""
+from .cases import NO_VARIANT, Case, DrawnRegime, Regime, Variant
+from .kind import Kind
+from .measurement import MeasureContext, OutputRule
 from .outcome import Evidence, Outcome, PrecisionFailure, Problem
 from .registry import get_kind, kinds, register, register_kind
+from .session import RunState
 from .target import Target, TargetError
+from .tensor import TensorKind
 
-__all__ = ["Kind", "Case", "Regime", "DrawnRegime", "Variant", "NO_VARIANT", "OutputRule", "Outcome", "Problem",
-           "Evidence", "PrecisionFailure", "Target", "TargetError", "register", "register_kind", "get_kind", "kinds"]
+__all__ = ["Kind", "TensorKind", "Case", "Regime", "DrawnRegime", "Variant", "NO_VARIANT", "OutputRule",
+           "MeasureContext", "RunState", "Outcome", "Problem", "Evidence", "PrecisionFailure", "Target", "TargetError",
+           "register", "register_kind", "get_kind", "kinds"]

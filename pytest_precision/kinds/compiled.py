@@ -28,11 +28,14 @@ import contextlib
 import logging
 import os
 import warnings
-from typing import Any, Callable
+from dataclasses import replace
+from typing import Callable
 
 import torch
 
-from .base import Case, Kind, Measurement, Variant
+from .cases import Case, Variant
+from .kind import Kind
+from .measurement import MeasureContext, Measurement
 from .target import Target, TargetError
 from ..platform.triton import interpreted
 
@@ -121,14 +124,15 @@ class Compiled(Variant):
     def unavailable(self, error: TargetError, case: Case) -> str | None:
         return self.base.unavailable(error, case)
 
-    def beside(self, kind: Kind, case: Case, m: Measurement, inputs: Any, grad_seed: int) -> None:
+    def beside(self, kind: Kind, ctx: MeasureContext, m: Measurement) -> None:
         """The eager target on the same values, in the same config and base variant, against the
         same oracle: the budget of the compiled output (peer factor x its error + the floor)."""
-        eager_case = Case(case.kind, case.target, case.config, self.base, case.regime, case.device)
-        eager = kind.call(eager_case, case.target.fn, m.values, inputs, grad_seed)
+        eager_case = replace(ctx.case, variant=self.base)
+        eager = kind.call(eager_case, eager_case.target.fn, m.values, ctx.inputs, ctx.grad_seed)
+        eager_ctx = replace(ctx, case=eager_case, rules={})
         for name in m.oracle:
             ref = m.golden[name].reference
-            rule = kind.output_rule(eager_case, name, eager[name], eager[name], ref, m.exact, inputs)
+            rule = kind.rule(eager_ctx, name, eager[name], eager[name], ref)
             got = rule.oracle(ref)
             m.eager[name] = got
             m.eager_budget[name] = rule.budget(got)

@@ -23,7 +23,7 @@ from importlib.metadata import entry_points
 from typing import Any, Callable
 
 from ..baselines.store import file_component, name_problem, sanitize_key as sanitize
-from .base import Kind
+from .kind import Kind
 from .target import Target, TargetError
 
 __all__ = ["Target", "TargetError", "BUILTIN_KINDS", "ENTRY_POINT_GROUP", "register_kind", "get_kind", "kinds",

@@ -27,10 +27,11 @@ from dataclasses import asdict, dataclass, replace
 
 from .metrics import Comparison
 
-__all__ = ["Budget", "abs_floor", "PEER_FACTOR", "REGRESSION_SLACK", "ULP_FLOOR", "MEAN_ULP_FLOOR", "PEER_TYPICAL_FLOOR",
+__all__ = ["Budget", "abs_floor", "PEER_FACTOR", "GRAD_PEER_FACTOR", "REGRESSION_SLACK", "ULP_FLOOR", "MEAN_ULP_FLOOR", "PEER_TYPICAL_FLOOR",
            "MACHINE_SPREAD", "peer_budget", "regression_budget", "violations"]
 
 PEER_FACTOR = 2.0  # FlashAttention's forward rule: error <= 2 x the same-precision peer's
+GRAD_PEER_FACTOR = 3.0  # and its rule for gradients, which sum more rounded terms than the forward
 REGRESSION_SLACK = 1.5
 ULP_FLOOR = 2.0  # a few ULPs of the config's dtype: rounding of the stored float32 reference included
 MEAN_ULP_FLOOR = 0.25  # the mean's share of the same: a quarter ULP

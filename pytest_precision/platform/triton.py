@@ -28,7 +28,7 @@ from unittest import mock
 
 from .devices import interpret_requested
 
-__all__ = ["INTERPRET_HINT", "triton_error", "first_launch_failure", "forget_launch_failures", "interpret_env", "needs_triton", "uses_triton", "triton_installed", "interpret_requested",
+__all__ = ["INTERPRET_HINT", "triton_error", "interpret_env", "needs_triton", "uses_triton", "triton_installed", "interpret_requested",
            "interpreting", "unavailable", "skip_reason", "interpreted", "interpreter_defects",
            "residual_interpreter_defects", "bf16_as_on_gpu", "interpreter_excuse"]
 
@@ -46,21 +46,6 @@ def triton_error(error: BaseException) -> str | None:
         return None
     return (f"a Triton kernel cannot launch here: there is no GPU and Triton's interpreter is off; {INTERPRET_HINT} "
             "(or mark the target with pytest_precision.needs_triton to have its cases skipped where Triton cannot run)")
-
-
-_LAUNCH_FAILURES: dict[str, str] = {}  # target name -> the case that reported it cannot launch Triton here
-
-
-def first_launch_failure(target: str, case: str) -> str | None:
-    """The case that already failed because ``target``'s Triton kernel cannot launch here (its
-    later cases are skipped, pointing there), or None after noting ``case`` as that case."""
-    first = _LAUNCH_FAILURES.setdefault(target, case)
-    return None if first == case else first
-
-
-def forget_launch_failures() -> None:
-    """A new session reports a failing launch again (pytester runs several in one process)."""
-    _LAUNCH_FAILURES.clear()
 
 
 def needs_triton(fn):

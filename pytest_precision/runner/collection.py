@@ -18,11 +18,13 @@ from ..baselines.lifecycle import BaselineCheck
 from ..baselines.store import file_component, name_problem
 from ..explain.audit import audit
 from ..explain.tracing import render_trace, trace
-from ..kinds.base import NO_VARIANT, Case, Kind
+from ..kinds.cases import NO_VARIANT, Case
+from ..kinds.kind import Kind
 from ..kinds.compiled import Compiled
 from ..kinds.outcome import PrecisionFailure
 from ..kinds.record import CaseRecord
 from ..kinds.registry import kinds, registered, target_names_problem
+from ..kinds.session import RunState
 from ..kinds.target import Target, TargetError
 from ..speed.alignment import tensor_core_misalignments, warn_misalignments
 from ..speed.gate import check_speed
@@ -31,10 +33,11 @@ from .options import OPTIONS_KEY, RECORDS_KEY, RunOptions
 from .timelimit import CaseTimeout, case_limit, time_limit
 from .variants import VariantDecision, decide_variants, shared_dir
 
-__all__ = ["SuiteCollector", "SuiteItem", "suite_targets", "suites", "keyword_expressions", "crash_reason",
+__all__ = ["RUN_STATE_KEY", "SuiteCollector", "SuiteItem", "suite_targets", "suites", "keyword_expressions", "crash_reason",
            "users_traceback"]
 
 LINT_SEEN_KEY = pytest.StashKey[set]()  # (target, op, dims) the alignment lint has warned about
+RUN_STATE_KEY = pytest.StashKey[RunState]()  # the session's run state, handed to every case (Case.state)
 
 
 def suites() -> dict[str, list[Kind]]:
@@ -66,6 +69,7 @@ class SuiteCollector(pytest.Collector):
 
     def collect(self):
         options: RunOptions = self.config.stash[OPTIONS_KEY]
+        state = self.config.stash[RUN_STATE_KEY]
         items = []
         files: dict[str, str] = {}  # baseline file as the file system spells it -> the case's name
         for suite_kinds in suites().values():
@@ -88,7 +92,7 @@ class SuiteCollector(pytest.Collector):
                 for config in kind.configs(options.configs):
                     for variant in variants:
                         for regime in regimes:
-                            case = Case(kind, target, config, variant, regime, options.device)
+                            case = Case(kind, target, config, variant, regime, options.device, state)
                             problem = name_problem(case.config_id)
                             if problem:
                                 raise self.CollectError(f"kind {kind.name!r}: config name {problem}")

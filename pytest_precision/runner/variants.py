@@ -34,7 +34,8 @@ from typing import Callable
 
 import pytest
 
-from ..kinds.base import NO_VARIANT, Kind, Variant
+from ..kinds.cases import NO_VARIANT, Variant
+from ..kinds.kind import Kind
 from ..kinds.target import Target, TargetError
 from ..platform.processes import process_alive
 from .exits import TargetEnded, refuse_process_exits

@@ -1,0 +1,32 @@
+"""What one pytest session learns while its cases run and keeps for the cases after it: a
+:class:`RunState`, made in ``pytest_configure`` and kept on ``config.stash``, handed to every case
+(``Case.state``) and dropped with the session. Nothing of it lives in module globals, so two
+sessions in one process (pytester's) never see each other's."""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["RunState"]
+
+
+class RunState:
+    """One session's run state: which target's Triton kernel was already found unable to launch,
+    and the memos kinds keep across their cases (``memo``: the train_step kind's fp32 runs and
+    float64 steps, the DDP comparisons, the op kind's regimes seen to repeat)."""
+
+    def __init__(self):
+        self._launch_failures: dict[str, str] = {}  # target name -> the case that reported it
+        self._memos: dict[str, dict] = {}
+
+    def first_launch_failure(self, target: str, case: str) -> str | None:
+        """The case that already failed because ``target``'s Triton kernel cannot launch here (its
+        later cases are skipped, pointing there), or None after noting ``case`` as that case."""
+        first = self._launch_failures.setdefault(target, case)
+        return None if first == case else first
+
+    def memo(self, name: str) -> dict[Any, Any]:
+        """The session's dict called ``name`` (one per use: ``"train_step.fp32"``), empty at first."""
+        return self._memos.setdefault(name, {})
+
+    def __repr__(self) -> str:
+        return f"<RunState: {len(self._launch_failures)} launch failures, memos {sorted(self._memos)}>"

@@ -1,0 +1,439 @@
+"""The tensor template: :class:`TensorKind`, a :class:`~.kind.Kind` whose targets take tensors and
+return one, judged from a few hooks.
+
+A tensor kind says
+
+- inputs: named, seeded :class:`~.cases.Regime` s (the same bits on every machine) and,
+  optionally, a :class:`~.cases.DrawnRegime` whose inputs Hypothesis draws (``draw``), attacked by
+  one generic loop (``kinds.drawn``); ``for_target`` (the inputs as a target reads them),
+  ``floating_inputs`` (what a config rounds);
+- numerics: a float64 ``reference`` in the kind's calling convention (the oracle runs it on the
+  config's *rounded* inputs), a ``peer`` (a trusted implementation run in the same config), an
+  :class:`~.measurement.OutputRule` per output (``output_rule``: the dtype its ULPs count in, the
+  budget's factor and floors, from a :class:`~.measurement.MeasureContext` and the facts
+  ``rule_facts`` computed once per measurement) and ``grad_inputs`` (inputs whose gradients are
+  outputs, under a seeded upstream gradient);
+- running: ``invoke`` (the call in the kind's convention) and ``validate`` (its output contract:
+  type, ``expected_shape``, and ``output_dtypes``, the dtypes a config can produce);
+- goldens: ``input_spec``, ``checksum_input``, ``magnitude_input``.
+
+The template methods (``run``, ``measure``, ``call``, ``bench_call``, ``trace_call``,
+``why_skipped``) are final: a case is judged three ways, against the float64 oracle with the peer
+budget, against the golden with the regression budget, and by its overflow / underflow / NaN
+counts, and a failure with a lost value names the first op that lost it (``kinds.fault``).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass, replace
+from typing import Any, Callable, final
+
+import torch
+
+from ..baselines.lifecycle import BaselineCheck, BaselineResult, TensorOutput
+from ..numerics.budgets import violations
+from ..numerics.global_state import guarded, leak_message
+from ..numerics.metrics import compare
+from ..numerics.rng import RngState
+from ..platform.launches import watch_launches
+from ..platform.triton import bf16_as_on_gpu, interpreted, interpreter_excuse, triton_error
+from ..speed.timing import Bench
+from .cases import NO_VARIANT, Case, Regime
+from .drawn import attack
+from .fault import locate_fault
+from .kind import Kind, skip, xfail
+from .measurement import MeasureContext, Measurement, OutputRule, TensorEvidence, upstream_gradient
+from .outcome import Outcome, baseline_problems
+from .target import Target, TargetError
+
+__all__ = ["TensorKind", "CaseInputs", "TEMPLATE_METHODS"]
+
+# the template methods (typing.final): a subclass that overrides one is refused when it is defined,
+# as a type checker would refuse it (typing.final alone does nothing at run time)
+TEMPLATE_METHODS = ("case_inputs", "why_skipped", "run", "measure", "rule", "call", "reference_outputs", "outcome",
+                    "bench_call", "trace_call")
+
+
+@dataclass(frozen=True)
+class CaseInputs:
+    """A case's seeded inputs as its target reads them, or why the case does not run here."""
+
+    skipped: str | None = None  # the skip's reason (then nothing else is set)
+    regime: Regime | None = None  # None (and not skipped): the drawn regime, whose inputs are drawn
+    inputs: Any = None
+
+
+class TensorKind(Kind):
+    """A kind whose targets take tensors and return one (module docstring): subclasses set the
+    identity and the inputs and override the hooks; the template methods are final."""
+
+    compiles = True  # --precision-compile adds a compiled variant of each (cases go through ``call``)
+    # numerics
+    peer_name: str = "torch's op"
+    forward_output: str = "reference"  # the forward output's name (the golden's array name)
+    grad_inputs: tuple[str, ...] = ()  # inputs whose gradients are outputs, named "d" + input
+    # a peer for the target that *is* ``peer`` (the built-in torch target): another correct
+    # implementation of the same math, so that the oracle check can fail; None where there is none
+    independent_peer: Callable | None = None
+    independent_peer_name = "an independent implementation"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        overridden = [m for m in TEMPLATE_METHODS if m in vars(cls)]
+        if overridden:
+            raise TypeError(f"{cls.__name__} overrides TensorKind's template method {', '.join(overridden)}: override "
+                            "its hooks instead (output_rule with rule_facts for what a measurement needs), or "
+                            "subclass pytest_precision.Kind and implement run, bench_call and trace_call")
+        rule = vars(cls).get("output_rule")
+        if rule is not None and len(inspect.signature(rule).parameters) == 8:  # the earlier form: a TypeError per case
+            raise TypeError(f"{cls.__name__}.output_rule(self, case, name, out, peer, ref, exact, inputs) is the earlier "
+                            "form: write output_rule(self, ctx, name, out, peer, ref), reading ctx.case, ctx.exact and "
+                            "ctx.inputs (a pytest_precision.MeasureContext)")
+
+    # ---- inputs --------------------------------------------------------------------------------
+
+    def for_target(self, case: Case, inputs: Any) -> Any:
+        """The regime's inputs as the case's target reads them (attention: its causal alignment)."""
+        return inputs
+
+    def floating_inputs(self, inputs: Any) -> dict[str, torch.Tensor]:
+        """The input tensors a config rounds, by name (the rest of ``inputs`` passes as it is)."""
+        raise NotImplementedError
+
+    def case_grad_inputs(self, case: Case, inputs: Any = None) -> tuple[str, ...]:
+        """The inputs whose gradients the case judges: none for a forward-only target."""
+        return () if case.target.declared.get("forward_only") else self.grad_inputs
+
+    # drawn inputs (kinds with a DrawnRegime)
+    def draw(self, case: Case):
+        """The Hypothesis strategy of the drawn regime's examples for ``case``."""
+        raise NotImplementedError
+
+    def drawn_inputs(self, example: Any) -> Any:
+        return example
+
+    def describe_drawn(self, example: Any, case: Case) -> list[str]:
+        return [f"Hypothesis found (after shrinking) {example!r}"]
+
+    # ---- the kind's calling convention -----------------------------------------------------------
+
+    def invoke(self, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, device: str) -> torch.Tensor:
+        """Call ``fn`` in the kind's convention on ``values`` (and the non-tensor parts of ``inputs``)."""
+        raise NotImplementedError
+
+    def expected_shape(self, values: dict[str, torch.Tensor], inputs: Any) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def output_dtypes(self, config: Any, values: dict[str, torch.Tensor]) -> tuple[torch.dtype, ...]:
+        """The dtypes the forward output may have under ``config``: the dtype of the first floating
+        input (the kind's output is typed as its input: softmax's x, attention's q); under
+        autocast also the autocast dtype (an op autocast lowers returns it); under an fp8 recipe
+        also the fp8 format (a kernel may return it quantised; the callable itself sees fp32).
+        Anything else, float64 included, is a break of the kind's contract in every config."""
+        dtypes = [next(iter(values.values())).dtype]
+        for extra in (getattr(config, "autocast_dtype", None), getattr(config, "fp8", None)):
+            if extra is not None and extra not in dtypes:
+                dtypes.append(extra)
+        return tuple(dtypes)
+
+    def validate(self, case: Case, out: Any, values: dict[str, torch.Tensor], inputs: Any, where: str) -> None:
+        """Raise TargetError when ``out`` breaks the kind's output contract: its type, its shape
+        (``expected_shape``) or its dtype (``output_dtypes``)."""
+        if not isinstance(out, torch.Tensor):
+            raise TargetError(f"{where} returned {type(out).__name__}, expected a tensor")
+        expect = tuple(self.expected_shape(values, inputs))
+        if tuple(out.shape) != expect:
+            raise TargetError(f"{where}: shape mismatch, output {tuple(out.shape)}, expected {expect}")
+        allowed = self.output_dtypes(case.config, values)
+        if out.dtype not in allowed:
+            what = " or ".join(str(d) for d in allowed)
+            raise TargetError(f"{where}: output dtype {out.dtype}, the kind gives {what} under {case.config.id}")
+
+    # ---- numerics ------------------------------------------------------------------------------
+
+    def reference(self, *args, **kwargs) -> torch.Tensor:
+        """The exact result in the kind's convention, run in float64 on the rounded inputs."""
+        raise NotImplementedError
+
+    def peer(self, *args, **kwargs) -> torch.Tensor:
+        """A trusted implementation in the kind's convention, run in the same config."""
+        raise NotImplementedError
+
+    def peer_for(self, target: Target) -> tuple[Callable, str]:
+        """The peer a target is held against, and its name for messages: ``peer``, or the
+        independent peer when the target is ``peer`` itself (comparing it with itself could not fail)."""
+        if target.fn == self.peer and self.independent_peer is not None:
+            return self.independent_peer, self.independent_peer_name
+        return self.peer, self.peer_name
+
+    def peer_is_exact(self, case: Case, inputs: Any) -> bool:
+        """Whether the case's peer is the exact result itself (rounded by ``output_rule``), so that
+        no peer runs: the op kind's, for a target that declares neither peer nor reference."""
+        return False
+
+    def rule_facts(self, ctx: MeasureContext) -> Any:
+        """What ``output_rule`` needs of a measurement beyond its context, computed once before the
+        target runs (``ctx.facts``; norm: the oracle's sensitivity), or None."""
+        return None
+
+    def output_rule(self, ctx: MeasureContext, name: str, out: torch.Tensor, peer: torch.Tensor,
+                    ref: torch.Tensor) -> OutputRule:
+        """How output ``name`` is compared. The default: the forward output in the ULPs of what the
+        config produced (fp8 dequantised), gradients in the autocast dtype under autocast and in
+        e5m2 under fp8; ULP budgets, peer factor 2."""
+        config = ctx.case.config
+        if name == self.forward_output:
+            o, scale = config.finish(out)
+            p, peer_scale = config.finish(peer)
+            return OutputRule(o, p, config.ulp_dtype(out), scale, peer_scale)
+        from ..numerics.configs import fp8_roundtrip
+
+        if config.fp8 is not None:  # fp8 recipes carry gradients in e5m2
+            o, scale = fp8_roundtrip(out, torch.float8_e5m2)
+            p, peer_scale = fp8_roundtrip(peer, torch.float8_e5m2)
+            return OutputRule(o, p, torch.float8_e5m2, scale, peer_scale)
+        if config.autocast_dtype is not None:  # gradients of fp32 leaves under autocast are computed in it
+            dtype = config.autocast_dtype
+        else:
+            dtype = out.dtype if out.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) \
+                else torch.float32
+        return OutputRule(out, peer, dtype)
+
+    @staticmethod
+    def failed_outputs(m: Measurement) -> set[str]:
+        """The outputs of ``m`` over their peer budget or counts."""
+        return {n for n in m.oracle if violations(m.oracle[n], m.peer_budget[n])}
+
+    def hint(self, case: Case, m: Measurement, inputs: Any) -> str | None:
+        """A line for a failing case's message when the kind can tell what the target may have
+        meant (attention: the other causal alignment), else None."""
+        return None
+
+    def known_limit(self, case: Case, example: Any, m: Measurement) -> str | None:
+        """Why a drawn input on which ``case`` failed lies at a known limit of the built-in target
+        (torch's op), making the failure expected: its reason, or None (checked before the first
+        fault is looked for)."""
+        return None
+
+    # ---- goldens -------------------------------------------------------------------------------
+
+    def input_spec(self, regime: Regime, inputs: Any) -> dict:
+        """What the golden records of the inputs besides their checksum."""
+        return {"regime": regime.name, "seed": regime.seed, **regime.parameters}
+
+    def checksum_input(self, inputs: Any) -> torch.Tensor:
+        """The tensor whose checksum the golden keeps: every floating input, flattened."""
+        return torch.cat([t.flatten() for t in self.floating_inputs(inputs).values()])
+
+    def magnitude_input(self, inputs: Any) -> torch.Tensor | None:
+        """Inputs whose magnitude the reports profile the error against (softmax's logits), or None."""
+        return None
+
+    # ---- template methods ------------------------------------------------------------------------
+
+    @final
+    def case_inputs(self, case: Case) -> CaseInputs:
+        """The case's seeded inputs as its target reads them, or why it does not run here (the
+        config, a variant, or what the target declared about the config or the inputs)."""
+        reason = self.skip_reason(case)
+        if reason:
+            return CaseInputs(reason)
+        reason = self.unsupported(case)
+        if not reason:
+            regime = self.regimes_for(case.target).get(case.regime)
+            if regime is None:
+                return CaseInputs()
+            inputs = self.for_target(case, regime.inputs())
+            reason = self.unsupported(case, inputs)
+            if not reason:
+                return CaseInputs(None, regime, inputs)
+        return CaseInputs(f"{case.target.name}: {reason}")
+
+    @final
+    def why_skipped(self, case: Case) -> str | None:
+        return self.case_inputs(case).skipped
+
+    @final
+    def run(self, case: Case, baseline: BaselineCheck) -> Outcome:
+        """Judge one case three ways: against the float64 oracle with the peer budget, against the
+        golden with the regression budget, and by its overflow / underflow / NaN counts."""
+        got = self.case_inputs(case)
+        if got.skipped:
+            skip(got.skipped)
+        if got.regime is None:
+            return attack(self, case)
+        regime, inputs = got.regime, got.inputs
+        m = self.measure(case, inputs, grad_seed=regime.seed + 1)
+        result = baseline.check_outputs(m.golden, inputs=self.checksum_input(inputs), seed=regime.seed,
+                                        input_spec=self.input_spec(regime, inputs))
+        outcome = self.outcome(case, m, result, self.magnitude_input(inputs))
+        if not outcome.passed:
+            excuse = interpreter_excuse(m.launches)
+            if excuse:
+                xfail(excuse)
+            hint = self.hint(case, m, inputs)
+            if hint:
+                outcome.details.append(hint)
+            if m.lost or "underflow" in outcome.categories:
+                outcome.fault = locate_fault(self, case, m, inputs, regime.seed + 1, outcome)
+        return outcome
+
+    @final
+    def measure(self, case: Case, inputs: Any, grad_seed: int = 0) -> Measurement:
+        """Run the target, the peer and the oracle on ``inputs`` under the case's config."""
+        prepared = {n: case.config.prepare(t, case.device) for n, t in self.floating_inputs(inputs).items()}
+        values = {n: p.value for n, p in prepared.items()}
+        ctx = MeasureContext(case, inputs, {n: p.exact for n, p in prepared.items()}, grad_seed)
+        ctx.facts = self.rule_facts(ctx)
+        refs = self.reference_outputs(ctx.exact, inputs, grad_seed, self.case_grad_inputs(case, inputs))
+        rng_state = RngState.capture(case.device)  # what a first-fault re-run replays (dropout draws the same mask)
+        launches: list = []
+        try:
+            with watch_launches() as launches:
+                mine = self.call(case, case.target.fn, values, inputs, grad_seed)
+        except TargetError as e:
+            reason = case.variant.unavailable(e, case)
+            if reason:
+                skip(reason)
+            # an interpreted launch ran a bf16 op the interpreter cannot run as a GPU does (bf16 atomics raise there)
+            excuse = interpreter_excuse(launches, error=e.__cause__ or e)
+            if excuse:
+                xfail(excuse)
+            raise
+        peer_fn, peer_name = self.peer_for(case.target)
+        if self.peer_is_exact(case, inputs):  # nothing to run: output_rule rounds the exact result
+            peer = refs
+        else:
+            peer_where = f"peer ({peer_name}) under config {case.config.id} on regime {case.regime}"
+            peer = self.call(replace(case, variant=NO_VARIANT), peer_fn, values, inputs, grad_seed, where=peer_where)
+        m = Measurement(values, ctx.exact, mine, peer_name=peer_name, launches=launches, rng_state=rng_state)
+        for name, ref in refs.items():
+            rule = self.rule(ctx, name, mine[name], peer[name], ref)
+            m.oracle[name] = rule.oracle(ref)
+            m.peer[name] = compare(rule.peer, ref, rule.dtype, scale=rule.peer_scale, log_domain=rule.log_domain,
+                                   underflow_floor=rule.underflow_floor)
+            m.peer_budget[name] = rule.budget(m.peer[name])
+            m.golden[name] = TensorOutput(rule.out, ref, rule.dtype, rule.scale, rule.log_domain,
+                                          abs_budget=rule.abs_floor is not None,
+                                          underflow_floor=rule.underflow_floor, error_floor=rule.abs_floor,
+                                          rms_floor=rule.rms_floor, peer=m.peer[name])
+        case.variant.beside(self, ctx, m)
+        return m
+
+    @final
+    def rule(self, ctx: MeasureContext, name: str, out: torch.Tensor, peer: torch.Tensor,
+             ref: torch.Tensor) -> OutputRule:
+        """``output_rule`` for output ``name``, kept in ``ctx.rules`` for the outputs after it."""
+        ctx.rules[name] = self.output_rule(ctx, name, out, peer, ref)
+        return ctx.rules[name]
+
+    @final
+    def call(self, case: Case, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, grad_seed: int = 0, *,
+             where: str | None = None, check: bool = True) -> dict[str, torch.Tensor]:
+        """``fn`` on ``values`` under the case's config and variant: the forward output and, for
+        ``grad_inputs``, the gradients under a seeded upstream gradient. Anything it raises, and any
+        break of the output contract, is a TargetError naming the target, config and regime."""
+        where = where or case.where
+        grads = self.case_grad_inputs(case, inputs)
+        leaves = {n: v.detach().clone().requires_grad_(True) if n in grads else v for n, v in values.items()}
+        # interpreted Triton kernels launched in the call (forward and backward) compute bfloat16 as a
+        # GPU does where the interpreter's is wrong: entered here, the one place every call of a target
+        # goes through (the case, Hypothesis's examples, the first-fault re-run, traces); made before
+        # the try, so that a failing canary is not reported as the target's error
+        gpu_bf16 = bf16_as_on_gpu()
+        try:
+            # torch's process-wide state, as the config set it, judged around the forward and the
+            # target's backward
+            with gpu_bf16, case.config.active(case.device), case.variant.context(), guarded(rng=True) as state:
+                out = self.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
+                if check:
+                    self.validate(case, out, values, inputs, where)
+                if grads:
+                    # copied into place rather than cast with .to(): the audit flags Python-level
+                    # 16-bit casts as the user's, and this one is the harness's
+                    grad_out = torch.empty_like(out).copy_(upstream_gradient(out.shape, grad_seed))
+                    out.backward(grad_out)
+            if state.changed:
+                raise TargetError(leak_message(where, state.changed, "case", "the target"))
+        except TargetError:
+            raise
+        except torch.OutOfMemoryError as e:
+            shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in values.items())
+            raise TargetError(f"{where}: out of memory ({e}); inputs {shapes}") from e
+        except Exception as e:
+            hint = triton_error(e)
+            if hint is None:
+                raise TargetError(f"{where} raised {type(e).__name__}: {e}") from e
+            first = case.state.first_launch_failure(case.target.name, case.name)
+            if first is not None:  # said once, in the first case's failure
+                skip(f"{case.target.name}: its Triton kernel cannot launch here (see {first})")
+            raise TargetError(f"{where}: {hint}") from None
+        outputs = {self.forward_output: out.detach()}
+        for n in grads:
+            if leaves[n].grad is None:
+                raise TargetError(f"{where}: no gradient reached {n} (is the output detached?)")
+            outputs[f"d{n}"] = leaves[n].grad.detach()
+        return outputs
+
+    @final
+    def reference_outputs(self, exact: dict[str, torch.Tensor], inputs: Any, grad_seed: int,
+                          grads: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """The oracle: ``reference`` in float64 on the rounded inputs, with the same upstream gradient."""
+        leaves = {n: t.detach().clone().requires_grad_(n in grads) for n, t in exact.items()}
+        out = self.invoke(self.reference, leaves, inputs, "cpu")
+        refs = {self.forward_output: out.detach()}
+        if grads:
+            out.backward(upstream_gradient(out.shape, grad_seed))
+            refs.update({f"d{n}": leaves[n].grad for n in grads})
+        return refs
+
+    @final
+    def outcome(self, case: Case, m: Measurement, result: BaselineResult,
+                magnitude_input: torch.Tensor | None = None) -> Outcome:
+        """The case's outcome: every output's oracle and compiled-vs-eager verdicts, then the golden's."""
+        outcome = Outcome(self.suite, self.name, case.target.name, case.config_id, case.regime,
+                          TensorEvidence(m, magnitude_input), result)
+        several = len(m.oracle) > 1
+        for name, cmp in m.oracle.items():
+            label = f"{name}: " if several else ""
+            for cat, s in violations(cmp, m.peer_budget[name]):
+                outcome.add("oracle", cat, f"oracle: {label}{s}")
+            eager = m.eager.get(name)
+            if eager is not None:
+                for _, s in violations(cmp, m.eager_budget[name]):
+                    outcome.add("compiled", "compiled", f"compiled vs eager: {label}{s} (eager: max ULP "
+                                                        f"{eager.max_ulp:.4g}, max abs {eager.max_abs:.4g})")
+        outcome.problems += baseline_problems(result)
+        return outcome
+
+    @final
+    def bench_call(self, case: Case) -> Bench | None:
+        """The timed call of a case: the target's forward on the regime's inputs under the config
+        and variant, or None where the case has nothing to time (drawn inputs have no fixed size,
+        and a Triton kernel under the interpreter runs at the interpreter's speed)."""
+        if interpreted(case.target.fn, case.device):
+            return None
+        got = self.case_inputs(case)
+        if got.skipped or got.regime is None:
+            return None
+        inputs = got.inputs
+        values = {n: case.config.prepare(t, case.device).value for n, t in self.floating_inputs(inputs).items()}
+
+        @contextlib.contextmanager
+        def context():
+            with torch.no_grad(), case.config.active(case.device), case.variant.context():
+                yield
+        fn = case.variant.wrap(case.target.fn)
+        return Bench(lambda: self.invoke(fn, values, inputs, case.device), context=context)
+
+    @final
+    def trace_call(self, case: Case) -> Callable | None:
+        """The call --precision-trace and --precision-audit run traced: forward and the gradients,
+        in the config and variant, as the case runs them."""
+        got = self.case_inputs(case)
+        if got.skipped or got.regime is None:
+            return None
+        inputs = got.inputs
+        values = {n: case.config.prepare(t, case.device).value for n, t in self.floating_inputs(inputs).items()}
+        return lambda: self.call(case, case.target.fn, values, inputs, got.regime.seed + 1)
