@@ -18,7 +18,7 @@ LAYERS = {
     "speed": {"platform", "numerics", "explain"},
     "training": {"platform", "numerics", "baselines", "speed"},
     "kinds": {"platform", "numerics", "baselines", "explain", "speed"},
-    "reporting": {"platform", "numerics", "explain", "speed", "kinds"},
+    "reporting": {"platform", "numerics", "baselines", "explain", "speed", "kinds"},
     "runner": {"platform", "numerics", "baselines", "explain", "speed", "kinds", "reporting"},
     # the public modules: the package's __init__, the plugin (which also installs the kernels'
     # one-pass statistics on CUDA), the command line, the property helpers, thin re-exports
@@ -130,3 +130,16 @@ def test_the_graph_is_read():
     assert "pytest_precision.numerics.formats" in GRAPH["pytest_precision.numerics.metrics"]
     assert "pytest_precision.kinds.tensor" in GRAPH["pytest_precision.suites.softmax"]
     assert layer("pytest_precision.kernels.runtime") == "kernels" and layer("pytest_precision.plugin") == "api"
+
+
+def test_the_readme_layout_table_lists_each_layers_modules():
+    """The README's Layout table names every module of each layer, and no module that is not there."""
+    import re
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    rows = dict(re.findall(r"^\| `([a-z_]+)/` \| ([^|]+) \|", readme, flags=re.MULTILINE))
+    assert set(rows) == set(LAYERS) - {"api", "suites", "kernels", "benchmarks"}
+    for name, cell in rows.items():
+        listed = set(re.findall(r"`([a-z_0-9]+\.py)`", cell))
+        present = {p.name for p in (ROOT / "pytest_precision" / name).glob("*.py") if p.name != "__init__.py"}
+        assert listed == present, f"README layout, {name}/: missing {sorted(present - listed)}, stale {sorted(listed - present)}"

@@ -7,7 +7,7 @@ import time
 import zlib
 from typing import Any
 
-from ..baselines.lifecycle import BaselineResult
+from ..baselines.entry import BaselineResult
 from ..platform.triton import interpreter_excuse
 from .cases import Case
 from .fault import locate_fault

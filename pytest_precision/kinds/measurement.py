@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from ..baselines.lifecycle import TensorOutput
+from ..baselines.tensors import TensorOutput
 from ..numerics.budgets import ULP_FLOOR, Budget, peer_budget
+from ..numerics.describe import Held, comparison_lines
 from ..numerics.metrics import Comparison, compare
 from ..numerics.rng import RngState
 from .outcome import Evidence
@@ -117,26 +118,14 @@ class TensorEvidence(Evidence):
         lines = []
         several = len(self.oracle) > 1
         for name, o in self.oracle.items():
-            label = f"{name}: " if several else ""
-            on_abs = self.peer_budget.get(name) is not None and self.peer_budget[name].max_abs is not None
-            unit = "judged on absolute error" if on_abs else f"ULPs in {o.dtype}"
-            lines.append(f"  {label}shape {o.shape}, {unit}; against the float64 oracle on the rounded inputs:")
-            lines += [f"    {s}" for s in o.statistics_lines(judged_on="abs" if on_abs else "ulp")]
             peer, pb = self.peer.get(name), self.peer_budget.get(name)
-            if peer is not None and pb is not None:
-                lines.append(f"    peer ({self.peer_name}, same config): max ULP {peer.max_ulp:.4g}, max abs "
-                             f"{peer.max_abs:.4g} -> budget {pb.describe()}; peer overflow {pb.overflow}, "
-                             f"underflow {pb.underflow}, NaN {pb.nan}")
-                if pb.max_ulp is not None:
-                    lines.append(f"    {o.count_over(pb.max_ulp)} of {o.numel} elements over the peer budget")
             eager, eb = self.eager.get(name), self.eager_budget.get(name)
-            if eager is not None and eb is not None:
-                lines.append(f"    eager (the target not compiled, same config): max ULP {eager.max_ulp:.4g}, max abs "
-                             f"{eager.max_abs:.4g} -> compiled budget {eb.describe()}")
-            if o.worst and (not several or any(p.check == "oracle" and p.sentence.startswith(f"oracle: {name}:")
-                                               for p in outcome.problems)):
-                lines.append("    worst elements:")
-                lines += ["      " + row for row in o.worst_table().splitlines()]
+            held = [Held.peer(self.peer_name, peer, pb)] if peer is not None and pb is not None else []
+            held += [Held.compiled(eager, eb)] if eager is not None and eb is not None else []
+            failed = any(p.check == "oracle" and p.sentence.startswith(f"oracle: {name}:") for p in outcome.problems)
+            lines += comparison_lines(o, "the float64 oracle on the rounded inputs", name=name if several else None,
+                                      judged_on="abs" if pb is not None and pb.max_abs is not None else "ulp",
+                                      held=held, worst=not several or failed)
         return lines
 
 

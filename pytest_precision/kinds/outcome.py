@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..baselines.lifecycle import BaselineResult
+from ..baselines.entry import BaselineResult
 from ..explain.faults import Fault
 from .record import CaseRecord
 

@@ -158,15 +158,21 @@ def _importable_from(rootdir: str | None, lines: list[str]) -> None:
         sys.path.insert(0, rootdir)
 
 
+def _ini_lines(lines: list[str], rootdir: str | None):
+    """Each line of an ini list that says something, as (raw, without its comment), with the
+    modules beside the ini file importable."""
+    _importable_from(rootdir, lines)
+    for raw in lines:
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            yield raw, line
+
+
 def parse_ini_kinds(lines: list[str], rootdir: str | None = None) -> list[Kind]:
     """Kinds from ini lines ``package.module:KIND``; a module beside the ini file imports too (read
     before any conftest, so before pytest puts the rootdir on sys.path)."""
-    _importable_from(rootdir, lines)
     out = []
-    for raw in lines:
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    for raw, line in _ini_lines(lines, rootdir):
         if ":" not in line or len(line.split()) != 1:
             raise ValueError(f"precision_kinds: cannot read {raw!r}; expected 'package.module:KIND'")
         try:
@@ -237,12 +243,8 @@ def parse_ini_targets(lines: list[str], rootdir: str | None = None) -> list[Targ
     softmax; ``key=value``: what it declares, as ``register``'s keywords, lists comma-separated),
     each named by its ``package.module:function``. Anything importing one raises is a ValueError
     naming its line."""
-    _importable_from(rootdir, lines)
     out = []
-    for raw in lines:
-        line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
+    for raw, line in _ini_lines(lines, rootdir):
         parts = line.split()
         declared = [p for p in parts[1:] if "=" in p]
         parts = [p for p in parts if "=" not in p]

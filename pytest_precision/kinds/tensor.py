@@ -31,7 +31,9 @@ from typing import Any, Callable, final
 
 import torch
 
-from ..baselines.lifecycle import BaselineCheck, BaselineResult, TensorOutput
+from ..baselines.entry import BaselineResult
+from ..baselines.lifecycle import BaselineCheck
+from ..baselines.tensors import TensorOutput
 from ..numerics.budgets import violations
 from ..numerics.global_state import guarded, leak_message
 from ..numerics.metrics import compare

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from ..baselines.commands import UPDATE_OPTION
 from ..kinds.registry import get_kind
 from ..kinds.tables import HEADERS, TENSOR_TABLE, SummaryTable
 from ..platform.devices import device_class, numerics_key
@@ -66,7 +67,7 @@ def speed_lines(records: list[dict], fingerprint: str) -> list[str]:
     missing = sum(1 for r in records if r.get("speed_status") == "no-baseline")
     if missing:
         lines.append(f"no speed baseline for this device ({fingerprint}) in {missing} case(s): "
-                     "record with --precision-update-baselines")
+                     f"record with {UPDATE_OPTION}")
     noisy = [f"{r['target']}-{r['config']}-{r['regime']} {r['speed_ratio']:.2f} x" for r in records
              if r.get("speed_status") == "noisy"]
     if noisy:
@@ -81,7 +82,7 @@ def speed_lines(records: list[dict], fingerprint: str) -> list[str]:
     unrecorded = [r for r in records if r.get("speed_status") == "unrecorded"]
     if unrecorded:
         lines.append(f"speed not recorded in {len(unrecorded)} case(s) ({unrecorded[0].get('speed_shared')}): record "
-                     "it with --precision-update-baselines in a serial run")
+                     f"it with {UPDATE_OPTION} in a serial run")
     return lines
 
 
@@ -133,7 +134,7 @@ def borrowed_budgets_line(records: list[dict], key: str) -> str | None:
              f"other machines ({across} of them by machines of another device type, no {device_class(key)} "
              "machine having one)")
     return (f"{n} case(s) had no budget recorded for {key} and were judged by the widest recorded for {whose}; "
-            "record this machine's with --precision-update-baselines (--precision-strict-budgets fails them instead)")
+            f"record this machine's with {UPDATE_OPTION} (--precision-strict-budgets fails them instead)")
 
 
 def write_terminal_summary(tr, options, records: list[dict]) -> None:
