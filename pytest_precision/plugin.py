@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 
 from .kinds.registry import clear as clear_targets, forget_project_kinds
+from .kinds.session import RunState
 from .platform.devices import numerics_key, pin_xdist_worker
 from .reporting.summary import write_terminal_summary
-from .kinds.session import RunState
 from .runner import option_table, worker_output
 from .runner.collection import RUN_STATE_KEY, SuiteCollector, keyword_expressions
 from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,  # noqa: F401 (fixtures)

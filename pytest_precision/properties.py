@@ -23,8 +23,8 @@ from hypothesis.errors import InvalidArgument
 
 from .kinds.outcome import PrecisionFailure
 from .numerics.formats import FORMATS, format_of, ulp
-from .numerics.inputs import seeded_normal
 from .numerics.describe import comparison_lines
+from .numerics.inputs import seeded_normal
 from .numerics.metrics import Comparison, compare
 from .property_arguments import check_callable, check_probs
 

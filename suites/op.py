@@ -72,6 +72,7 @@ __all__ = ["OP", "OpKind", "OpInputs", "OpCall", "round_to_tf32", "BASE_SEED", "
 
 BASE_SEED = 20261124
 DEFAULT_EXAMPLES = 30
+REPEATABLE = "op.repeatable"  # the session memo of (target, regime) seen to give the same inputs twice
 # the RMS floor of the peer budget, in ULPs of the dtype at the output's RMS magnitude: rounding
 # the output alone costs about 0.2 (measured: fp16 matmuls accumulated in fp32), a few more
 # roundings inside (a composite GELU) about twice that; a sum kept in fp16 over 64 terms 1.2
@@ -297,7 +298,7 @@ class OpKind(TensorKind):
         call = OpCall(case.target, raw, where)
         spec = self._spec(case.target)
         regime = spec.regimes.get(case.regime)
-        repeatable = case.state.memo("op.repeatable")  # (target, regime) seen to give the same inputs twice
+        repeatable = case.state.memo(REPEATABLE)
         if regime is not None and (case.target.name, case.regime) not in repeatable:
             if not call.same_as(OpCall(case.target, regime.inputs(), where)):
                 raise TargetError(f"{where}: the generator gave different inputs on two calls; draw from the "

@@ -41,3 +41,15 @@ def test_pytest_registers_exactly_the_declared_options_and_ini_keys(pytester):
         assert config.getini(key.name) == (list(key.default) if isinstance(key.default, tuple) else key.default)
     for o in option_table.OPTIONS:
         assert o.value(config) == (False if o.flag else None)
+
+
+def test_option_names_spelled_below_the_runner_are_declared_options():
+    """The baselines layer spells the update command, and the summary its advice, below the runner
+    that declares the options (the layers keep them from importing it): each name they spell is one
+    the table declares, so a renamed option cannot leave a command that pytest refuses."""
+    root = Path(__file__).resolve().parents[1] / "pytest_precision"
+    declared = {o.name for o in option_table.OPTIONS}
+    for module in ("baselines/commands.py", "reporting/summary.py", "reporting/report.py", "baselines/lifecycle.py",
+                   "baselines/tensors.py", "training/baseline.py"):
+        spelled = set(re.findall(r"--precision-[a-z-]+[a-z]", (root / module).read_text(encoding="utf-8")))
+        assert spelled <= declared, f"{module}: {sorted(spelled - declared)} not declared"

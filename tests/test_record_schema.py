@@ -67,10 +67,21 @@ def test_a_record_leaves_out_the_fields_it_does_not_have_and_keeps_its_nulls():
                                 "categories": [], "baseline_update": None}
     assert record.speed_status is UNSET
     assert CaseRecord.from_dict(record.as_dict()) == record
-    with pytest.raises(TypeError, match="'max_ulps'"):
-        record.add(max_ulps=1.0)
     with pytest.raises(TypeError):
         CaseRecord.from_dict({**record.as_dict(), "max_ulps": 1.0})
+
+
+def test_what_a_user_kinds_evidence_adds_is_carried_beside_the_fields():
+    """A kind of a user's own returns its Evidence's record_fields: a name that is not a field is
+    kept in the record (its own table may read it), after the fields, and never replaces one."""
+    record = CaseRecord("t", "fp32", "unit", suite="mine", passed=True)
+    record.add(my_metric=3.5, max_ulp=1.0)
+    assert record.as_dict() == {"target": "t", "config": "fp32", "regime": "unit", "suite": "mine", "passed": True,
+                                "max_ulp": 1.0, "my_metric": 3.5}
+    assert list(record.as_dict())[-1] == "my_metric"
+    case = build_report([record.as_dict()], device="cpu", numerics_key="cpu-x", fingerprint="f", torch_version="2",
+                        configs=["fp32"])["cases"][0]
+    assert case["target"] == "t" and "my_metric" not in repr(case)  # the report's schema holds
 
 
 def test_a_typed_record_reports_as_its_dict_did():

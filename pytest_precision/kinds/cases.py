@@ -14,7 +14,9 @@ from .session import RunState
 from .target import Target, TargetError
 
 if TYPE_CHECKING:  # (Kind and TensorKind are named in annotations only: their modules import this one)
+    from .kind import Kind
     from .measurement import MeasureContext, Measurement
+    from .tensor import TensorKind
 
 __all__ = ["Regime", "DrawnRegime", "Variant", "NO_VARIANT", "Case"]
 

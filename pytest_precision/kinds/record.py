@@ -84,17 +84,24 @@ class CaseRecord:
     golden_note: str | None = _field("case")  # why the golden did not judge, or whose budget it borrowed
     training_detail: dict = _field("case")  # training kinds: the whole trajectories
 
+    def __post_init__(self):
+        # what a kind of a user's own adds through its Evidence besides these fields: carried in
+        # the record as before (its own summary table may read it), not in the JSON report
+        self._extra: dict = {}
+
     def add(self, **values) -> None:
-        """Set fields (a TypeError names one that is not a field)."""
+        """Set fields; a name that is not a field is kept beside them (a user kind's evidence)."""
         for name, value in values.items():
-            if name not in _NAMES:
-                raise TypeError(f"CaseRecord has no field {name!r}")
-            setattr(self, name, value)
+            if name in _NAMES:
+                setattr(self, name, value)
+            else:
+                self._extra[name] = value
 
     def as_dict(self) -> dict:
         """The record as it crosses from xdist workers and is read by the reports: plain data,
         without the fields it does not have."""
-        return {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not UNSET}
+        out = {f.name: value for f in fields(self) if (value := getattr(self, f.name)) is not UNSET}
+        return {**out, **{k: v for k, v in self._extra.items() if k not in out}}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CaseRecord":

@@ -245,6 +245,9 @@ class TensorKind(Kind):
         if not reason:
             regime = self.regimes_for(case.target).get(case.regime)
             if regime is None:
+                drawn = self.drawn_for(case.target)
+                if drawn is None or case.regime != drawn.name:
+                    raise KeyError(f"{case.regime!r} is no regime of target {case.target.name!r} ({self.name})")
                 return CaseInputs()
             inputs = self.for_target(case, regime.inputs())
             reason = self.unsupported(case, inputs)

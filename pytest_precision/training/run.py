@@ -39,7 +39,7 @@ from torch import nn
 
 from ..numerics.configs import tf32_flags
 from ..numerics.global_state import guarded, leak_message
-from ..numerics.rng import RngState, cuda_index, forked_rng
+from ..numerics.rng import RngState, forked_rng
 from ..speed.timing import synchronized_perf_counter
 from .configs import FLOAT64, TrainConfig
 from .recipes import fp8_linears, stochastic_rounding_updates
