@@ -13,10 +13,9 @@ import torch
 from .session import RunState
 from .target import Target, TargetError
 
-if TYPE_CHECKING:  # (Kind and TensorKind are named in annotations only: their modules import this one)
-    from .kind import Kind
+if TYPE_CHECKING:  # (Kind and TensorKind are named in annotations only, as strings: their modules import
+    # this one, and tests/test_layers.py counts an import under TYPE_CHECKING as a cycle too)
     from .measurement import MeasureContext, Measurement
-    from .tensor import TensorKind
 
 __all__ = ["Regime", "DrawnRegime", "Variant", "NO_VARIANT", "Case"]
 

@@ -4,7 +4,7 @@ the peer and the oracle, compared) and the :class:`TensorEvidence` an outcome ca
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -14,9 +14,6 @@ from ..numerics.describe import Held, comparison_lines
 from ..numerics.metrics import Comparison, compare
 from ..numerics.rng import RngState
 from .outcome import Evidence
-
-if TYPE_CHECKING:  # named in annotations only: cases.py imports this module
-    from .cases import Case
 
 __all__ = ["MeasureContext", "OutputRule", "Measurement", "TensorEvidence", "upstream_gradient"]
 
