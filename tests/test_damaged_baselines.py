@@ -18,18 +18,10 @@ from pytest_precision.baselines.lifecycle import BaselineCheck
 from pytest_precision.baselines.schema import BaselineError
 from pytest_precision.baselines.store import BaselineStore
 
+from sample_targets import CORRECT_SOFTMAX_CONFTEST as CONFTEST
+
 pytest_plugins = ["pytester"]
 
-CONFTEST = """
-import torch
-import pytest_precision
-
-@pytest_precision.register("mine", kind="softmax")
-def mine(x):
-    xf = x.float()
-    e = (xf - xf.amax(-1, keepdim=True)).exp()
-    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
-"""
 ARGS = ("--precision-suite", "--precision-configs=fp32", "-p", "no:cacheprovider", "-k", "softmax and mine-fp32-unit")
 UPDATE = "--precision-update-baselines"
 

@@ -15,7 +15,6 @@ import resource
 import shutil
 import subprocess
 import sys
-import textwrap
 import time
 import zipfile
 from pathlib import Path
@@ -33,18 +32,10 @@ from pytest_precision.baselines.tools import baseline_names, diff_lines, remove
 from pytest_precision.numerics.budgets import Budget
 from pytest_precision.numerics.metrics import compare
 
+from sample_targets import CORRECT_SOFTMAX_CONFTEST as CONFTEST
+
 pytest_plugins = ["pytester"]
 
-CONFTEST = """
-import torch
-import pytest_precision
-
-@pytest_precision.register("mine", kind="softmax")
-def mine(x):
-    xf = x.float()
-    e = (xf - xf.amax(-1, keepdim=True)).exp()
-    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
-"""
 ARGS = ("--precision-suite", "--precision-configs=fp32", "--precision-no-speed", "-p", "no:cacheprovider",
         "-k", "softmax and mine-fp32-unit")
 UPDATE = "--precision-update-baselines"

@@ -419,11 +419,10 @@ class TensorKind(Kind):
         and a Triton kernel under the interpreter runs at the interpreter's speed)."""
         if interpreted(case.target.fn, case.device):
             return None
-        got = self.case_inputs(case)
-        if got.skipped or got.regime is None:
+        got, values = self._fixed_values(case)
+        if values is None:
             return None
         inputs = got.inputs
-        values = {n: case.config.prepare(t, case.device).value for n, t in self.floating_inputs(inputs).items()}
 
         @contextlib.contextmanager
         def context():
@@ -436,9 +435,15 @@ class TensorKind(Kind):
     def trace_call(self, case: Case) -> Callable | None:
         """The call --precision-trace and --precision-audit run traced: forward and the gradients,
         in the config and variant, as the case runs them."""
+        got, values = self._fixed_values(case)
+        if values is None:
+            return None
+        return lambda: self.call(case, case.target.fn, values, got.inputs, got.regime.seed + 1)
+
+    def _fixed_values(self, case: Case) -> tuple[CaseInputs, dict[str, torch.Tensor] | None]:
+        """The case's seeded inputs and their values as the config feeds them; None for the values
+        where there are none to run (a skipped case, the drawn regime)."""
         got = self.case_inputs(case)
         if got.skipped or got.regime is None:
-            return None
-        inputs = got.inputs
-        values = {n: case.config.prepare(t, case.device).value for n, t in self.floating_inputs(inputs).items()}
-        return lambda: self.call(case, case.target.fn, values, inputs, got.regime.seed + 1)
+            return got, None
+        return got, {n: case.config.prepare(t, case.device).value for n, t in self.floating_inputs(got.inputs).items()}
