@@ -47,7 +47,9 @@ config's arithmetic may move them (``_moved``): rounded to the autocast dtype (a
 sees that rounding, and no implementation under autocast escapes it) or to TF32, elsewhere by a
 few float32 ULPs (the backward error of float32 arithmetic, which the exact-result peer of fp32
 lacks). The golden's typical-error floor is ``ULP_FLOOR`` float32 ULPs at the RMS magnitude plus
-the same move.
+the same move. A 0 where the exact value is nonzero is underflow only beyond the max-abs budget:
+a smaller one is cancellation of larger terms (``1 + tanh(u)`` of GELU far below 0 in float32),
+judged as error; an ``error="ulp"`` op counts any representable value lost to 0.
 """
 from __future__ import annotations
 
@@ -67,6 +69,8 @@ from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP
 from pytest_precision.numerics.formats import format_of
 from pytest_precision.numerics.inputs import portable_normal_draws
 from pytest_precision.numerics.metrics import compare
+
+from .op_call import OpCall
 
 __all__ = ["OP", "OpKind", "OpInputs", "OpCall", "round_to_tf32", "BASE_SEED", "DEFAULT_EXAMPLES"]
 
@@ -92,64 +96,6 @@ class OpInputs:
     regimes: dict
     drawn: str | None = None
     strategy: Any = None
-
-
-class OpCall:
-    """One regime's inputs as the target is called with them: the slots (name, value) in call
-    order, positional or keyword, and the floating tensors among them by name."""
-
-    def __init__(self, target: Target, raw: Any, where: str):
-        self.target = target
-        self.keyword = isinstance(raw, dict)
-        if self.keyword:
-            items = list(raw.items())
-        elif isinstance(raw, (tuple, list)):
-            items = [(f"arg{i}", v) for i, v in enumerate(raw)]
-        elif isinstance(raw, torch.Tensor):
-            items = [("arg0", raw)]
-        else:
-            raise TargetError(f"{where}: the generator returned {type(raw).__name__}; expected a tensor, a tuple of "
-                              "positional arguments or a dict of keyword arguments")
-        self.slots = [(str(n), v.detach() if isinstance(v, torch.Tensor) else v) for n, v in items]
-        self.floating = {n: v for n, v in self.slots if isinstance(v, torch.Tensor) and v.is_floating_point()}
-        if not self.floating:
-            raise TargetError(f"{where}: no floating tensor among the inputs ({', '.join(n for n, _ in self.slots)}): "
-                              "nothing for a config to round")
-        # the reference's output shape, once it ran (a fact of these inputs, whatever the case)
-        self.shape: tuple | None = None
-
-    def arguments(self, values: dict[str, torch.Tensor], device: str) -> tuple[tuple, dict]:
-        """The call's arguments: ``values`` for the floating inputs, the rest on ``device``."""
-        def value(name, v):
-            if name in values:
-                return values[name]
-            return v.to(device) if isinstance(v, torch.Tensor) else v
-        filled = [(n, value(n, v)) for n, v in self.slots]
-        return ((), dict(filled)) if self.keyword else (tuple(v for _, v in filled), {})
-
-    def same_as(self, other: "OpCall") -> bool:
-        """Bit for bit the same inputs (NaN included)."""
-        def same(a, b) -> bool:
-            if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
-                return False
-            if not isinstance(a, torch.Tensor):
-                return a == b
-            # compared as bytes on the tensors (a Python list of every byte cost seconds per large input)
-            return (a.dtype == b.dtype and a.shape == b.shape
-                    and torch.equal(a.cpu().contiguous().flatten().view(torch.uint8),
-                                    b.cpu().contiguous().flatten().view(torch.uint8)))
-        return ([n for n, _ in self.slots] == [n for n, _ in other.slots]
-                and all(same(a, b) for (_, a), (_, b) in zip(self.slots, other.slots)))
-
-    def describe(self) -> list[str]:
-        lines = []
-        for name, v in self.slots:
-            if isinstance(v, torch.Tensor):
-                shown = f": {v.tolist()!r}" if v.numel() <= 64 else ""
-                lines.append(f"{name}: {str(v.dtype).removeprefix('torch.')} {tuple(v.shape)}{shown}")
-            else:
-                lines.append(f"{name}: {v!r}")
-        return lines
 
 
 def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
@@ -418,8 +364,12 @@ class OpKind(TensorKind):
         diff = (moved - ref)[finite & torch.isfinite(moved)].abs()
         moved_max, moved_rms = (float(diff.max()), float(diff.pow(2).mean().sqrt())) if diff.numel() else (0.0, 0.0)
         eps = format_of(rule.dtype).eps
-        rule.underflow_floor = top * eps  # zeros below this are cancellation, not a lost value
         rule.abs_floor = abs_floor(top, format_of(rule.dtype).mantissa_bits) + rule.peer_factor * moved_max
+        # a zero within the max-abs budget is cancellation of larger terms (1 + tanh(u) of GELU far
+        # below 0 in float32), judged as error; only a larger value lost to zero is underflow
+        peer_off = (rule.peer.detach().to(ref.device, torch.float64) - ref)[finite & torch.isfinite(rule.peer).to(ref.device)]
+        peer_max = float(peer_off.abs().max()) if peer_off.numel() else 0.0
+        rule.underflow_floor = rule.abs_floor + rule.peer_factor * peer_max
         rule.peer_rms_floor = RMS_FLOOR_ULPS * rms * eps + rule.peer_factor * moved_rms
         rule.rms_floor = ULP_FLOOR * rms * 2.0 ** -24 + rule.peer_factor * moved_rms
         return rule

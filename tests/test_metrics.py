@@ -117,3 +117,18 @@ def test_summary_table_shows_nan_statistics_as_nan():
     for order in ([rec("a", math.nan, math.nan), rec("b", 90.0, 1e-6)], [rec("b", 90.0, 1e-6), rec("a", math.nan, math.nan)]):
         row = summary_rows(order, ["fp32"])[0]
         assert row[4:6] == ("nan", "nan"), row
+
+
+def test_a_zero_within_the_cancellation_floor_is_error_not_underflow():
+    """0 where the exact value is 1e-6 (1 + tanh(u) of GELU far below 0 in float32) is within the
+    floor a kind sets from the output's conditioning: error, not underflow. 0 where it is 1e-3 lost
+    a value, and the counts line says what cancellation would have explained."""
+    out, ref = t(0.0, 0.0, 1.0, dtype=torch.float32), t(1e-6, 1e-3, 1.0)
+    c = compare(out, ref, underflow_floor=1e-5)
+    assert c.underflow == 1 and c.max_abs == pytest.approx(1e-3)
+    assert ("underflow 1 (0 where the exact value is at least 1e-05, more than cancellation of larger terms explains)"
+            in c.statistics_lines()[2])
+    plain = compare(out, ref)  # no floor (softmax, exp, ULP-judged ops): any representable value lost is underflow
+    assert plain.underflow == 2 and "overflow 0, underflow 2, NaN 0" in plain.statistics_lines()[2]
+    # a floor below the smallest normal decides nothing and is not shown
+    assert "at least" not in compare(out, ref, underflow_floor=1e-40).statistics_lines()[2]

@@ -257,6 +257,49 @@ pytest_precision.register("naive_abs", naive, kind="op", inputs=inputs, referenc
                                  "*op[[]naive_ulp-bf16-wide[]]: FAIL underflow*"])
 
 
+CANCELLING = HEADER + """
+def new_gelu(x):  # Hugging Face's NewGELUActivation
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+inputs = {"wide": lambda g: 8 * torch.randn(64, 256, generator=g)}
+pytest_precision.register("new_gelu", new_gelu, kind="op", inputs=inputs)
+pytest_precision.register("gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), kind="op", inputs=inputs)
+pytest_precision.register("softplus", F.softplus, kind="op", inputs=inputs)
+pytest_precision.register("log1p_exp", lambda x: torch.log(1 + torch.exp(x)), kind="op", inputs=inputs)
+"""
+
+
+def test_cancellation_to_zero_is_error_not_underflow(pytester):
+    """For x below about -5, 1 + tanh(u) is 0 in float32 where float64 keeps 5e-7 (and so is
+    GELU's gradient): larger terms cancelled, nothing underflowed. Such zeros are error within the
+    max-abs budget, so correct code passes every config on its first run and its goldens are
+    written. log(1 + exp(x)) overflows fp16's exp past x = 11.09: that is caught."""
+    pytester.makeconftest(CANCELLING)
+    result = _run(pytester, "--precision-update-baselines")
+    result.assert_outcomes(passed=23, failed=1, skipped=4)  # tf32 needs CUDA
+    result.stdout.fnmatch_lines(["*op[[]log1p_exp-fp16-wide[]]: FAIL overflow,nan (oracle: out: overflow * > 0 allowed*"])
+    assert "underflow" not in "\n".join(line for line in result.stdout.lines if "FAIL" in line)
+    assert (pytester.path / "precision_baselines/op/gelu_tanh/wide/fp32.npz").is_file()
+    assert (pytester.path / "precision_baselines/op/new_gelu/wide/fp32.npz").is_file()
+
+
+def test_a_value_lost_to_zero_beyond_the_budget_is_underflow(pytester):
+    """An op judged on absolute error that loses a value larger than its budget to 0 (here a SiLU
+    whose sigmoid is cut to 0 below x = -4, where SiLU is still -0.07) counts it as underflow, and
+    says what cancellation would have explained."""
+    pytester.makeconftest(HEADER + """
+cut = lambda x: x * torch.where(x < -4, torch.zeros_like(x), torch.sigmoid(x))
+pytest_precision.register("cut_silu", cut, kind="op", inputs={"wide": lambda g: 8 * torch.randn(32, 64, generator=g)},
+                          forward_only=True, reference=F.silu)
+""")
+    result = _run(pytester, "--precision-configs=fp32")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*op[[]cut_silu-fp32-wide[]]: FAIL underflow,accuracy,baseline (oracle: underflow * > 0 "
+                                 "allowed*",
+                                 "*overflow 0, underflow * (0 where the exact value is at least *, more than cancellation "
+                                 "of larger terms explains), NaN 0*"])
+
+
 def test_grads_names_the_gradients_judged(pytester):
     pytester.makeconftest(MLP.replace("{GRAD_W}", GRAD_W_CORRECT).replace(
         'inputs={"unit": make})', 'inputs={"unit": make}, grads=("w1",))') + """

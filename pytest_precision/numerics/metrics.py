@@ -56,6 +56,8 @@ class Comparison:
     nan: int
     missing_nan: int  # reference NaN (defined as NaN, e.g. a fully masked row) but out is not
     flushed_subnormal: int  # out 0 where ref rounds to a nonzero subnormal: reported, not failed
+    # zeros where |ref| is below this are cancellation, judged as error, not counted as underflow
+    underflow_floor: float = 0.0
     elementwise_fn: Callable[[], Elementwise] = field(repr=False, compare=False, default=None)
 
     @functools.cached_property
@@ -91,7 +93,11 @@ class Comparison:
         ulps = f"max ULP {_num(self.max_ulp)}, p99 ULP {_num(self.p99_ulp)}, mean ULP {_num(self.mean_ulp)}"
         errors = (f"max abs {_num(self.max_abs)}, RMS abs {_num(self.rms_abs)}, max rel {_num(self.max_rel)},"
                   f" SQNR {_num(self.sqnr_db)} dB, cosine {'nan' if math.isnan(self.cosine) else f'{self.cosine:.6f}'}")
-        counts = (f"overflow {self.overflow}, underflow {self.underflow}, NaN {self.nan},"
+        underflow = str(self.underflow)
+        if self.underflow and self.underflow_floor > 0:  # what a zero had to lose to count
+            underflow += (f" (0 where the exact value is at least {_num(self.underflow_floor)}, more than cancellation"
+                          " of larger terms explains)")
+        counts = (f"overflow {self.overflow}, underflow {underflow}, NaN {self.nan},"
                   f" NaN expected but missing {self.missing_nan}, subnormals flushed {self.flushed_subnormal}")
         if judged_on == "abs":
             return [errors, f"{ulps} (ULPs of {self.dtype}, not judged: values near zero make them large)", counts]
@@ -131,9 +137,16 @@ def compare(
     ``out / scale`` and ``ref / scale``. ``log_domain``: the values are logarithms of
     probabilities (log_softmax), so ``-inf`` where the reference is finite is the probability
     underflowing, counted as underflow, not overflow; and a log-probability in (-1, 1) has its
-    error counted in steps of the dtype at 1.0, not at its own magnitude (see below). ``underflow_floor``: a zero counts as
-    underflow only where |ref| is also above this (for sums of mixed-sign terms, attention outputs
-    and gradients, a zero within rounding noise of the largest value is cancellation, not underflow).
+    error counted in steps of the dtype at 1.0, not at its own magnitude.
+
+    Underflow: ``out`` is 0 where ``ref`` is representable (at least the dtype's smallest normal;
+    a smaller one is a flushed subnormal, reported, not failed) and at least ``underflow_floor``.
+    The floor is the kind's estimate of what cancellation of larger terms explains: a sum of
+    mixed-sign terms (attention outputs, gradients) or ``1 + tanh(u)`` with ``tanh(u)`` near -1
+    (GELU far below 0) gives 0 within rounding noise of its terms without losing a value; such a
+    zero is error, judged by the kind's budget. 0 (the default) for outputs that keep their
+    relative precision (exp, softmax, ULP-judged ops), where any representable value lost to 0
+    is underflow.
     """
     if tuple(out.shape) != tuple(ref.shape):
         raise ValueError(f"shape mismatch: output {tuple(out.shape)} vs reference {tuple(ref.shape)}")
@@ -198,8 +211,15 @@ def compare(
         nan=int((o_nan & ~r_nan).sum()),
         missing_nan=int((r_nan & ~o_nan).sum()),
         flushed_subnormal=int(flushed.sum()),
+        underflow_floor=_floor_shown(fmt, scale, log_domain, underflow_floor),
         elementwise_fn=functools.partial(_elementwise, ulps, o, r, tuple(out.shape)),
     )
+
+
+def _floor_shown(fmt, scale: float, log_domain: bool, underflow_floor: float) -> float:
+    """The cancellation floor where it decided something (above the dtype's smallest normal, not
+    in the log domain, where underflow is -inf), else 0."""
+    return underflow_floor if not log_domain and underflow_floor / scale > fmt.smallest_normal else 0.0
 
 
 def _elementwise(ulps: torch.Tensor, o: torch.Tensor, r: torch.Tensor, shape: tuple) -> Elementwise:
@@ -270,5 +290,5 @@ def _compare_fused(out, ref, dtype, scale, log_domain, underflow_floor) -> Compa
         shape=tuple(out.shape), dtype=fmt.name, numel=st.numel, max_ulp=st.max_ulp, mean_ulp=mean_ulp,
         max_abs=max_abs, rms_abs=rms_abs, max_rel=max_rel, sqnr_db=sqnr, cosine=cosine, overflow=st.overflow,
         underflow=st.underflow, nan=st.nan, missing_nan=st.missing_nan, flushed_subnormal=st.flushed_subnormal,
-        elementwise_fn=elementwise,
+        underflow_floor=_floor_shown(fmt, scale, log_domain, underflow_floor), elementwise_fn=elementwise,
     )

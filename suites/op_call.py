@@ -1,0 +1,70 @@
+"""One regime's inputs of an op target as the target is called with them (the op kind's
+``OpCall``): what a generator returned, normalised to named slots, and the floating tensors a
+config rounds."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from pytest_precision.kinds.target import Target, TargetError
+
+__all__ = ["OpCall"]
+
+
+class OpCall:
+    """One regime's inputs as the target is called with them: the slots (name, value) in call
+    order, positional or keyword, and the floating tensors among them by name."""
+
+    def __init__(self, target: Target, raw: Any, where: str):
+        self.target = target
+        self.keyword = isinstance(raw, dict)
+        if self.keyword:
+            items = list(raw.items())
+        elif isinstance(raw, (tuple, list)):
+            items = [(f"arg{i}", v) for i, v in enumerate(raw)]
+        elif isinstance(raw, torch.Tensor):
+            items = [("arg0", raw)]
+        else:
+            raise TargetError(f"{where}: the generator returned {type(raw).__name__}; expected a tensor, a tuple of "
+                              "positional arguments or a dict of keyword arguments")
+        self.slots = [(str(n), v.detach() if isinstance(v, torch.Tensor) else v) for n, v in items]
+        self.floating = {n: v for n, v in self.slots if isinstance(v, torch.Tensor) and v.is_floating_point()}
+        if not self.floating:
+            raise TargetError(f"{where}: no floating tensor among the inputs ({', '.join(n for n, _ in self.slots)}): "
+                              "nothing for a config to round")
+        # the reference's output shape, once it ran (a fact of these inputs, whatever the case)
+        self.shape: tuple | None = None
+
+    def arguments(self, values: dict[str, torch.Tensor], device: str) -> tuple[tuple, dict]:
+        """The call's arguments: ``values`` for the floating inputs, the rest on ``device``."""
+        def value(name, v):
+            if name in values:
+                return values[name]
+            return v.to(device) if isinstance(v, torch.Tensor) else v
+        filled = [(n, value(n, v)) for n, v in self.slots]
+        return ((), dict(filled)) if self.keyword else (tuple(v for _, v in filled), {})
+
+    def same_as(self, other: "OpCall") -> bool:
+        """Bit for bit the same inputs (NaN included)."""
+        def same(a, b) -> bool:
+            if isinstance(a, torch.Tensor) != isinstance(b, torch.Tensor):
+                return False
+            if not isinstance(a, torch.Tensor):
+                return a == b
+            # compared as bytes on the tensors (a Python list of every byte cost seconds per large input)
+            return (a.dtype == b.dtype and a.shape == b.shape
+                    and torch.equal(a.cpu().contiguous().flatten().view(torch.uint8),
+                                    b.cpu().contiguous().flatten().view(torch.uint8)))
+        return ([n for n, _ in self.slots] == [n for n, _ in other.slots]
+                and all(same(a, b) for (_, a), (_, b) in zip(self.slots, other.slots)))
+
+    def describe(self) -> list[str]:
+        lines = []
+        for name, v in self.slots:
+            if isinstance(v, torch.Tensor):
+                shown = f": {v.tolist()!r}" if v.numel() <= 64 else ""
+                lines.append(f"{name}: {str(v.dtype).removeprefix('torch.')} {tuple(v.shape)}{shown}")
+            else:
+                lines.append(f"{name}: {v!r}")
+        return lines
