@@ -424,3 +424,67 @@ pytest_precision.register("gelu", gelu, kind="op", inputs={"unit": lambda g: tor
     calls = json.loads((pytester.path / "calls.json").read_text())
     # one measured call per config; the float64 ones are the oracle's (the target on float64 inputs)
     assert calls["torch.float32"] == 1 and calls["torch.bfloat16"] == 1, calls
+
+
+SWIGLU = HEADER + """
+from pytest_precision.numerics.gates import gate_regimes, gate_strategy
+
+
+def swiglu(gate, up):  # as Llama's MLP: act_fn(gate_proj(x)) * up_proj(x)
+    return F.silu(gate) * up
+
+
+class SiLU16(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return F.silu(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)  # planted: sigmoid of the 16-bit gate kept in 16 bits, and its derivative
+        return g * (s * (1 + x * (1 - s)))
+
+
+inputs = {"plain": lambda g: (torch.randn(32, 64, generator=g), torch.randn(32, 64, generator=g)),
+          **gate_regimes(32, 64), "drawn": gate_strategy(8, 32)}
+pytest_precision.register("swiglu", swiglu, kind="op", inputs=inputs, reference=swiglu, examples=20)
+pytest_precision.register("swiglu16", lambda gate, up: SiLU16.apply(gate) * up, kind="op", inputs=inputs,
+                          reference=swiglu, examples=20)
+"""
+
+
+def test_gated_regimes_catch_a_sigmoid_kept_in_16_bits_in_the_backward(pytester):
+    """A correct SwiGLU passes every CPU config on every gate regime on its first run. A backward
+    that keeps sigmoid in 16 bits passes on randn gates and on the band, and fails fp16 with no
+    golden where every gate sits near fp16's flush edge (its digits of a tiny gradient are lost),
+    found by the drawn regime too. In bf16 it stays within the budget (see the report)."""
+    pytester.makeconftest(SWIGLU)
+    result = _run(pytester, "--precision-update-baselines", "--precision-configs=fp32,fp16,bf16,amp-fp16,amp-bf16")
+    failed = [line.split()[0] for line in result.stdout.lines if line.startswith("precision-suite::") and "FAIL" in line]
+    assert failed == ["precision-suite::op[swiglu16-fp16-gate-fp16-flush]:", "precision-suite::op[swiglu16-fp16-drawn]:"]
+    result.assert_outcomes(passed=48, failed=2)
+    result.stdout.fnmatch_lines(["*op[[]swiglu16-fp16-gate-fp16-flush[]]: FAIL accuracy (oracle: darg0: max abs * > budget *",
+                                 "*peer (the declared reference, same config)*"])
+
+
+def test_gate_inputs_sit_where_sigmoid_saturates_in_each_format():
+    from pytest_precision.numerics.gates import GATE_REGIMES, gate_values, gated, sigmoid_edges
+
+    for dtype, one, flush in ((torch.float16, 8.3, -17.3), (torch.bfloat16, 6.2, -92.9), (torch.float32, 17.3, -104.0)):
+        e = sigmoid_edges(dtype)
+        assert abs(e.rounds_to_one - one) < 0.05 and abs(e.flushes_below - flush) < 0.05
+        x = torch.tensor([e.rounds_to_one - 0.05, e.rounds_to_one + 0.05, e.flushes_below + 0.3, e.flushes_below - 0.3],
+                         dtype=torch.float64)
+        s = torch.sigmoid(x).to(dtype)
+        assert s[0] < 1 and s[1] == 1 and s[2] > 0 and s[3] == 0
+    g = lambda: torch.Generator().manual_seed(3)
+    assert gate_values(g(), 1000, regime="band").abs().max() <= 6
+    assert (gate_values(g(), 1000, regime="fp16-flush") + 17.33).abs().max() <= 1.0001
+    gate, up = gated(4, 8, regime="saturated")(g())
+    assert gate.dtype == up.dtype == torch.float32 and gate.shape == up.shape == (4, 8)
+    assert torch.equal(gate, gated(4, 8, regime="saturated")(g())[0])  # the same bits from the same generator
+    assert len(GATE_REGIMES) == 11
+    with pytest.raises(ValueError, match="gate regime 'wide': expected one of band, saturated, fp16-one"):
+        gated(4, regime="wide")
