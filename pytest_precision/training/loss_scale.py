@@ -76,7 +76,7 @@ def working_scale(exact: dict[str, torch.Tensor], scales_used: list[float | None
     """(the scale a working scaler runs at, the largest power of two keeping ``exact`` finite in
     float16): the module docstring."""
     top = max((float(g.double().abs().max()) for g in exact.values() if g.numel()), default=0.0)
-    finite = _power_of_two(FP16.max / top) if top > 0 else math.inf
+    finite = _power_of_two(FP16.max / top) if 0 < top < math.inf else math.inf  # a non-finite one: no bound
     overflowed = [scales_used[i] for i in skipped if i < len(scales_used) and scales_used[i]]
     return min([GRAD_SCALER_INIT_SCALE, finite] + [s / 2 for s in overflowed]), finite
 
