@@ -59,6 +59,7 @@ from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainC
 from pytest_precision.training.baseline import TrajectoryEntry
 from pytest_precision.training.run import GlobalStateError, ModelDtypeWarning, RngState, built_dtype_note, judged_state
 from pytest_precision.training.distributed import ddp_skip_reason
+from pytest_precision.training.loss_scale import scale_health, scale_problem
 from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND,
                                               first_step_floor_db, grad_norm_band, later_step_floor_db, limit_sentence)
 
@@ -132,6 +133,9 @@ def judge(outcome: Outcome) -> None:
         sentence = limit_sentence(word, rates, elements, limit)
         if sentence:
             shown_or_failed(key, cat, sentence, f"the {100 * limit:g} % limit")
+    sentence = scale_problem(ev.scale)
+    if sentence:
+        shown_or_failed("underflow", "underflow", sentence, f"the {100 * UNDERFLOW_LIMIT:g} % limit")
     outcome.problems += baseline_problems(outcome.baseline)
 
 
@@ -291,8 +295,11 @@ class TrainStepKind(Kind):
         except GlobalStateError as e:
             raise TargetError(str(e)) from None
         result = baseline.check(TrajectoryEntry(config, run, ref, metrics, batch0, spec.seed, baseline.budget_key))
+        truth = exact.grads if isinstance(exact, ExactStep) else ref.grads.get(run.first_step, {})
+        scale = scale_health(config, run.scales_used, run.first_step, run.skipped, truth,
+                             "float64" if isinstance(exact, ExactStep) else "fp32")
         outcome = Outcome(self.suite, self.name, case.target.name, config.id, case.regime,
-                          TrainingEvidence(config, metrics), result)
+                          TrainingEvidence(config, metrics, scale), result)
         judge(outcome)
         if any(p.category in ("overflow", "nan", "underflow") for p in outcome.problems):
             try:  # both re-runs draw the random numbers the run drew at its first step (dropout masks)

@@ -13,6 +13,7 @@ from pytest_precision.speed.timing import format_seconds
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainMetrics
 from pytest_precision.training.baseline import rates_line
 from pytest_precision.training.compare import speedup_text
+from pytest_precision.training.loss_scale import ScaleHealth, history_text
 from pytest_precision.training.limits import first_step_floor_db, later_step_floor_db, percent
 from pytest_precision.training.run import built_dtype_note
 
@@ -30,8 +31,8 @@ def _g(v) -> str:
 class TrainingEvidence(Evidence):
     """A training run against the fp32 run from the same seed."""
 
-    def __init__(self, config: TrainConfig, metrics: TrainMetrics):
-        self.config, self.metrics = config, metrics
+    def __init__(self, config: TrainConfig, metrics: TrainMetrics, scale: ScaleHealth | None = None):
+        self.config, self.metrics, self.scale = config, metrics, scale  # scale: the float16 loss scale's health
 
     def summary(self) -> dict:
         m = self.metrics
@@ -92,6 +93,11 @@ class TrainingEvidence(Evidence):
                                     m.below_range_underflow, m.below_range_elements))
         lines.append(rates_line(f"update-lost rate (never moved here; {m.truth}'s first update fp32 keeps)",
                                 m.update_lost_rate, m.update_elements))
+        if self.scale is not None:
+            h = self.scale
+            lines.append(f"    loss scale: {history_text(h)}; at step {h.step}, {sum(h.below.values())} of "
+                         f"{sum(h.elements.values())} significant {h.truth} gradients below float16's normal range, "
+                         f"{sum(h.below_working.values())} at {h.working:g} (a working GradScaler's scale here)")
         note = built_dtype_note(m.built_dtypes, sum(len(names) for names in m.groups.values()) or None)
         if note:
             lines.append(f"    {note}")

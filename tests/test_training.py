@@ -380,7 +380,7 @@ def test_the_committed_goldens_fail_a_3x_degradation_of_each_metric():
 
 
 def test_the_fp32_reference_notices_a_change_and_tolerates_another_machine():
-    from pytest_precision.training.baseline import fp32_moved
+    from pytest_precision.training.moved import fp32_moved
     from pytest_precision.training.limits import CROSS_KEY_RTOL, SAME_KEY_RTOL
 
     recorded = {"fp32_loss": [3.0, 2.9], "fp32_grad_norm": [1.0, 0.9],
@@ -395,8 +395,8 @@ def test_the_fp32_reference_notices_a_change_and_tolerates_another_machine():
                "fp32_first_grad_norms": {"qkv.weight": 1.6, "qkv.bias": 0.1, "head.weight": 0.51, "noise": 1e-11}}
     sentence = fp32_moved(changed, recorded, CROSS_KEY_RTOL, "cpu-avx2")
     assert sentence.startswith("the fp32 reference moved against cpu-avx2's (relative tolerance 0.0001): first-step "
-                               "gradient norm of qkv.weight 1.6 vs 0.8 (+1e+02 %), head.weight 0.51 vs 0.5 (+2 %); "
-                               "step 0 loss 3.001 vs 3: "), sentence
+                               "gradient norm 1.10 x the golden's, loss 1.00 x; first-step gradient norm of qkv.weight 1.6 "
+                               "vs 0.8 (+1e+02 %), head.weight 0.51 vs 0.5 (+2 %); step 0 loss 3.001 vs 3: "), sentence
 
 
 def test_format_floors():

@@ -232,8 +232,9 @@ def test_a_model_change_moves_the_fp32_reference(pytester, opt):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*attn-fp32-trajectory*FAIL regression (golden: the fp32 reference moved against cpu-*'s (relative tolerance "
-        "1e-05): first-step gradient norm of * vs * (*%), * vs * (*%), * vs * (*%)*; step 0 loss * vs *: the model, "
-        "data, optimizer or torch changed the fp32 run itself, not its precision)"])
+        "1e-05): first-step gradient norm * x the golden's, loss 1.00 x; first-step gradient norm of * vs * (*%), * vs "
+        "* (*%), * vs * (*%)*; step 0 loss * vs *: the model, data, optimizer, training loop or torch changed the fp32 "
+        "run itself, not its precision)"])
     assert "qkv.weight" in next(line for line in result.outlines if "fp32 reference moved" in line)
 
 
@@ -404,8 +405,8 @@ def _accept_then_change_the_optimizer(pytester, between=lambda: None):
 def test_changed_model_moves_the_fp32_trajectory(pytester):
     result = _accept_then_change_the_optimizer(pytester)
     result.stdout.fnmatch_lines(["*FAIL regression*golden: the fp32 reference moved against cpu-*'s (relative tolerance "
-                                 "1e-05): step 1 loss * vs *: the model, data, optimizer or torch changed the fp32 run "
-                                 "itself, not its precision*"])
+                                 "1e-05): step 1 loss * vs *: the model, data, optimizer, training loop or torch changed the "
+                                 "fp32 run itself, not its precision*"])
 
 
 def _rename_key(path, new: str) -> None:

@@ -1,9 +1,11 @@
 """Training steps under precision configs: the ``train_step`` contract (``spec``), learnable
 synthetic data (``data``), the training configs (``configs``), pure-bf16 stochastic rounding and
-fp8 Linear emulation (``recipes``), a run of a few steps and the float64 first step (``run``), its
-comparison with the fp32 run (``compare``), the floors and spreads the verdicts use (``limits``),
-DDP gradient compression on the real engine (``distributed``), what a training golden holds
-(``baseline``) and its per-parameter rates judged as counts (``rates``)."""
+fp8 Linear emulation (``recipes``), the loss scale and backward passes a step used
+(``loop_watch``), a run of a few steps and the float64 first step (``run``), its comparison with
+the fp32 run (``compare``), the float16 loss scale's health (``loss_scale``), the floors and
+spreads the verdicts use (``limits``), DDP gradient compression on the real engine
+(``distributed``), what a training golden holds (``baseline``), what moved in its fp32 reference
+(``moved``) and its per-parameter rates judged as counts (``rates``)."""
 from .compare import (GradientLoss, TrainMetrics, compare_trajectories, mantissa_eps, significant, tensors_sqnr_db,
                       underflow_rates, update_lost_rates)
 from .configs import FLOAT64, TRAIN_CONFIGS, TrainConfig

@@ -9,9 +9,10 @@ with it, with the budgets derived from them:
 - the fp32 reference: its loss at every step, its gradient norm at every step and each
   parameter's gradient norm at the first step. This session's fp32 run must repeat the one
   recorded for its own key to ``SAME_KEY_RTOL``, or, on a machine with no key of its own, every
-  recorded key to ``CROSS_KEY_RTOL``; otherwise "the fp32 reference moved" names the parameters
-  whose first gradient moved most (a model, data, optimizer or torch change, not a precision
-  regression). It is kept per key because a user's ``nn.init`` draws different float32 values on
+  recorded key to ``CROSS_KEY_RTOL``; otherwise "the fp32 reference moved" gives the first step's
+  gradient-norm and loss ratios against the golden's and what they read as (``moved``: 2.00 x is a
+  loss no longer divided by its micro-batches), and names the parameters whose first gradient
+  moved most (a model, data, optimizer, loop or torch change, not a precision regression). It is kept per key because a user's ``nn.init`` draws different float32 values on
   different CPU ISAs;
 - each metric's budget is ``REGRESSION_SLACK`` x its accepted error plus the floor of the measured
   spread of a correct run between machines (``limits.SPREAD``): the loss deviation, the gradient
@@ -43,10 +44,11 @@ from .compare import TrainMetrics
 from .configs import TrainConfig
 from .distributed import HookComparison
 from .limits import CROSS_KEY_RTOL, SAME_KEY_RTOL, count_text, db_to_error, error_to_db, percent, spread_floor
+from .moved import fp32_moved
 from .rates import rates_budget, rates_describe, rates_problem, with_count_slack
 from .run import Trajectory
 
-__all__ = ["TrajectoryEntry", "DDPEntry", "OUTPUT", "rates_line", "fp32_reference", "fp32_moved", "budget_for"]
+__all__ = ["TrajectoryEntry", "DDPEntry", "OUTPUT", "rates_line", "fp32_reference", "budget_for"]
 
 OUTPUT = "trajectory"  # the one output name under which budgets are filed (baseline tools read it)
 
@@ -139,51 +141,6 @@ def fp32_reference(ref: Trajectory) -> dict:
             "fp32_first_grad_norms": {n: float(torch.linalg.vector_norm(g.double())) for n, g in ref.grads0.items()}}
 
 
-def _percent(now: float, then: float) -> str:
-    return "was 0" if then == 0 else f"{100 * (now - then) / abs(then):+.2g} %"
-
-
-def _close(a, b, rtol: float, scale: float = 0.0) -> bool:
-    if a is None or b is None:
-        return a is b
-    return a == b or abs(a - b) <= rtol * abs(b) + scale  # NaN is never close
-
-
-def fp32_moved(now: dict, recorded: dict, rtol: float, key: str) -> str | None:
-    """A sentence when this session's fp32 reference (``fp32_reference``) left the one ``key``
-    recorded by more than ``rtol``, naming the parameters whose first gradient moved most."""
-    total = math.sqrt(sum(v * v for v in now["fp32_first_grad_norms"].values()))
-    noise = 2.0 ** -24 * total  # a parameter whose gradient is rounding noise moves by its noise
-    old = recorded.get("fp32_first_grad_norms") or {}
-    moved = []
-    for n, v in now["fp32_first_grad_norms"].items():
-        w = old.get(n)
-        if w is None or not _close(v, w, rtol, noise):
-            moved.append((math.inf if w is None or w == 0 else abs(v - w) / abs(w), n, v, w))
-    if set(old) - set(now["fp32_first_grad_norms"]):
-        moved.append((math.inf, f"{len(set(old) - set(now['fp32_first_grad_norms']))} parameter(s) gone", None, None))
-    steps = [(i, a, b) for i, (a, b) in enumerate(zip(now["fp32_loss"], recorded.get("fp32_loss") or []))
-             if not _close(a, b, rtol)]
-    norms = [(i, a, b) for i, (a, b) in enumerate(zip(now["fp32_grad_norm"], recorded.get("fp32_grad_norm") or []))
-             if not _close(a, b, rtol)]
-    if not (moved or steps or norms):
-        return None
-    parts = []
-    if moved:
-        top = sorted(moved, key=lambda t: (-t[0], t[1]))[:3]
-        parts.append("first-step gradient norm of " + ", ".join(
-            n if v is None else (f"{n} {v:.4g} (new)" if w is None else f"{n} {v:.4g} vs {w:.4g} ({_percent(v, w)})")
-            for _, n, v, w in top) + (f" and {len(moved) - 3} more" if len(moved) > 3 else ""))
-    if steps:
-        i, a, b = steps[0]
-        parts.append(f"step {i} loss {a:.7g} vs {b:.7g}")
-    elif norms:
-        i, a, b = norms[0]
-        parts.append(f"step {i} gradient norm {a:.7g} vs {b:.7g}")
-    return (f"the fp32 reference moved against {key}'s (relative tolerance {rtol:g}): {'; '.join(parts)}: the model, "
-            "data, optimizer or torch changed the fp32 run itself, not its precision")
-
-
 class TrajectoryEntry(BaselineEntry):
     """A training run against the fp32 run: the accepted metrics and the fp32 reference."""
 
@@ -202,6 +159,9 @@ class TrajectoryEntry(BaselineEntry):
         self.reference = fp32_reference(ref)
         self.reference_compared = False  # judge: whether a machine of this device type recorded one
         self.built_in = sorted(ref.built_dtypes)  # the dtypes model_fn built parameters in, float32 aside
+        first = ref.first_step if ref.first_step is not None else 0
+        # the backward passes of the fp32 run's first step: a loop's micro-batches (moved.ratio_reading)
+        self.micro_batches = ref.backward_passes[first] if first < len(ref.backward_passes) else 1
 
     def arrays(self) -> dict[str, torch.Tensor]:
         return {"fp32_loss": torch.tensor(self.ref.losses), "loss": torch.tensor(self.run.losses),
@@ -258,9 +218,10 @@ class TrajectoryEntry(BaselineEntry):
                            if isinstance(rec, dict) and device_class(k) == device_class(self.budget_key))
         self.reference_compared = bool(same_type)
         if isinstance(own, dict):
-            problem = fp32_moved(self.reference, own, SAME_KEY_RTOL, self.budget_key)
+            problem = fp32_moved(self.reference, own, SAME_KEY_RTOL, self.budget_key, self.micro_batches)
         else:  # no key of its own: within the wider tolerance of every machine of its kind
-            problem = next(filter(None, (fp32_moved(self.reference, recorded[k], CROSS_KEY_RTOL, k) for k in same_type)),
+            problem = next(filter(None, (fp32_moved(self.reference, recorded[k], CROSS_KEY_RTOL, k, self.micro_batches)
+                                         for k in same_type)),
                            None)
         if problem:
             result.problems.append(("regression", problem))

@@ -4,7 +4,9 @@ scales, skipped steps, the first non-finite value, step times, the optimizer's p
 
 The harness watches the optimizer: the gradients it records are the ones ``optimizer.step()``
 sees (unscaled, clipped: what is applied), through a step pre-hook, and a step whose
-``optimizer.step()`` never ran is a step the GradScaler skipped.
+``optimizer.step()`` never ran is a step the GradScaler skipped The loss scale a step ran with is
+the one the GradScaler that scaled its loss applied, the step's own scaler where it used one
+(``loop_watch``), and its backward passes are counted (a loop's micro-batches).
 
 ``check_determinism`` calls ``model_fn`` and every ``batch_fn(i)`` twice and compares the results
 bit for bit: a run is compared with another run of the same spec, so a spec that does not repeat
@@ -42,6 +44,7 @@ from ..numerics.global_state import guarded, leak_message
 from ..numerics.rng import RngState, forked_rng
 from ..speed.timing import synchronized_perf_counter
 from .configs import FLOAT64, TrainConfig
+from .loop_watch import watch_loop
 from .recipes import fp8_linears, stochastic_rounding_updates
 from .spec import TrainSpec, takes_model
 
@@ -71,6 +74,7 @@ class Trajectory:
     step_times: list[float] = field(default_factory=list)  # wall seconds of each step (synchronised)
     groups: list[list[str]] = field(default_factory=list)  # parameter names of each optimizer param group
     scales_used: list[float | None] = field(default_factory=list)  # loss scale each step ran with (None: no scaler)
+    backward_passes: list[int] = field(default_factory=list)  # per step: gradient accumulations (micro-batches)
     batch_digests: list[str] = field(default_factory=list)  # sha256 of each step's batch as batch_fn returned it
     rng_states: list["RngState"] = field(repr=False, default_factory=list)  # torch's generators at each step's start
     built_dtypes: dict[str, list[str]] = field(default_factory=dict)  # dtype -> parameters model_fn built not in float32
@@ -314,6 +318,7 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
             stack.enter_context(rng_start.replayed())
             hook = optimizer.register_step_pre_hook(watch)
             stack.callback(hook.remove)
+            loop = stack.enter_context(watch_loop(model))
             if config.stochastic_rounding:
                 stack.enter_context(stochastic_rounding_updates(optimizer, spec.seed + 1))
             if config.fp8:
@@ -330,13 +335,19 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
                 seen.pop("grads", None)
                 seen.pop("bad", None)
                 seen["step"] = i
-                t.scales_used.append(float(scaler.get_scale()) if config.loss_scaling else None)
+                planned = float(scaler.get_scale()) if config.loss_scaling else None
+                loop.start_step()
                 loss = call(f"step {i}", timed_step, model, optimizer, scaler, batch, autocast, step=True)
+                # the scale of the scaler that scaled the loss, the step's own where it used one; a step
+                # that scaled nothing is judged at the harness scaler's scale (what the loop should use)
+                t.scales_used.append(loop.scale if loop.scaler is not None else planned)
+                t.backward_passes.append(loop.backward_passes)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                     raise TrainingError(f"{where}: step {i} returned {type(loss).__name__}; step_fn must return the loss")
                 value = float(loss.detach().float())
                 t.losses.append(value)
-                t.scales.append(float(scaler.get_scale()) if config.loss_scaling else None)
+                t.scales.append(loop.scale_after() if loop.scaler is not None
+                                else (float(scaler.get_scale()) if config.loss_scaling else None))
                 ran = "grads" in seen
                 if not ran:
                     t.skipped.append(i)

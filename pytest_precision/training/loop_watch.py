@@ -1,0 +1,68 @@
+"""What the harness watches inside a step besides ``optimizer.step()``: the loss scale a GradScaler
+applied, whichever scaler it was, and how many backward passes reached the parameters.
+
+A step may ignore the scaler the harness hands it and use one of its own (a training loop's
+``GradScaler(init_scale=..., growth_interval=...)``); the loss scale the step ran with is then that
+scaler's, and the harness's own says nothing. So every ``torch.amp.GradScaler.scale`` call (the
+CUDA and CPU scalers share it) is seen during a run, and the last enabled one of a step gives the
+scale it ran with. Backward passes are counted on each parameter's gradient accumulation: autograd
+sums a graph's contributions to a leaf before accumulating once, so a step that accumulates N
+micro-batches accumulates N times, with or without a ``zero_grad`` between them.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+from torch import nn
+
+__all__ = ["LoopWatch", "watch_loop"]
+
+
+class LoopWatch:
+    """One step's observations (``start_step`` clears them)."""
+
+    def __init__(self):
+        self.scaler: torch.amp.GradScaler | None = None  # the last enabled scaler whose scale() ran
+        self.scale: float | None = None  # the scale it applied
+        self._accumulated: dict[int, int] = {}
+
+    def start_step(self) -> None:
+        self.scaler, self.scale = None, None
+        self._accumulated.clear()
+
+    @property
+    def backward_passes(self) -> int:
+        """The most times one parameter's gradient was accumulated in this step."""
+        return max(self._accumulated.values(), default=0)
+
+    def scale_after(self) -> float | None:
+        """The step's scaler's scale now (after its update), or None when none scaled a loss."""
+        return float(self.scaler.get_scale()) if self.scaler is not None else None
+
+
+@contextlib.contextmanager
+def watch_loop(model: nn.Module) -> Iterator[LoopWatch]:
+    """Inside the block: every enabled ``GradScaler.scale`` call and every gradient accumulation of
+    ``model``'s parameters is recorded in the yielded ``LoopWatch``."""
+    watch = LoopWatch()
+    original = torch.amp.GradScaler.scale
+
+    def scale(self, outputs):
+        out = original(self, outputs)
+        if self.is_enabled():  # a disabled scaler returns the loss as it is: no scale was applied
+            watch.scaler, watch.scale = self, float(self.get_scale())
+        return out
+
+    def accumulated(p):
+        watch._accumulated[id(p)] = watch._accumulated.get(id(p), 0) + 1
+
+    handles = [p.register_post_accumulate_grad_hook(accumulated) for p in model.parameters() if p.requires_grad]
+    torch.amp.GradScaler.scale = scale
+    try:
+        yield watch
+    finally:
+        torch.amp.GradScaler.scale = original
+        for h in handles:
+            h.remove()
