@@ -410,6 +410,103 @@ def test_llama_rms_norm_passes_and_a_variance_in_fp16_fails(pytester):
                                  "  first overflow in aten::pow at hf_llama.py:* under fp16: *"])
 
 
+# ---- Hugging Face: the causal-LM loss, NewGELU, LlamaMLP's SwiGLU (tests/clients/hf_losses.py,
+# hf_activations.py, hf_llama_mlp.py): what a repository adopting the harness sees on its first run
+
+HF_LOSS = """
+import pytest_precision
+from hf_losses import ForCausalLMLoss
+
+
+@pytest_precision.register("hf.causal_lm_loss", kind="cross_entropy")
+def causal_lm_loss(logits, target, ignore_index=-100):
+    # the suite's rows as one sequence whose labels are already shifted (HF's shift_labels=)
+    return ForCausalLMLoss(logits[None], None, logits.shape[-1], ignore_index=ignore_index, shift_labels=target[None])
+"""
+# the loss computed on the 16-bit logits: the upcast HF writes before cross_entropy removed
+LOSS_ON_16_BIT_LOGITS = ("    logits = logits.float()\n", "")
+
+
+@needs_transformers
+def test_hf_causal_lm_loss_passes_and_a_loss_on_16_bit_logits_fails_first_run(pytester):
+    _vendor(pytester, "hf_losses")
+    pytester.makeconftest(HF_LOSS)
+    result = _run(pytester)
+    # 6 regimes (smoothing skipped: no label_smoothing keyword) and the drawn one x 6 CPU configs;
+    result.assert_outcomes(passed=7 * 6, skipped=6 + 8)  # and tf32 (a CUDA mode) in every regime
+    assert _judged(result) == 42
+
+    _vendor(pytester, "hf_losses", LOSS_ON_16_BIT_LOGITS)
+    result = _run(pytester)
+    failed = _failed(result)
+    assert failed, "the loss on 16-bit logits passed its first run"
+    assert {k.split("-")[1] for k in failed} <= {"fp16", "bf16"}, failed
+    assert "cross_entropy[hf.causal_lm_loss-bf16-scale40]" in failed, failed
+    result.stdout.fnmatch_lines(["precision-suite::cross_entropy[[]hf.causal_lm_loss-bf16-scale40[]]: FAIL *accuracy*"])
+
+
+HF_GELU = """
+import torch
+import torch.nn.functional as F
+import pytest_precision
+from hf_activations import NewGELUActivation
+
+inputs = {"unit": lambda g: torch.randn(64, 256, generator=g), "wide": lambda g: 8 * torch.randn(64, 256, generator=g)}
+pytest_precision.register("hf.new_gelu", NewGELUActivation(), kind="op", inputs=inputs)
+pytest_precision.register("torch.gelu_tanh", lambda x: F.gelu(x, approximate="tanh"), kind="op", inputs=inputs)
+"""
+
+
+@needs_transformers
+def test_hf_new_gelu_and_torch_gelu_tanh_pass_on_wide_inputs(pytester):
+    """For x below about -5, 1 + tanh(u) is 0 in float32 where float64 gives about 5e-7: terms of
+    magnitude 1 cancelled, well within the output's budget; no value underflowed."""
+    _vendor(pytester, "hf_activations")
+    pytester.makeconftest(HF_GELU)
+    result = _run(pytester)
+    result.assert_outcomes(passed=2 * 2 * 6)  # 2 targets x 2 regimes x 6 CPU configs
+    assert _judged(result) == 24
+
+
+HF_LLAMA_MLP = """
+from types import SimpleNamespace
+
+import torch
+import pytest_precision
+from hf_llama_mlp import LlamaMLP
+
+C, F = 64, 172  # hidden and intermediate sizes; Llama's ratio, 8/3 rounded up
+
+
+def mlp(x, gate_proj, up_proj, down_proj):
+    config = SimpleNamespace(hidden_size=x.shape[-1], intermediate_size=gate_proj.shape[0], mlp_bias=False,
+                             hidden_act="silu")
+    params = {"gate_proj.weight": gate_proj, "up_proj.weight": up_proj, "down_proj.weight": down_proj}
+    return torch.func.functional_call(LlamaMLP(config), params, (x,))
+
+
+def inputs(outlier):
+    def make(g):
+        x = torch.randn(4, 8, C, generator=g)
+        x[..., :2] *= outlier  # a few channels of large activations: gates deep in SiLU's saturation
+        return {"x": x, "gate_proj": torch.randn(F, C, generator=g) / C ** 0.5,
+                "up_proj": torch.randn(F, C, generator=g) / C ** 0.5, "down_proj": torch.randn(C, F, generator=g) / F ** 0.5}
+    return make
+
+
+pytest_precision.register("hf.llama_mlp", mlp, kind="op", inputs={"unit": inputs(1.0), "outliers": inputs(30.0)})
+"""
+
+
+@needs_transformers
+def test_hf_llama_mlp_passes_first_run(pytester):
+    _vendor(pytester, "hf_llama_mlp")
+    pytester.makeconftest(HF_LLAMA_MLP)
+    result = _run(pytester)
+    result.assert_outcomes(passed=2 * 6, skipped=2)  # 2 regimes x 6 CPU configs (tf32 skipped)
+    assert _judged(result) == 12
+
+
 # ---- a session with clients that skip inside their callables -------------------------------
 
 FLASH_LIKE = """
