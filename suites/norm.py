@@ -9,15 +9,27 @@ draw the weights as trained norms have them: ``weight`` N(1, 0.1^2), ``bias`` N(
 ``layer_norm``: y = (x - mean) / sqrt(var + eps) * weight + bias, var the biased variance of the
 row. ``rms_norm``: y = x / sqrt(mean(x^2) + eps) * weight, and the target is called with
 ``bias=None``. Outputs: y and the gradients of x, weight (and bias for layer_norm) under a
-seeded upstream gradient. The peer is torch's op in the same config (``F.layer_norm``,
-``F.rms_norm``); torch's op, as the built-in target, is held against a two-pass composite with
-fp32 statistics instead, so that its check can fail.
+seeded upstream gradient. The peer is best practice, what fused kernels and Hugging Face's
+LlamaRMSNorm do: statistics in float32 (``composite_norm``: the mean and the variance, or the
+mean square, in float32 from the config's inputs, normalised, the affine applied, the result
+rounded once to x's dtype; gradients by autograd through it). The built-in target is torch's op
+in the config (``F.layer_norm``, ``F.rms_norm``), held against that peer; its CPU layer_norm
+backward saves the mean and rstd in 16 bits, a known limit its drawn cases name
+(``torch_backward_limit``); on the fixed regimes it passes.
 
 Budgets are on absolute error, as attention's: y crosses zero (the normalised row has mean 0),
-and the weight's gradient is a sum over rows of terms of both signs.
+and the weight's gradient is a sum over rows of terms of both signs. y's RMS error is held to
+twice the peer's too (plus ``Y_RMS_FLOOR_ULPS``): statistics kept in 16 bits add roundings to
+every element, past the peer's one, where its max error is one element's rounding and hides them.
+Measured (CPU, torch 2.13; RMS error over its budget): the variance in the input dtype fails
+1.07 to 1.33 (layer_norm) and 1.05 to 1.20 (rms_norm) on unit, near-eps and long in fp16 (and
+overflows on scale300), 1.08 to 1.49 (layer_norm: unit, near-eps, long, scale300) and 1.23 to
+1.28 (rms_norm: near-eps, long) in bf16; statistics in float32 reach 0.50, LlamaRMSNorm (which
+rounds the normalised row, then multiplies by the weight in 16 bits) 0.73, torch's ops 0.50.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -113,6 +125,9 @@ def composite_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return y.to(x.dtype)
 
 
+# y's RMS error floor, in ULPs at its RMS magnitude over sqrt(elements): on a row of a few elements
+# the RMS of the peer's roundings is a few roundings, which may all be near 0; over 2048 it is settled
+Y_RMS_FLOOR_ULPS = 1.0
 MEAN_ROUNDING = 2.0 ** -24  # one fp32 rounding of a row's mean, relative
 # torch's CPU layer_norm backward, measured over 400 inputs (means 0 to 1e4, spreads 0 to 10, rows
 # of 7 to 2000, fp32): its dx is up to 5 fp32 roundings of the cancelling terms off (Sensitivity);
@@ -221,7 +236,7 @@ class NormKind(TensorKind):
         super().__init__()
 
     def default_targets(self) -> list[Target]:
-        return [Target(f"torch.{self.name}", self.peer, self.name, origin="built-in")]
+        return [Target(f"torch.{self.name}", self.torch_op, self.name, origin="built-in")]
 
     # ---- calling convention ----
 
@@ -240,14 +255,15 @@ class NormKind(TensorKind):
     def reference(self, x, weight, bias, eps):
         return norm_reference(x, weight, bias, eps, self.rms)
 
-    def peer(self, x, weight, bias, eps):
+    def torch_op(self, x, weight, bias, eps):
+        """The built-in target: torch's op in the config, as a model calls it."""
         if self.rms:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
         return F.layer_norm(x, (x.shape[-1],), weight, bias, eps)
 
-    independent_peer_name = "a two-pass composite with fp32 statistics"
+    peer_name = "a composite with float32 statistics"
 
-    def independent_peer(self, x, weight, bias, eps):
+    def peer(self, x, weight, bias, eps):
         return composite_norm(x, weight, bias, eps, self.rms)
 
     # ---- numerics ----
@@ -284,6 +300,13 @@ class NormKind(TensorKind):
         rule.rms_floor = ULP_FLOOR * float(moved.pow(2).mean().sqrt())
         # zeros within the floor are cancellation (dx of a row that rounds to a constant), not lost values
         rule.underflow_floor = rule.abs_floor
+        if forward:
+            # y's typical error too: statistics kept in 16 bits add roundings to every element, and its
+            # RMS error shows them where its max (one element's rounding) cannot; the floor lets a small
+            # row's RMS, a few elements' roundings, wander by about one ULP at the RMS magnitude
+            rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 0.0
+            rule.peer_rms_floor = (rule.rms_floor + Y_RMS_FLOOR_ULPS * rms * format_of(rule.dtype).eps
+                                   / math.sqrt(max(1, ref.numel())))
         return rule
 
     def input_spec(self, regime: Regime, a: NormInputs) -> dict:
@@ -315,7 +338,7 @@ class NormKind(TensorKind):
     def known_limit(self, case: Case, example: NormInputs, m) -> str | None:
         """The built-in torch target failing on a drawn input at a limit of torch's op
         (``torch_backward_limit``)."""
-        if case.target.fn != self.peer or self.rms:
+        if case.target.fn != self.torch_op or self.rms:
             return None
         return torch_backward_limit(example, case.config.input_dtype, self.failed_outputs(m))
 
