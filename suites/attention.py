@@ -298,7 +298,7 @@ class AttentionKind(TensorKind):
         if a.causal and declared.get("causal", "top-left") is None:
             return "declares causal=None; this regime is causal"
         if a.key_padding_mask is not None and not declared.get("padding", case.target.accepts("key_padding_mask")):
-            return "the padded regime needs a key_padding_mask keyword (see the attention contract)"
+            return f"the {case.regime} regime needs a key_padding_mask keyword (see the attention contract)"
         return None
 
     def for_target(self, case: Case, a: AttentionInputs) -> AttentionInputs:

@@ -144,9 +144,10 @@ def test_target_without_padding_keyword_skips_padded_regime(pytester):
 def nopad(q, k, v, causal=False):
     return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
 """)
-    result = _run(pytester, "--precision-configs=fp32", "-k", "padded and math", "-rs")
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*nopad: the padded regime needs a key_padding_mask keyword*"])
+    result = _run(pytester, "--precision-configs=fp32", "-k", "(padded or leftpad) and math", "-rs")
+    result.assert_outcomes(skipped=3)  # padded, padded-mha, causal-leftpad
+    result.stdout.fnmatch_lines(["*nopad: the padded regime needs a key_padding_mask keyword*",
+                                 "*nopad: the causal-leftpad regime needs a key_padding_mask keyword*"])
 
 
 def test_a_missing_rescale_in_16_wide_blocks_is_caught_past_one_block(pytester):
