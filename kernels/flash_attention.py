@@ -11,7 +11,8 @@ Forward (FlashAttention-2's loop): one program per block of queries and head, ke
 blocks, the softmax online in fp32 (running max, running sum and output accumulator rescaled
 when the max grows), p rounded to the inputs' dtype for the second dot, as every tensor-core
 kernel does; it keeps the log-sum-exp of each query's scores (fp32) for the backward. A query
-whose keys are all masked gets NaN (0/0), as the softmax of an all -inf row.
+whose keys are all masked gets 0, as torch's SDPA returns there, and passes no gradient (its
+log-sum-exp is -inf, so its p is 0 in the backward, and delta = rowsum(dO * 0) = 0).
 
 Backward: delta = rowsum(dO * O) in torch, then one kernel for dK and dV (one program per key
 block, looping over queries) and one for dQ (per query block, looping over keys), recomputing p
@@ -121,7 +122,8 @@ def _attention_forward_kernel(
         v = tl.load(v_base + n[:, None] * sv_n + offs_d[None, :], mask=in_n[:, None] & in_d[None, :], other=0.0)
         acc = acc * alpha[:, None] + _dot(_operand(p, v.dtype, ROUND_BF16), v, UPCAST, IEEE)
         m_i = m_new
-    out = tl.div_rn(acc, l_i[:, None])
+    # a query whose keys are all masked has l_i = 0 and acc = 0: its output is 0 (torch's SDPA convention)
+    out = tl.div_rn(acc, tl.where(l_i == 0.0, 1.0, l_i)[:, None])
     o_base = o_ptr + b.to(tl.int64) * so_b + h.to(tl.int64) * so_h
     tl.store(o_base + offs_m[:, None] * so_m + offs_d[None, :], out.to(o_ptr.dtype.element_ty),
              mask=(offs_m[:, None] < S_Q) & in_d[None, :])

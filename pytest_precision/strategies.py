@@ -173,6 +173,9 @@ class AttentionInputs:
     # torch's is_causal) or bottom-right (j > i + S_k - S_q, torch's causal_lower_right: a single
     # query attends to every key, as in decoding)
     causal_alignment: str = "top-left"
+    # what a query row whose keys are all masked returns, by the target's convention (declared
+    # ``fully_masked``): "zero" (torch's SDPA), "nan" or "mean" (suites/attention_masks.py)
+    fully_masked: str = "zero"
 
     @property
     def gqa(self) -> bool:
@@ -209,11 +212,15 @@ def attention_inputs(draw, dtype: torch.dtype = torch.float32, *,
 
 
 def build_attention_inputs(*, seed: "int | torch.Generator", batch: int, heads: int, kv_heads: int, q_len: int, k_len: int,
-                           head_dim: int, causal: bool = False, padding: bool = False, q_scale: float = 1.0,
+                           head_dim: int, causal: bool = False, padding: bool | str = False, q_scale: float = 1.0,
                            outliers: bool = False) -> AttentionInputs:
     """Float32 attention inputs from a CPU generator seed, or a CPU generator seeded with one (the
     same bits on every machine): what ``attention_inputs`` draws from and what the attention
-    suite's named regimes are made of."""
+    suite's named regimes are made of. ``padding``: True (or "right") pads the end of each batch
+    row's keys, "left" their start (a decoder's padded batch: with ``causal``, the padded query
+    positions have every key masked); every batch row keeps at least one key."""
+    if padding not in (False, True, "right", "left"):
+        raise ValueError(f"build_attention_inputs: padding={padding!r}: expected False, True, 'right' or 'left'")
     g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
     seed = g.initial_seed()
     q = seeded_normal(g, batch, heads, q_len, head_dim, scale=q_scale)
@@ -226,6 +233,8 @@ def build_attention_inputs(*, seed: "int | torch.Generator", batch: int, heads: 
     if padding and k_len > 1:
         keep = torch.randint(1, k_len + 1, (batch,), generator=g)  # every batch keeps at least one key
         mask = torch.arange(k_len)[None, :] >= keep[:, None]
+        if padding == "left":
+            mask = mask.flip(-1)
     return AttentionInputs(q, k, v, causal, mask, q_scale, seed)
 
 
