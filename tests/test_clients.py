@@ -168,7 +168,7 @@ def test_nanogpt_attention_as_written_passes(pytester):
     # manual path: 7 regimes (unit, sharp10, sharp40, causal, square128, square136, causal136; the
     # others have S_q != S_k or grouped-query heads) x 6 CPU configs; the flash path, causal only:
     # causal and causal136 x 6 configs x 2 SDPA backends (math, flash)
-    result.assert_outcomes(passed=7 * 6 + 2 * 6 * 2, skipped=165)
+    result.assert_outcomes(passed=7 * 6 + 2 * 6 * 2, skipped=207)
     assert _judged(result) == 66
     # unit, sharp10, sharp40, square128 and square136 skip inside the flash path's callable
     assert _skipped(result)["nanoGPT's flash path is causal only (is_causal=True)"] == 5 * 6 * 2
@@ -180,12 +180,16 @@ def test_nanogpt_attention_softmax_without_max_fails_where_scores_overflow(pytes
     result = _run(pytester, "-k", "nanogpt.manual")
     # exp overflows where scores pass the dtype's exp range: sharp40 (scores to ~120) in every
     # config; sharp10 (to ~30) where exp runs in fp16 (fp16, and amp-fp16's fp16 matmul)
-    expected = {f"attention[nanogpt.manual-{c}-sharp40]" for c in CPU_CONFIGS} | \
+    overflowing = {f"attention[nanogpt.manual-{c}-sharp40]" for c in CPU_CONFIGS} | \
         {f"attention[nanogpt.manual-{c}-sharp10]" for c in ("fp16", "amp-fp16")}
-    result.assert_outcomes(failed=8, passed=42 - 8, skipped=35)
     failed = _failed(result)
-    assert set(failed) == expected
-    assert all(set(cats) == {"overflow", "nan"} for cats in failed.values()), failed
+    assert _judged(result) == 42
+    assert overflowing <= set(failed), sorted(failed)
+    assert all({"overflow", "nan"} <= set(cats) for case, cats in failed.items() if case in overflowing), failed
+    # elsewhere exp, sum and divide kept in the input dtype (no overflow) pass the typical-error
+    # limit of the float32-softmax peer on some cases (measured: 6, accuracy only); never in fp32
+    assert all(cats == ["accuracy"] for case, cats in failed.items() if case not in overflowing), failed
+    assert not [case for case in set(failed) - overflowing if "-fp32-" in case or "-fp8-e4m3-" in case], failed
     result.stdout.fnmatch_lines([
         "precision-suite::attention[[]nanogpt.manual-fp16-sharp40[]]: FAIL overflow,nan (oracle: out: NaN * > 0 allowed*",
         "  first overflow in aten::exp at nanogpt_model.py:* under fp16: produced inf from finite inputs where the "
@@ -278,7 +282,9 @@ def allowed(q, k, causal, key_padding_mask):
     return mask if key_padding_mask is None else mask & ~key_padding_mask[:, None, None, :]
 
 
-@pytest_precision.register("hf.eager", kind="attention", causal="bottom-right")
+# a fully masked query row (causal with left padding) attends every key alike through the finite
+# additive minimum: the mean of v, declared
+@pytest_precision.register("hf.eager", kind="attention", causal="bottom-right", fully_masked="mean")
 def hf_eager(q, k, v, causal, key_padding_mask=None):
     module = Attention(q, k, causal)
     mask = None
@@ -322,38 +328,50 @@ def _hf_attention(pytester, conftest_plant=None, *plants):
 @needs_transformers
 def test_hf_attention_functions_as_written_pass_first_run_and_goldens(pytester):
     _hf_attention(pytester)
-    counts = dict(passed=11 * 6 + 11 * 6 * 2, skipped=11 + 11 * 2)  # 11 regimes; sdpa: math and flash backends
+    counts = dict(passed=13 * 6 + 13 * 6 * 2, skipped=13 + 13 * 2)  # 13 regimes; sdpa: math and flash backends
     first = _run(pytester)
     first.assert_outcomes(**counts)
-    assert _judged(first) == 198
+    assert _judged(first) == 234
     result = _run(pytester, update=False)
     result.assert_outcomes(**counts)
 
 
 @needs_transformers
-def test_hf_eager_softmax_kept_in_the_input_dtype_fails_its_goldens(pytester):
+def test_hf_eager_softmax_kept_in_the_input_dtype_fails_first_run_and_its_goldens(pytester):
+    # a repository adopting the harness with the defect in: no golden, the oracle against the peer,
+    # whose softmax is float32 (as HF's own eager code computes it)
+    _hf_attention(pytester, None, SOFTMAX_IN_INPUT_DTYPE)
+    first = _run(pytester, "-k", "hf.eager")
+    assert _judged(first) == 78
+    failed = _failed(first)
+    # every max-abs budget holds; the typical error (RMS) passes 1.25 x the peer's (gradients 2 x)
+    # in 16-bit configs (measured: 12 of the 26 fp16 and bf16 cases, margins 1.006 to 1.33); under
+    # amp-* the scores are fp16 or bf16 too, but nothing first-run sees it there; fp32 and fp8 (which
+    # computes in fp32) are unchanged
+    assert all(cats == ["accuracy"] for cats in failed.values()), failed
+    assert {case.split("-")[1] for case in failed} <= {"fp16", "bf16"}, sorted(failed)
+    assert len(failed) >= 8, sorted(failed)
+    first.stdout.fnmatch_lines(["precision-suite::attention[[]hf.eager-fp16-long[]]: FAIL accuracy (oracle: "
+                                "* RMS abs * > budget *"])
+
+    # goldens recorded from the code as written see it under autocast too
     _hf_attention(pytester)
-    _run(pytester, "-k", "hf.eager").assert_outcomes(passed=66, skipped=11)
+    _run(pytester, "-k", "hf.eager").assert_outcomes(passed=78, skipped=13)
     _hf_attention(pytester, None, SOFTMAX_IN_INPUT_DTYPE)
     result = _run(pytester, "-k", "hf.eager", update=False)
-    assert _judged(result) == 66
     failed = _failed(result)
-    # every max-abs budget holds; the RMS budgets of most 16-bit cases do not (measured here: 16 of
-    # the 22 fp16 and bf16 cases, 5 of the amp ones, margins 1.004 to 1.8); fp32 and fp8 (which
-    # computes in fp32) are unchanged
-    assert all(cats == ["regression"] for cats in failed.values()), failed
+    assert all(set(cats) <= {"accuracy", "regression"} for cats in failed.values()), failed
+    assert [case for case, cats in failed.items() if "-amp-" in case and "regression" in cats], sorted(failed)
     assert not [k for k in failed if "-fp32-" in k or "-fp8-e4m3-" in k], failed
-    assert sum(f"-{c}-" in k for k in failed for c in ("fp16", "bf16")) >= 10, sorted(failed)
-    result.stdout.fnmatch_lines(["precision-suite::attention[[]hf.eager-fp16-long[]]: FAIL regression (golden: "
-                                 "dq: RMS abs * > budget *"])
+    result.stdout.fnmatch_lines(["precision-suite::attention[[]hf.eager-fp16-long[]]: FAIL *regression (*"])
 
 
 @needs_transformers
 def test_hf_sdpa_chunk_without_its_mask_fails_causal_cross_with_the_alignment_hint(pytester):
     _hf_attention(pytester, CHUNK_WITHOUT_MASK)
     result = _run(pytester, "-k", "hf.sdpa and causal")
-    # causal, causal-cross and causal136 x 6 configs x 2 backends; only the 8 x 24 chunk is wrong
-    result.assert_outcomes(failed=12, passed=24, skipped=6)
+    # causal, causal-cross, causal-leftpad and causal136 x 6 configs x 2 backends; only the 8 x 24 chunk is wrong
+    result.assert_outcomes(failed=12, passed=36, skipped=8)
     failed = _failed(result)
     assert set(failed) == {f"attention[hf.sdpa-{c}+{b}-causal-cross]" for c in CPU_CONFIGS for b in ("math", "flash")}
     assert all("accuracy" in cats for cats in failed.values()), failed
@@ -467,7 +485,7 @@ def test_hf_new_gelu_and_torch_gelu_tanh_pass_on_wide_inputs(pytester):
     _vendor(pytester, "hf_activations")
     pytester.makeconftest(HF_GELU)
     result = _run(pytester)
-    result.assert_outcomes(passed=2 * 2 * 6)  # 2 targets x 2 regimes x 6 CPU configs
+    result.assert_outcomes(passed=2 * 2 * 6, skipped=2 * 2)  # 2 targets x 2 regimes x 6 CPU configs (tf32 skipped)
     assert _judged(result) == 24
 
 
@@ -514,7 +532,7 @@ def test_hf_llama_mlp_passes_first_run(pytester):
 
 FLASH_LIKE = """
 
-@pytest_precision.register("flash_like", kind="attention", causal="bottom-right")
+@pytest_precision.register("flash_like", kind="attention", causal="bottom-right", fully_masked="mean")
 def flash_like(q, k, v, causal, key_padding_mask=None):
     # HF's attention behind a kernel that, as flash-attn does, refuses anything but fp16 and bf16
     if q.dtype not in (torch.float16, torch.bfloat16):
@@ -554,12 +572,12 @@ def test_a_client_that_skips_inside_its_callable_leaves_every_other_target_judge
     for case, verdict in verdicts.items():
         by_target.setdefault(case.split("[", 1)[1].split("-", 1)[0], []).append(verdict)
     # the targets that do not skip: every case judged, exactly as in a session without the others
-    assert by_target["hf.eager"].count("PASSED") == 11 * 3
-    assert by_target["hf.sdpa"].count("PASSED") == 11 * 3 * 2
+    assert by_target["hf.eager"].count("PASSED") == 13 * 3
+    assert by_target["hf.sdpa"].count("PASSED") == 13 * 3 * 2
     assert by_target["nanogpt.manual"].count("PASSED") == 7 * 3
     # the skipping ones: judged where they run; the probe, asked again in fp16 (flash_like) or with the
     # causal mask (nanogpt.flash), saw the eager softmax in one and SDPA (two backends) in the other
-    for target, judged in (("flash_like", 11 * 2), ("nanogpt.flash", 2 * 3 * 2)):
+    for target, judged in (("flash_like", 13 * 2), ("nanogpt.flash", 2 * 3 * 2)):
         assert by_target[target].count("PASSED") == judged and "FAILED" not in by_target[target], \
             (target, by_target[target])
     assert not [c for c, v in verdicts.items() if c.startswith("attention[flash_like-") and v == "PASSED"
