@@ -528,6 +528,63 @@ def test_hf_llama_mlp_passes_first_run(pytester):
     assert _judged(result) == 12
 
 
+HF_GPT2_ATTENTION = """
+import torch
+import pytest_precision
+from hf_gpt2 import eager_attention_forward
+
+
+class Attention(torch.nn.Module):
+    # what GPT-2's attention function reads from its module
+    def __init__(self):
+        super().__init__()
+        self.eval()
+
+
+def allowed(q, k, causal, key_padding_mask):
+    sq, sk = q.shape[-2], k.shape[-2]
+    mask = torch.ones(sq, sk, dtype=torch.bool)
+    mask = (mask.tril(diagonal=sk - sq) if causal else mask)[None, None]
+    return mask if key_padding_mask is None else mask & ~key_padding_mask[:, None, None, :]
+
+
+# one key/value head per query head, as GPT-2 and BERT have; a fully masked query row (a padded
+# position with only padding before it) attends every key alike through the finite minimum
+@pytest_precision.register("hf.gpt2_eager", kind="attention", causal="bottom-right", grouped_query=False,
+                           fully_masked="mean")
+def gpt2_eager(q, k, v, causal, key_padding_mask=None):
+    mask = None
+    if causal or key_padding_mask is not None:  # the additive mask: the dtype's minimum where masked
+        keep = allowed(q, k, causal, key_padding_mask)
+        mask = torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, torch.finfo(q.dtype).min)
+    out, _ = eager_attention_forward(Attention(), q, k, v, mask, dropout=0.0)
+    return out.transpose(1, 2)
+"""
+# the mask built at float32's minimum and cast to the attention's dtype, as mask builders that
+# assume float32 do: -inf in fp16 and bf16, so a fully masked row is exp(-inf - -inf) = NaN
+FLOAT32_MIN_CAST = ("mask = torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~keep, torch.finfo(q.dtype).min)",
+                    "mask = torch.zeros(keep.shape).masked_fill(~keep, torch.finfo(torch.float32).min).to(q.dtype)")
+
+
+@needs_transformers
+def test_gpt2_eager_attention_passes_and_a_float32_minimum_mask_fails_first_run(pytester):
+    _vendor(pytester, "hf_gpt2")
+    pytester.makeconftest(HF_GPT2_ATTENTION)
+    result = _run(pytester, "-k", "padded or causal or unit")
+    # unit, causal, causal-cross, padded-mha, causal-leftpad, causal136 (padded has grouped-query
+    # heads: skipped) x 6 CPU configs
+    assert _judged(result) == 6 * 6
+    result.assert_outcomes(passed=36, skipped=7 + 6)  # tf32 of the 7 selected; padded in 6 configs
+
+    pytester.makeconftest(HF_GPT2_ATTENTION.replace(*FLOAT32_MIN_CAST))
+    result = _run(pytester, "-k", "padded or causal or unit")
+    failed = _failed(result)
+    # only where a query row is fully masked (causal with left padding), only where float32's
+    # minimum is not a number of the dtype
+    assert set(failed) == {f"attention[hf.gpt2_eager-{c}-causal-leftpad]" for c in ("fp16", "bf16")}, sorted(failed)
+    result.stdout.fnmatch_lines(["precision-suite::attention[[]hf.gpt2_eager-fp16-causal-leftpad[]]: FAIL *nan*"])
+
+
 # ---- a session with clients that skip inside their callables -------------------------------
 
 FLASH_LIKE = """
