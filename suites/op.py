@@ -72,7 +72,7 @@ from pytest_precision.numerics.metrics import compare
 
 from .op_call import OpCall
 
-__all__ = ["OP", "OpKind", "OpInputs", "OpCall", "round_to_tf32", "BASE_SEED", "DEFAULT_EXAMPLES"]
+__all__ = ["OP", "OpKind", "OpInputs", "round_to_tf32", "BASE_SEED", "DEFAULT_EXAMPLES"]
 
 BASE_SEED = 20261124
 DEFAULT_EXAMPLES = 30
@@ -86,6 +86,11 @@ RMS_FLOOR_ULPS = 0.5
 # 4096 terms and an MLP of width 1024 (forward and gradients) stay under 40 % of the budget with 4,
 # and an MLP of width 512 failed its RMS limit with 1
 FLOAT32_MOVE_ULPS = 4.0
+# the same for the gradients judged against the exact result rounded (no peer runs float32 arithmetic):
+# an elementwise op's backward evaluates terms larger than its result (GELU-tanh's 1 - tanh^2 cancels
+# ones ~10 x it), and torch's float32 backwards of tanh-GELU, SiLU and softplus err by up to 7.7 ULPs
+# of the gradient's largest value, 1.1 x the budget with 4 ULPs of move (see README, op kind)
+FLOAT32_GRAD_MOVE_ULPS = 16.0
 
 
 @dataclass(frozen=True)
@@ -107,19 +112,30 @@ def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isfinite(x32), rounded, x32).to(x.dtype)
 
 
-def _moved(config, seed: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def _moved(config, seed: int, ulps: float = FLOAT32_MOVE_ULPS) -> Callable[[torch.Tensor], torch.Tensor]:
     """The inputs (exact, float64) as a correct implementation under ``config`` may as well have
     seen them: rounded to the dtype autocast computes in, or to TF32; elsewhere each moved by a
-    random +-FLOAT32_MOVE_ULPS ULPs of float32 (seeded), the backward error of float32 arithmetic
-    inside (negligible next to a 16-bit output's rounding)."""
+    random +-``ulps`` ULPs of float32 (seeded), the backward error of float32 arithmetic inside
+    (negligible next to a 16-bit output's rounding)."""
     if getattr(config, "autocast_dtype", None) is not None:
         dtype = config.autocast_dtype
         return lambda t: t.to(dtype).to(torch.float64)
     if getattr(config, "tf32", False):
         return lambda t: round_to_tf32(t.to(torch.float32)).to(torch.float64)
     g = torch.Generator().manual_seed(seed)
-    spread = FLOAT32_MOVE_ULPS * 2.0 ** -23
+    spread = ulps * 2.0 ** -23
     return lambda t: t * (1 + spread * (2 * torch.rand(t.shape, generator=g, dtype=torch.float64) - 1))
+
+
+def _range_floor(ctx: MeasureContext, name: str) -> float:
+    """What a float32 intermediate below float32's normal range may lose (its value: torch's CPU
+    sigmoid is 1 / (1 + exp(-x)), 0 once exp overflows below x = -88.7, where SiLU is still a
+    normal number; GPUs flush float32 subnormals), times what multiplies it at most: every floating
+    input's largest magnitude (at least 1), and the upstream gradient's for a gradient."""
+    factor = math.prod(max(1.0, float(t.abs().max())) for t in ctx.exact.values() if t.numel())
+    if name != OpKind.forward_output:
+        factor *= max(1.0, float(ctx.upstream(ctx.facts[OpKind.forward_output].shape).abs().max()))
+    return factor * torch.finfo(torch.float32).tiny
 
 
 def _one_tensor(out: Any) -> str:
@@ -335,9 +351,15 @@ class OpKind(TensorKind):
     def rule_facts(self, ctx: MeasureContext) -> dict[str, torch.Tensor]:
         """The oracle on the inputs moved as the config's arithmetic may move them (``_moved``): how
         far that takes the exact result is a floor of the budgets (``output_rule``)."""
-        move = _moved(ctx.case.config, ctx.grad_seed + 7)
-        return self.reference_outputs({n: move(e) for n, e in ctx.exact.items()}, ctx.inputs, ctx.grad_seed,
-                                      self.case_grad_inputs(ctx.case, ctx.inputs))
+        config, grads = ctx.case.config, self.case_grad_inputs(ctx.case, ctx.inputs)
+        move = _moved(config, ctx.grad_seed + 7)
+        facts = self.reference_outputs({n: move(e) for n, e in ctx.exact.items()}, ctx.inputs, ctx.grad_seed, grads)
+        plain = getattr(config, "autocast_dtype", None) is None and not getattr(config, "tf32", False)
+        if grads and plain and self.peer_is_exact(ctx.case, ctx.inputs):  # FLOAT32_GRAD_MOVE_ULPS
+            move = _moved(config, ctx.grad_seed + 7, FLOAT32_GRAD_MOVE_ULPS)
+            wider = self.reference_outputs({n: move(e) for n, e in ctx.exact.items()}, ctx.inputs, ctx.grad_seed, grads)
+            facts.update({n: t for n, t in wider.items() if n != self.forward_output})
+        return facts
 
     def peer_is_exact(self, case: Case, call: OpCall) -> bool:
         return case.target.declared.get("peer") is None and case.target.declared.get("reference") is None
@@ -364,14 +386,15 @@ class OpKind(TensorKind):
         diff = (moved - ref)[finite & torch.isfinite(moved)].abs()
         moved_max, moved_rms = (float(diff.max()), float(diff.pow(2).mean().sqrt())) if diff.numel() else (0.0, 0.0)
         eps = format_of(rule.dtype).eps
-        rule.abs_floor = abs_floor(top, format_of(rule.dtype).mantissa_bits) + rule.peer_factor * moved_max
+        lost = _range_floor(ctx, name)
+        rule.abs_floor = abs_floor(top, rule.dtype) + rule.peer_factor * moved_max + lost
         # a zero within the max-abs budget is cancellation of larger terms (1 + tanh(u) of GELU far
         # below 0 in float32), judged as error; only a larger value lost to zero is underflow
         peer_off = (rule.peer.detach().to(ref.device, torch.float64) - ref)[finite & torch.isfinite(rule.peer).to(ref.device)]
         peer_max = float(peer_off.abs().max()) if peer_off.numel() else 0.0
         rule.underflow_floor = rule.abs_floor + rule.peer_factor * peer_max
-        rule.peer_rms_floor = RMS_FLOOR_ULPS * rms * eps + rule.peer_factor * moved_rms
-        rule.rms_floor = ULP_FLOOR * rms * 2.0 ** -24 + rule.peer_factor * moved_rms
+        rule.peer_rms_floor = RMS_FLOOR_ULPS * rms * eps + rule.peer_factor * moved_rms + lost
+        rule.rms_floor = ULP_FLOOR * rms * 2.0 ** -24 + rule.peer_factor * moved_rms + lost
         return rule
 
     # ---- goldens and drawn inputs ------------------------------------------------------------

@@ -48,7 +48,7 @@ class TensorOutput:
         if not self.abs_budget:
             return regression_budget(accepted)
         top = float(ref[torch.isfinite(ref)].abs().max()) if bool(torch.isfinite(ref).any()) else 0.0
-        return regression_budget(accepted, abs_floor_value=abs_floor(top, format_of(self.dtype).mantissa_bits),
+        return regression_budget(accepted, abs_floor_value=abs_floor(top, self.dtype),
                                  reorder_max=self.error_floor or 0.0, reorder_rms=self.rms_floor or 0.0)
 
 

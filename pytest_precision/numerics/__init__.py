@@ -1,4 +1,5 @@
 """Numerics: format facts and ULP arithmetic (``formats``), one comparison of an output with its
 reference (``metrics``), error budgets (``budgets``), the precision configs (``configs``), seeded
-inputs (``inputs``), gates across sigmoid's saturation for gated activations (``gates``), torch's random generators (``rng``), torch's process-wide state snapshotted
-around a user's call (``global_state``). Depends on nothing else of the package."""
+inputs (``inputs``), gates across sigmoid's saturation for gated activations (``gates``), torch's
+random generators (``rng``), torch's process-wide state snapshotted around a user's call
+(``global_state``). Depends on nothing else of the package."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
+from .formats import format_of
 from .metrics import Comparison
 
 __all__ = ["Budget", "abs_floor", "PEER_FACTOR", "GRAD_PEER_FACTOR", "REGRESSION_SLACK", "ULP_FLOOR", "MEAN_ULP_FLOOR", "PEER_TYPICAL_FLOOR",
@@ -109,9 +110,13 @@ def _measured(value: float) -> float:
     return 0.0 if math.isnan(value) else value
 
 
-def abs_floor(ref_max_abs: float, dtype_mantissa_bits: int, ulps: float = ULP_FLOOR) -> float:
-    """A floor of ``ulps`` ULPs of the dtype at the reference's largest magnitude."""
-    return ulps * ref_max_abs * 2.0 ** -dtype_mantissa_bits
+def abs_floor(ref_max_abs: float, dtype, ulps: float = ULP_FLOOR) -> float:
+    """A floor of ``ulps`` ULPs of ``dtype`` at the reference's largest magnitude: never below
+    ``ulps`` of its smallest subnormal, the spacing of every value under its smallest normal (a
+    SiLU gradient at gates near -17 is all fp16 subnormals, where 2^-mantissa_bits of the largest
+    value is a fraction of the spacing and rounding alone would exceed it)."""
+    fmt = format_of(dtype)
+    return ulps * max(ref_max_abs * 2.0 ** -fmt.mantissa_bits, fmt.smallest_subnormal)
 
 
 def peer_budget(peer: Comparison, factor: float = PEER_FACTOR, floor: float = ULP_FLOOR, *,
