@@ -466,8 +466,11 @@ def test_gated_regimes_catch_a_sigmoid_kept_in_16_bits_in_the_backward(pytester)
     pytester.makeconftest(SWIGLU)
     result = _run(pytester, "--precision-update-baselines", "--precision-configs=fp32,fp16,bf16,amp-fp16,amp-bf16")
     failed = [line.split()[0] for line in result.stdout.lines if line.startswith("precision-suite::") and "FAIL" in line]
-    assert failed == ["precision-suite::op[swiglu16-fp16-gate-fp16-flush]:", "precision-suite::op[swiglu16-fp16-drawn]:"]
-    result.assert_outcomes(passed=73, failed=2)
+    # the flush regime by 11.3 x; the drawn one here by 1.07 x, a margin another CPU's sum order may not keep
+    assert "precision-suite::op[swiglu16-fp16-gate-fp16-flush]:" in failed, failed
+    assert set(failed) <= {"precision-suite::op[swiglu16-fp16-gate-fp16-flush]:",
+                           "precision-suite::op[swiglu16-fp16-drawn]:"}, failed
+    result.assert_outcomes(passed=75 - len(failed), failed=len(failed))
     result.stdout.fnmatch_lines(["*op[[]swiglu16-fp16-gate-fp16-flush[]]: FAIL accuracy (oracle: darg0: max abs * > budget *",
                                  "*the exact result rounded as its output (no peer= or reference= declared)*"])
 
