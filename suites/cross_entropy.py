@@ -23,7 +23,8 @@ The peer is best practice, what autocast runs and what Hugging Face's causal-LM 
 (``logits.float()`` first): torch's ``F.cross_entropy`` on the logits upcast to float32, in
 every config. The same op on 16-bit logits is the defect it catches: measured on CPU, torch
 2.13, its loss is 1.7 to 1.85 times the budget on the scale40 regime in fp16 and bf16 (0.46 off
-in bf16, where float32 arithmetic is 7e-6 off), and a failing loss says so (``naive_loss_hint``).
+in bf16, where float32 arithmetic is 7e-6 off), and a failing loss about as far off says so
+(``naive_loss_hint``).
 The built-in target ``torch.cross_entropy`` is torch's op as careful code calls it, upcast: the
 peer itself, held against an independent composite in float32 (``composite_cross_entropy``).
 
@@ -55,7 +56,8 @@ from pytest_precision.numerics.metrics import compare
 from pytest_precision.numerics.inputs import seeded_normal
 
 __all__ = ["CrossEntropyKind", "CrossEntropyInputs", "CROSS_ENTROPY", "BASE_SEED",
-           "IGNORE_INDEX", "cross_entropy_reference", "composite_cross_entropy", "naive_loss_hint"]
+           "IGNORE_INDEX", "cross_entropy_reference", "composite_cross_entropy", "naive_loss_hint",
+           "NAIVE_HINT_RATIO"]
 
 BASE_SEED = 20261125
 IGNORE_INDEX = -100  # torch's default
@@ -158,18 +160,26 @@ def _exp_condition(logits: torch.Tensor, a: CrossEntropyInputs) -> float:
     return float((torch.exp(x - lse) * (x.abs() + lse.abs() + 0.5 * math.sqrt(x.shape[-1]))).max())
 
 
+# a failing loss is "as far off as the loss on 16-bit logits" within this factor of that loss's error:
+# measured (CPU, torch 2.13, fp16 and bf16, four seeds of each regime), losses computed in 16 bits
+# (F.cross_entropy, log_softmax, exp-sum-log, a sum then a division) are 0.40 to 1.00 of it; a loss
+# that upcasts and has another bug (the sum over rows for the mean) is thousands of times it
+NAIVE_HINT_RATIO = 2.0
+
+
 def naive_loss_hint(case: Case, m, a: CrossEntropyInputs) -> str | None:
     """Why a loss failing in a 16-bit config may fail: the loss computed on the 16-bit logits
-    (cross_entropy without ``logits.float()`` first) misses the same budget; else None."""
+    (cross_entropy without ``logits.float()`` first) misses the same budget, and the target's error
+    is within ``NAIVE_HINT_RATIO`` of its error; else None (a target off by more has another bug)."""
     logits, budget = m.values["logits"], m.peer_budget["loss"].max_abs
-    dtype = logits.dtype
-    if dtype not in (torch.float16, torch.bfloat16) or budget is None or not m.oracle["loss"].max_abs > budget:
+    dtype, mine = logits.dtype, m.oracle["loss"].max_abs
+    if dtype not in (torch.float16, torch.bfloat16) or budget is None or not mine > budget:
         return None
     with torch.no_grad():
         naive = F.cross_entropy(logits, a.target.to(logits.device), **_keywords(a)).cpu()
         ref = cross_entropy_reference(m.exact["logits"], a.target, a.ignore_index, a.label_smoothing)
     error = compare(naive, ref, dtype, log_domain=True).max_abs
-    if not error > budget:
+    if not error > budget or not mine <= NAIVE_HINT_RATIO * error:
         return None
     name = str(dtype).removeprefix("torch.")
     return (f"cross_entropy computed on the {name} logits misses the budget too (max abs {error:.3g} > {budget:.3g}): the "

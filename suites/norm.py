@@ -18,17 +18,23 @@ backward saves the mean and rstd in 16 bits, a known limit its drawn cases name
 (``torch_backward_limit``); on the fixed regimes it passes.
 
 Budgets are on absolute error, as attention's: y crosses zero (the normalised row has mean 0),
-and the weight's gradient is a sum over rows of terms of both signs. y's RMS error is held to
-twice the peer's too (plus ``Y_RMS_FLOOR_ULPS``): statistics kept in 16 bits add roundings to
-every element, past the peer's one, where its max error is one element's rounding and hides them.
-Measured (CPU, torch 2.13; RMS error over its budget): the variance in the input dtype fails
-1.07 to 1.33 (layer_norm) and 1.05 to 1.20 (rms_norm) on unit, near-eps and long in fp16 (and
-overflows on scale300), 1.08 to 1.49 (layer_norm: unit, near-eps, long, scale300) and 1.23 to
-1.28 (rms_norm: near-eps, long) in bf16; statistics in float32 reach 0.50, LlamaRMSNorm (which
-rounds the normalised row, then multiplies by the weight in 16 bits) 0.73, torch's ops 0.50.
+and the weight's gradient is a sum over rows of terms of both signs. On outputs of at least
+``Y_RMS_MIN_ELEMENTS`` elements y's RMS error is held too, to ``Y_RMS_FACTOR`` x the larger RMS
+error of two careful composites, the peer (one rounding of y) and ``composite_norm_affine_in_dtype``
+(normalised in float32, rounded, the affine in x's dtype: three), plus ``Y_RMS_FLOOR_ULPS``:
+statistics kept in 16 bits add roundings to every element, past the careful ones, where y's max
+error is one element's rounding and hides them. Measured (CPU, torch 2.13; y's RMS error over its
+budget, 300 seeds of each fixed regime and 3000 drawn inputs per kind and 16-bit dtype): careful
+code at most 0.82 (the three-rounding pattern and LlamaRMSNorm as written 0.78 to 0.82,
+torch's ops 0.59); statistics in x's dtype median 1.12 to 1.63 on unit,
+near-eps and long, over the budget on 73 to 99% of seeds (fp16 overflows on scale300 as well). On
+the committed seeds: layer_norm with 16-bit statistics 1.05 to 1.29 (fp16) and 1.02 to 1.48
+(bf16), rms_norm 1.25 to 1.42 (fp16) and, in bf16, 1.10 to 1.51 on near-eps, long and scale300
+(0.996 on unit, which passes).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -43,6 +49,7 @@ from pytest_precision.kinds.tables import ABS_ERROR_TABLE
 from pytest_precision.kinds.target import Target
 from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR
 from pytest_precision.numerics.formats import format_of
+from pytest_precision.numerics.metrics import compare
 from pytest_precision.numerics.inputs import seeded_normal
 
 __all__ = ["NormKind", "NormInputs", "LAYER_NORM", "RMS_NORM", "BASE_SEED", "EPS",
@@ -125,9 +132,28 @@ def composite_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return y.to(x.dtype)
 
 
-# y's RMS error floor, in ULPs at its RMS magnitude over sqrt(elements): on a row of a few elements
-# the RMS of the peer's roundings is a few roundings, which may all be near 0; over 2048 it is settled
+def composite_norm_affine_in_dtype(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float,
+                                   rms: bool):
+    """The other careful pattern: normalised with float32 statistics, rounded to x's dtype, the
+    affine applied in x's dtype (LlamaRMSNorm's ``weight * hidden_states.to(input_dtype)``): up to
+    three roundings of y (the normalised value, the product, the sum) where ``composite_norm`` has one."""
+    wide = torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+    y = norm_reference(x.to(wide), torch.ones((), dtype=wide), None, eps, rms).to(x.dtype) * weight
+    return y if bias is None else y + bias
+
+
+# y's RMS error budget: Y_RMS_FACTOR x the larger RMS error of the two careful composites (one
+# rounding of y, or three: composite_norm_affine_in_dtype), plus Y_RMS_FLOOR_ULPS ULPs at y's RMS
+# magnitude over sqrt(elements), on outputs of at least Y_RMS_MIN_ELEMENTS elements, where the RMS
+# of the roundings is a settled statistic: on rows of 64 a few elements' roundings decide it (there
+# the three-rounding pattern went 1.15 x past twice the peer's RMS, and code rounding twice, the
+# weight applied in float32, past 1.25 x the larger composite's); max abs judges such outputs. Measured (CPU,
+# torch 2.13; fp16 and bf16, 300 seeds of each fixed regime, 3000 drawn inputs per kind and dtype):
+# careful code at most 0.82 of the budget; statistics in 16 bits median 1.12 to 1.63 on unit,
+# near-eps and long, over it on 73 to 99% of seeds (the module docstring has the committed seeds')
+Y_RMS_FACTOR = 1.2
 Y_RMS_FLOOR_ULPS = 1.0
+Y_RMS_MIN_ELEMENTS = 1024
 MEAN_ROUNDING = 2.0 ** -24  # one fp32 rounding of a row's mean, relative
 # torch's CPU layer_norm backward, measured over 400 inputs (means 0 to 1e4, spreads 0 to 10, rows
 # of 7 to 2000, fp32): its dx is up to 5 fp32 roundings of the cancelling terms off (Sensitivity);
@@ -217,6 +243,20 @@ def torch_backward_limit(a: NormInputs | None, dtype: torch.dtype, failed: set[s
             "limit of torch's op, not of the harness)")
 
 
+@dataclasses.dataclass
+class _YRule(OutputRule):
+    """y's rule: the peer budget also limits its RMS error, to Y_RMS_FACTOR x the larger of the
+    peer's and ``careful_rms`` (the RMS error of ``composite_norm_affine_in_dtype``) plus ``y_rms_floor``."""
+
+    y_rms_floor: float = 0.0
+    careful_rms: float = 0.0
+
+    def budget(self, peer):
+        peer_rms = 0.0 if math.isnan(peer.rms_abs) else peer.rms_abs  # NaN: no element finite on both sides
+        return dataclasses.replace(super().budget(peer),
+                                   rms_abs=Y_RMS_FACTOR * max(peer_rms, self.careful_rms) + self.y_rms_floor)
+
+
 class NormKind(TensorKind):
     """layer_norm (``rms=False``) or rms_norm (``rms=True``) over the last dimension."""
 
@@ -300,14 +340,27 @@ class NormKind(TensorKind):
         rule.rms_floor = ULP_FLOOR * float(moved.pow(2).mean().sqrt())
         # zeros within the floor are cancellation (dx of a row that rounds to a constant), not lost values
         rule.underflow_floor = rule.abs_floor
-        if forward:
+        if forward and ref.numel() >= Y_RMS_MIN_ELEMENTS:
             # y's typical error too: statistics kept in 16 bits add roundings to every element, and its
-            # RMS error shows them where its max (one element's rounding) cannot; the floor lets a small
-            # row's RMS, a few elements' roundings, wander by about one ULP at the RMS magnitude
-            rms = float(ref.pow(2).mean().sqrt()) if ref.numel() else 0.0
-            rule.peer_rms_floor = (rule.rms_floor + Y_RMS_FLOOR_ULPS * rms * format_of(rule.dtype).eps
-                                   / math.sqrt(max(1, ref.numel())))
+            # RMS error shows them where its max (one element's rounding) cannot
+            rms = float(ref.pow(2).mean().sqrt())
+            floor = rule.rms_floor + Y_RMS_FLOOR_ULPS * rms * format_of(rule.dtype).eps / math.sqrt(ref.numel())
+            return _YRule(**{f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)},
+                          y_rms_floor=floor, careful_rms=self._affine_in_dtype_rms(ctx, rule, ref))
         return rule
+
+    def _affine_in_dtype_rms(self, ctx: MeasureContext, rule: OutputRule, ref: torch.Tensor) -> float:
+        """The RMS error of ``composite_norm_affine_in_dtype`` on the case's inputs (on the CPU, from
+        the rounded inputs: its statistics' fp32 rounding moves y by far less than one rounding of
+        y). 16-bit inputs only: for fp32 ones (autocast and fp8 configs too) it is the peer."""
+        dtype = ctx.case.config.input_dtype
+        if dtype not in (torch.float16, torch.bfloat16):
+            return 0.0
+        e = ctx.exact
+        y = composite_norm_affine_in_dtype(e["x"].to(dtype), e["weight"].to(dtype),
+                                           e["bias"].to(dtype) if "bias" in e else None, ctx.inputs.eps, self.rms)
+        rms = compare(y, ref, rule.dtype, underflow_floor=rule.underflow_floor).rms_abs
+        return 0.0 if math.isnan(rms) else rms
 
     def input_spec(self, regime: Regime, a: NormInputs) -> dict:
         return {"regime": regime.name, "seed": regime.seed, "shape": list(a.x.shape), "eps": a.eps}

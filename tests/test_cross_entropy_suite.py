@@ -251,3 +251,36 @@ def test_a_loss_on_16_bit_logits_fails_without_a_golden(pytester):
     # bf16's vocab32768: within the budget (0.84 of it), as its final rounding alone can be
     assert "[upcast_ce-bf16-vocab32768]: FAIL baseline (" in out
     assert "[upcast_ce-fp32-scale40]: FAIL baseline (" in out  # in fp32 it is the careful loss
+
+
+@pytest.mark.parametrize("config", ["fp16", "bf16"])
+def test_the_upcast_hint_is_for_losses_as_far_off_as_the_16_bit_one(config):
+    """The hint to upcast the logits goes to a failing 16-bit loss whose error is within
+    NAIVE_HINT_RATIO of the loss on the 16-bit logits (torch's op on them gets it), not to a loss
+    that upcasts and has another bug (the sum over rows where the mean is asked for), though the
+    16-bit loss misses the budget on the same input too."""
+    import torch.nn.functional as F
+
+    from pytest_precision.kinds.target import Target
+    from pytest_precision.suites.cross_entropy import NAIVE_HINT_RATIO, naive_loss_hint
+
+    kind = registry.get_kind("cross_entropy")
+    regime = kind.regimes["scale40"]
+    a = regime.inputs()
+
+    def measure(fn):
+        case = Case(kind, Target("t", fn, "cross_entropy"), CONFIGS[config], NO_VARIANT, "scale40", "cpu")
+        m = kind.measure(case, a, grad_seed=regime.seed + 1)
+        assert violations(m.oracle["loss"], m.peer_budget["loss"])
+        return case, m
+
+    case, m = measure(lambda logits, target, ignore_index=-100, label_smoothing=0.0:
+                      F.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing))
+    hint = naive_loss_hint(case, m, a)
+    assert hint and hint.endswith("upcast the logits (logits.float()) before the loss")
+    naive_error = m.oracle["loss"].max_abs
+
+    case, m = measure(lambda logits, target, ignore_index=-100, label_smoothing=0.0:
+                      F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction="sum"))
+    assert m.oracle["loss"].max_abs > NAIVE_HINT_RATIO * naive_error  # the 16-bit loss misses the budget here too
+    assert naive_loss_hint(case, m, a) is None

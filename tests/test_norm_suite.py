@@ -31,6 +31,22 @@ def mine_rms(x, weight, bias, eps):
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
 """
 
+# the other careful pattern: statistics in fp32, the normalised row rounded to x's dtype, the affine in
+# x's dtype (LlamaRMSNorm's weight * hidden_states.to(input_dtype)): up to three roundings of y
+UPCAST_ROUND_AFFINE = HEADER + """
+@pytest_precision.register("ln_upcast", kind="layer_norm")
+def ln_upcast(x, weight, bias, eps):
+    xf = x.float()
+    d = xf - xf.mean(-1, keepdim=True)
+    return (d * torch.rsqrt(d.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight + bias
+
+
+@pytest_precision.register("rms_upcast", kind="rms_norm")
+def rms_upcast(x, weight, bias, eps):
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+"""
+
 # E[x^2] - E[x]^2: at mean 1e4 both terms are 1e8, where fp32's spacing is 8, and the variance 1 is lost
 ONE_PASS = HEADER + """
 @pytest_precision.register("one_pass", kind="layer_norm")
@@ -103,6 +119,47 @@ def test_correct_norms_pass_every_config(pytester):
     assert (pytester.path / "precision_baselines/layer_norm/mine_ln/offset/fp32.npz").is_file()
 
 
+def test_normalise_in_float32_then_affine_in_dtype_passes(pytester):
+    """Rounding the normalised row to x's dtype and applying the affine there (three roundings of
+    y where the peer has one) is careful code: it passes every regime, the drawn one included, in
+    fp16 and bf16 (its y RMS error is 0.79 to 0.82 of the budget on the fixed regimes)."""
+    _setup(pytester, UPCAST_ROUND_AFFINE)
+    counts = dict(passed=2 * 2 * 6)  # 2 targets x 2 configs x (5 regimes + hypothesis)
+    _run(pytester, "--precision-configs=fp16,bf16", "--precision-update-baselines").assert_outcomes(**counts)
+    result = _run(pytester, "--precision-configs=fp16,bf16")
+    result.assert_outcomes(**counts)
+    result.stdout.fnmatch_lines(["*| ln_upcast *| bf16 *| *6 | *pass*", "*| rms_upcast *| fp16 *| *6 | *pass*"])
+
+
+@pytest.mark.parametrize("config, seed", [("bf16", 28), ("fp16", 221)])
+def test_y_rms_is_judged_on_settled_statistics_only(config, seed):
+    """On a row of 64 the RMS of y's roundings is a few elements' roundings: the upcast-normalise-round-
+    affine pattern went 1.15 (bf16, seed 28) and 1.10 (fp16, seed 221) times past twice the peer's RMS
+    there. Below Y_RMS_MIN_ELEMENTS only the max error judges y; from it on, the RMS budget is
+    Y_RMS_FACTOR x the larger of the two careful composites' RMS errors (plus its floor)."""
+    import torch
+
+    from pytest_precision.kinds.target import Target
+    from pytest_precision.numerics.inputs import seeded_normal
+    from pytest_precision.suites.norm import (Y_RMS_FACTOR, Y_RMS_MIN_ELEMENTS, NormInputs, _affine,
+                                              composite_norm_affine_in_dtype)
+
+    kind = registry.get_kind("layer_norm")
+    target = Target("ln_upcast", lambda x, w, b, eps: composite_norm_affine_in_dtype(x, w, b, eps, False), "layer_norm")
+    case = Case(kind, target, CONFIGS[config], NO_VARIANT, "hypothesis", "cpu")
+    g = torch.Generator().manual_seed(seed)
+    x = seeded_normal(g, 1, 64)
+    m = kind.measure(case, NormInputs(x, *_affine(g, 64, False)), grad_seed=1)
+    assert m.peer_budget["y"].rms_abs is None and not violations(m.oracle["y"], m.peer_budget["y"])
+
+    regime = kind.regimes["unit"]  # 8 x 256: the RMS budget holds, the pattern within it
+    assert regime.inputs().x.numel() >= Y_RMS_MIN_ELEMENTS
+    m = kind.measure(Case(kind, target, CONFIGS[config], NO_VARIANT, "unit", "cpu"), regime.inputs(), grad_seed=1)
+    budget, peer = m.peer_budget["y"].rms_abs, m.peer["y"].rms_abs
+    assert Y_RMS_FACTOR * peer < budget and m.oracle["y"].rms_abs > peer  # the peer alone would not set it
+    assert 0.7 < m.oracle["y"].rms_abs / budget < 0.9
+
+
 def test_one_pass_variance_fails_the_offset_regime(pytester):
     _setup(pytester, ONE_PASS)
     result = _run(pytester, "--precision-configs=fp32", "-k", "offset or unit")
@@ -136,9 +193,10 @@ def test_fp16_accumulated_mean_square(pytester):
 
 
 def test_statistics_in_16_bits_fail_without_a_golden(pytester):
-    """Norms whose statistics are kept in fp16 or bf16 fail against the float32-statistics peer
-    with no golden: y's RMS error past twice the peer's (bf16 too, where the max error is one
-    element's rounding and passes), and fp16's squares overflow on scale300."""
+    """Norms whose statistics are kept in fp16 or bf16 fail against the float32-statistics peers
+    with no golden: y's RMS error past Y_RMS_FACTOR x theirs (bf16 too, where the max error is one
+    element's rounding and passes; measured over the budget: ln16 1.05 to 1.48, rms16 1.25 to 1.51
+    on long), and fp16's squares overflow on scale300."""
     _setup(pytester, LN_16_BIT_STATISTICS + RMS_16_BIT_STATISTICS.split(HEADER, 1)[1])
     result = _run(pytester, "--precision-configs=fp16,bf16,fp32", "-k", "long or unit or scale300")
     result.assert_outcomes(failed=18)  # no goldens: every case fails on that; the oracle check is what we look at
@@ -152,7 +210,8 @@ def test_statistics_in_16_bits_fail_without_a_golden(pytester):
         assert f"[{target}-fp32-long]: FAIL baseline (" in result.stdout.str()  # fp32: statistics in fp32
     out = result.stdout.str()
     assert "layer_norm[ln16-bf16-unit]: FAIL accuracy,baseline (" in out
-    assert "rms_norm[rms16-bf16-unit]: FAIL baseline (" in out  # 0.81 of the RMS budget: the one bf16 case it passes
+    # rms16-bf16-unit sits at 0.996 of the RMS budget (its statistics' roundings happen to be small there):
+    # neither way is asserted
 
 
 def test_a_norm_without_eps_fails_near_eps(pytester):
