@@ -297,7 +297,7 @@ class TrainStepKind(Kind):
         result = baseline.check(TrajectoryEntry(config, run, ref, metrics, batch0, spec.seed, baseline.budget_key))
         truth = exact.grads if isinstance(exact, ExactStep) else ref.grads.get(run.first_step, {})
         scale = scale_health(config, run.scales_used, run.first_step, run.skipped, truth,
-                             "float64" if isinstance(exact, ExactStep) else "fp32")
+                             "float64" if isinstance(exact, ExactStep) else "fp32", run.unscaled)
         outcome = Outcome(self.suite, self.name, case.target.name, config.id, case.regime,
                           TrainingEvidence(config, metrics, scale), result)
         judge(outcome)
