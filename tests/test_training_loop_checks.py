@@ -180,7 +180,8 @@ def test_an_accumulation_change_names_what_moved_in_the_fp32_reference(pytester)
     inside.assert_outcomes(failed=1)
     inside.stdout.fnmatch_lines([MOVED + " 0.64 x the golden's, loss 1.00 x: near 1/2 to 1/sqrt(2) for the 2 "
                                  "micro-batches a step accumulates, with the loss unchanged: as when only the last "
-                                 "micro-batch's gradient is kept (zero_grad inside the accumulation loop); *"])
+                                 "micro-batch's gradient is kept (zero_grad inside the accumulation loop), or gradients "
+                                 "now clipped (clip_grad_norm_ with a max_norm below their norm); *"])
     session().assert_outcomes(passed=1)  # the loop as it was
 
 
@@ -193,7 +194,11 @@ def test_an_accumulation_change_names_what_moved_in_the_fp32_reference(pytester)
     (0.25, 0.25, 4, "exactly 1/4: the loss (or its gradient) is divided by 4 once more (by the number of micro-batches, "
                     "4, twice)"),
     (0.31, 1.0, 4, "near 1/4 to 1/sqrt(4) for the 4 micro-batches a step accumulates, with the loss unchanged: as when "
-                   "only the last micro-batch's gradient is kept (zero_grad inside the accumulation loop)"),
+                   "only the last micro-batch's gradient is kept (zero_grad inside the accumulation loop), or gradients "
+                   "now clipped (clip_grad_norm_ with a max_norm below their norm)"),
+    # a clip that happens to halve the norm: the loss is unchanged, so clipping is named beside the division
+    (0.5, 1.0, 2, "exactly 1/2: the loss (or its gradient) is divided by 2 once more (by the number of micro-batches, "
+                  "2, twice); or, with the loss unchanged, gradients now clipped (clip_grad_norm_) to 1/2 of their norm"),
     (0.31, 1.0, 1, None),  # no accumulation: nothing to read
     (1.37, 1.37, 1, "loss and gradient by the same factor: the loss is multiplied by 1.37"),
     (1.004, 0.99998, 1, None),  # a model change: the ratios alone
