@@ -74,6 +74,13 @@ __all__ = ["TRAIN_STEP", "TrainStepKind", "judge"]
 CHECKED, REFERENCES, EXACT = "train_step.checked", "train_step.fp32", "train_step.float64"
 
 
+def _about_one_over(ratio: float, scale: float | None) -> bool:
+    """Whether ``ratio`` is within 8 x of 1 / the loss scale ``scale``; only for a scale of 64 or
+    more, where 1 / scale is 8 x below the ratios a correct step's bands allow (a step that ran at
+    1, with no scaler, has no scale to read)."""
+    return bool(scale) and scale >= 64 and 0 < ratio and abs(math.log2(ratio * scale)) < 3
+
+
 def _clip_cause(m: TrainMetrics, ratio: float) -> str:
     """Why the applied gradients are far smaller than fp32's, when a loss scale explains it."""
     ran = [i for i, r in enumerate(m.grad_norm_ratio) if r is not None]
@@ -88,7 +95,7 @@ def _clip_cause(m: TrainMetrics, ratio: float) -> str:
         return (f": the applied gradients have fp32's direction (cosine {m.grad_cosine:.4f}) and norm "
                 f"{scaled[0]:.3g} / the loss scale at every step: they were clipped to norm {scaled[0]:.3g} before "
                 "scaler.unscale_(optimizer), which then divided them by the scale; clip after unscale_")
-    if abs(math.log2(ratio * scale)) < 3:
+    if _about_one_over(ratio, scale):
         return (f", about 1 / the loss scale {scale:g}: the gradients were clipped or changed before "
                 "scaler.unscale_(optimizer)")
     return ""
@@ -123,7 +130,7 @@ def judge(outcome: Outcome) -> None:
     if m.update_ratio is not None and not low <= m.update_ratio <= high:
         s = f"the parameter update is {m.update_ratio:.3g} x the fp32 update (median over steps)"
         scale = next((x for x in m.scales_used if x), None)
-        if scale and 0 < m.update_ratio < low and abs(math.log2(m.update_ratio * scale)) < 3:
+        if m.update_ratio < low and _about_one_over(m.update_ratio, scale):
             s += (f", about 1 / the loss scale {scale:g}: the gradients were clipped or changed before "
                   "scaler.unscale_(optimizer)")
         shown_or_failed("update_size", "accuracy", s, f"the band {low:g} to {high:g}")
@@ -297,7 +304,7 @@ class TrainStepKind(Kind):
         result = baseline.check(TrajectoryEntry(config, run, ref, metrics, batch0, spec.seed, baseline.budget_key))
         truth = exact.grads if isinstance(exact, ExactStep) else ref.grads.get(run.first_step, {})
         scale = scale_health(config, run.scales_used, run.first_step, run.skipped, truth,
-                             "float64" if isinstance(exact, ExactStep) else "fp32")
+                             "float64" if isinstance(exact, ExactStep) else "fp32", run.unscaled)
         outcome = Outcome(self.suite, self.name, case.target.name, config.id, case.regime,
                           TrainingEvidence(config, metrics, scale), result)
         judge(outcome)

@@ -59,7 +59,7 @@ class TrainingEvidence(Evidence):
         m = self.metrics
         return {"training_detail": {"losses": m.losses, "fp32_losses": m.fp32_losses, "loss_deviation": m.loss_deviation,
                                     "grad_norms": m.grad_norms, "fp32_grad_norms": m.fp32_grad_norms,
-                                    "grad_norm_ratio": m.grad_norm_ratio, "scales": m.scales,
+                                    "grad_norm_ratio": m.grad_norm_ratio, "scales": m.scales, "scales_used": m.scales_used,
                                     "underflow_rate": m.underflow_rate, "below_range_underflow": m.below_range_underflow,
                                     "update_lost_rate": m.update_lost_rate, "rates_against": m.truth,
                                     "regression_budget": outcome.baseline.budgets.get("trajectory")}}
@@ -69,7 +69,7 @@ class TrainingEvidence(Evidence):
         lines = [f"  {c.id}: {c.description}; against the fp32 run from the same seed, {m.steps} steps:"]
         rows = []
         for i in range(m.steps):
-            scale = m.scales[i] if i < len(m.scales) else None
+            scale = m.scales_used[i] if i < len(m.scales_used) else None  # the scale the step ran with
             rows.append((i, _g(m.losses[i]), _g(m.fp32_losses[i]), _g(m.loss_deviation[i]),
                          _g(m.grad_norms[i]), _g(m.fp32_grad_norms[i]), _g(m.grad_norm_ratio[i]),
                          "-" if scale is None else f"{scale:g}", "skipped" if i in m.skipped else ""))
@@ -95,7 +95,8 @@ class TrainingEvidence(Evidence):
                                 m.update_lost_rate, m.update_elements))
         if self.scale is not None:
             h = self.scale
-            lines.append(f"    loss scale: {history_text(h)}; at step {h.step}, {sum(h.below.values())} of "
+            reached = f" ({h.scale:g}, the largest it reached)" if h.grew else ""
+            lines.append(f"    loss scale: {history_text(h)}; at step {h.step}{reached}, {sum(h.below.values())} of "
                          f"{sum(h.elements.values())} significant {h.truth} gradients below float16's normal range, "
                          f"{sum(h.below_working.values())} at {h.working:g} (a working GradScaler's scale here)")
         note = built_dtype_note(m.built_dtypes, sum(len(names) for names in m.groups.values()) or None)

@@ -161,8 +161,8 @@ def test_first_nonfinite_gradient_is_named():
 
 
 def _attention_model() -> type:
-    """The suite tests' attention layer with a q/k/v bias (test_training_suite.ATTENTION_MODEL)."""
-    from test_training_suite import ATTENTION_MODEL
+    """The suite tests' attention layer with a q/k/v bias (training_helpers.ATTENTION_MODEL)."""
+    from training_helpers import ATTENTION_MODEL
 
     namespace = {"torch": torch, "nn": nn, "F": torch.nn.functional}
     exec(ATTENTION_MODEL.format(SCALE=""), namespace)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from test_training_suite import HEADER, _run
+from training_helpers import HEADER, run_suite
 
 pytest_plugins = ["pytester"]
 
@@ -18,10 +18,12 @@ SCALERS = HEADER + """
 OWN = {}
 
 
-def own_scaler(init_scale):
-    # the loop's own GradScaler, not the one the harness hands the step (as a training script builds it)
+def own_scaler(init_scale, growth_interval=10**9):
+    # the loop's own GradScaler, not the one the harness hands the step (as a training script builds
+    # it): one per optimizer, so each run (fp32, the float64 step, amp-fp16) starts from init_scale
     def step(model, optimizer, scaler, batch, autocast):
-        scaler = OWN.setdefault(init_scale, torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=10**9))
+        scaler = OWN.setdefault(optimizer, torch.amp.GradScaler("cpu", init_scale=init_scale,
+                                                                growth_interval=growth_interval))
         optimizer.zero_grad()
         with autocast():
             loss = model(*batch)
@@ -40,28 +42,71 @@ def spec(step_fn=None):
 pytest_precision.register("default_scaler", spec(), kind="train_step")
 pytest_precision.register("stuck_at_1", spec(own_scaler(1.0)), kind="train_step")
 pytest_precision.register("stuck_at_65536", spec(own_scaler(2.0 ** 16)), kind="train_step")
+
+
+def ignores_the_scaler(model, optimizer, scaler, batch, autocast):
+    optimizer.zero_grad()
+    with autocast():
+        loss = model(*batch)
+    loss.backward()  # the defect: the scaler handed to the step is never used
+    optimizer.step()
+    return loss
+
+
+pytest_precision.register("no_scaler", spec(ignores_the_scaler), kind="train_step")
+for init in (1.0, 16.0):  # 1, 2, 4, 8 and 16, 32, 64, 128 over the 4 steps
+    pytest_precision.register(f"grows_from_{init:g}", spec(own_scaler(init, growth_interval=1)), kind="train_step")
 """
+
+
+WORKING = ("that 65536, the scale a working GradScaler runs at here, keeps in it > 5 % allowed (up to 46 elements); in "
+           "all {below} of 808 significant gradients below it at {scale} (0 flushed to 0), 0 at 65536; torch's default "
+           "GradScaler starts at 65536 and backs off only on an overflow, and these parameter gradients stay finite in "
+           "float16 up to 2^25 (an activation's gradient can overflow lower, where a step would be skipped): ")
 
 
 def test_a_loss_scale_stuck_where_gradients_underflow_fails_with_no_golden(pytester):
     pytester.makeconftest(SCALERS)
     # a first run: no golden exists, and the update accepts what passes the absolute verdicts
-    result = _run(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory", "--precision-update-baselines")
-    result.assert_outcomes(passed=2, failed=1)
+    result = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory",
+                       "--precision-update-baselines")
+    result.assert_outcomes(passed=3, failed=3)
     result.stdout.fnmatch_lines([
-        "*train_step[[]stuck_at_1-amp-fp16-trajectory[]]: FAIL underflow* (loss scale 1 at step 0 (history 1, 1, 1, 1, "
+        "*train_step[[]stuck_at_1-amp-fp16-trajectory[]]: FAIL underflow (loss scale 1 at step 0 (history 1, 1, 1, 1, "
         "never grew) leaves 336 of 512 elements (65.6 %) of fc1.weight's float64 first-step gradients below float16's "
-        "normal range (6.1e-05) that 65536, the scale a working GradScaler runs at here, keeps in it > 5 % allowed (up "
-        "to 46 elements); in all 408 of 808 significant gradients below it at 1 (0 flushed to 0), 0 at 65536; torch's "
-        "default GradScaler starts at 65536 and backs off only on an overflow, and these gradients stay finite in "
-        "float16 up to 2^25: use the default GradScaler, or one that grows (growth_interval) from a lower init_scale*",
+        "normal range (6.1e-05) " + WORKING.format(below=408, scale=1) + "use the default GradScaler, or one that grows "
+        "(growth_interval) from a lower init_scale)",
         "    loss scale: 1, 1, 1, 1, never grew; at step 0, 408 of 808 significant float64 gradients below float16's "
         "normal range, 0 at 65536 (a working GradScaler's scale here)",
+        # loss.backward() without the scaler: the same numbers as a scaler stuck at 1, judged at 1
+        "*train_step[[]no_scaler-amp-fp16-trajectory[]]: FAIL underflow (loss scale 1 at step 0 (no GradScaler scaled "
+        "the loss at any step: loss.backward() without scaler.scale(loss)) leaves 336 of 512 elements (65.6 %) of "
+        "fc1.weight's float64 first-step gradients below float16's normal range (6.1e-05) "
+        + WORKING.format(below=408, scale=1) + "scale the loss with the GradScaler the step is handed "
+        "(scaler.scale(loss).backward(), scaler.step(optimizer), scaler.update()))",
+        "    loss scale: 1, 1, 1, 1: no GradScaler scaled the loss; at step 0, 408 of 808 *",
+        # a scaler that grows is judged at the scale it reached, on the first step's float64 gradients
+        "*train_step[[]grows_from_1-amp-fp16-trajectory[]]: FAIL underflow (loss scale 8 at step 3, the largest the run "
+        "reached (from 1 at step 0; history 1, 2, 4, 8), still leaves 49 of 512 elements (9.57 %) of fc1.weight's "
+        "float64 first-step gradients below float16's normal range (6.1e-05) " + WORKING.format(below=57, scale=8)
+        + "the scaler grows, but over these 4 steps not to a scale that keeps them; start it higher (init_scale; torch's "
+        "default is 65536))",
     ])
+    # the loss-scale column: the scale each step ran with (before the scaler's update)
+    lines = result.stdout.lines
+    start = next(i for i, line in enumerate(lines) if line.startswith("precision-suite::train_step[grows_from_1-"))
+    table = lines[lines.index("  amp-fp16: fp32 params, autocast float16, GradScaler; against the fp32 run from the same "
+                              "seed, 4 steps:", start) + 2:][:4]
+    assert [row.split()[-1] for row in table] == ["1", "2", "4", "8"], table
+    result.stdout.fnmatch_lines(["    loss scale: 1, 2, 4, 8; at step 3 (8, the largest it reached), 57 of 808 "
+                                 "significant float64 gradients below *"])
     # a scale that never grows but keeps every gradient in range is not a defect: a correct
-    # GradScaler does not grow in 4 steps either
-    result.stdout.fnmatch_lines(["| default_scaler *| amp-fp16 *|*| pass *|", "| stuck_at_1 *| amp-fp16 *|*| FAIL underflow*|",
-                                 "| stuck_at_65536 *| amp-fp16 *|*| pass *|"])
+    # GradScaler does not grow in 4 steps either; one that grew to 128 keeps all but 3 of 808
+    result.stdout.fnmatch_lines(["| default_scaler *| amp-fp16 *|*| pass *|", "| grows_from_1 *| amp-fp16 *|*| FAIL underflow*|",
+                                 "| grows_from_16 *| amp-fp16 *|*| pass *|", "| no_scaler *| amp-fp16 *|*| FAIL underflow*|",
+                                 "| stuck_at_1 *| amp-fp16 *|*| FAIL underflow*|", "| stuck_at_65536 *| amp-fp16 *|*| pass *|"])
+    written = sorted(p.parents[1].name for p in pytester.path.rglob("amp-fp16.json"))
+    assert written == ["default_scaler", "grows_from_16", "stuck_at_65536"]  # no golden for the failing loops
 
 
 def test_the_working_scale_is_below_any_scale_the_run_overflowed_at():
@@ -77,6 +122,17 @@ def test_the_working_scale_is_below_any_scale_the_run_overflowed_at():
     assert stuck.working == 65536 and stuck.finite_up_to == 2 ** 22
     assert scale_problem(stuck).startswith("loss scale 1024 at step 0 (history 1024, 1024, 1024, 1024, 1024, 1024, "
                                            "1024, never grew) leaves 254 of 1000 elements (25.4 %) of w's float64")
+    # a scaler that grows is judged at the largest scale an applied step ran with, not its first
+    grown = scale_health(amp, [2.0 ** (10 + i) for i in range(7)], 0, [], exact)
+    assert (grown.step, grown.scale, grown.grew) == (6, 65536, True) and scale_problem(grown) is None
+    growing = scale_health(amp, [2.0 ** i for i in range(7)], 0, [], exact)
+    assert scale_problem(growing).startswith("loss scale 64 at step 6, the largest the run reached (from 1 at step 0; "
+                                             "history 1, 2, 4, 8, 16, 32, 64), still leaves ")
+    # a scale a step overflowed at is not the one reached: the skipped step's scale was never applied
+    peaked = scale_health(amp, [1024.0, 2048.0, 4096.0, 2048.0], 0, [2], exact)
+    assert (peaked.step, peaked.scale, peaked.working) == (1, 2048, 2048) and scale_problem(peaked) is None
+    never = scale_health(amp, [1.0] * 3, 0, [], exact, unscaled=[0, 1, 2])
+    assert scale_problem(never).startswith("loss scale 1 at step 0 (no GradScaler scaled the loss at any step: ")
     assert scale_health(TRAIN_CONFIGS["amp-bf16"], [1.0] * 7, 0, [], exact) is None  # bf16 needs no scale
     assert scale_health(amp, [None] * 7, 0, [], exact) is None  # no scaler
 
@@ -110,10 +166,10 @@ MOVED = "*FAIL regression (golden: the fp32 reference moved against cpu-*'s (rel
 def test_an_accumulation_change_names_what_moved_in_the_fp32_reference(pytester):
     def session(**planted):
         pytester.makeconftest(ACCUMULATION.format(**{**CORRECT, **planted}))
-        return _run(pytester, "--precision-configs=fp32")
+        return run_suite(pytester, "--precision-configs=fp32")
 
     pytester.makeconftest(ACCUMULATION.format(**CORRECT))
-    _run(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
+    run_suite(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
     undivided = session(DIVIDE="")
     undivided.assert_outcomes(failed=1)
     undivided.stdout.fnmatch_lines([MOVED + " 2.00 x the golden's, loss 2.00 x: exactly the 2 micro-batches a step "
@@ -124,7 +180,8 @@ def test_an_accumulation_change_names_what_moved_in_the_fp32_reference(pytester)
     inside.assert_outcomes(failed=1)
     inside.stdout.fnmatch_lines([MOVED + " 0.64 x the golden's, loss 1.00 x: near 1/2 to 1/sqrt(2) for the 2 "
                                  "micro-batches a step accumulates, with the loss unchanged: as when only the last "
-                                 "micro-batch's gradient is kept (zero_grad inside the accumulation loop); *"])
+                                 "micro-batch's gradient is kept (zero_grad inside the accumulation loop), or gradients "
+                                 "now clipped (clip_grad_norm_ with a max_norm below their norm); *"])
     session().assert_outcomes(passed=1)  # the loop as it was
 
 
@@ -137,7 +194,11 @@ def test_an_accumulation_change_names_what_moved_in_the_fp32_reference(pytester)
     (0.25, 0.25, 4, "exactly 1/4: the loss (or its gradient) is divided by 4 once more (by the number of micro-batches, "
                     "4, twice)"),
     (0.31, 1.0, 4, "near 1/4 to 1/sqrt(4) for the 4 micro-batches a step accumulates, with the loss unchanged: as when "
-                   "only the last micro-batch's gradient is kept (zero_grad inside the accumulation loop)"),
+                   "only the last micro-batch's gradient is kept (zero_grad inside the accumulation loop), or gradients "
+                   "now clipped (clip_grad_norm_ with a max_norm below their norm)"),
+    # a clip that happens to halve the norm: the loss is unchanged, so clipping is named beside the division
+    (0.5, 1.0, 2, "exactly 1/2: the loss (or its gradient) is divided by 2 once more (by the number of micro-batches, "
+                  "2, twice); or, with the loss unchanged, gradients now clipped (clip_grad_norm_) to 1/2 of their norm"),
     (0.31, 1.0, 1, None),  # no accumulation: nothing to read
     (1.37, 1.37, 1, "loss and gradient by the same factor: the loss is multiplied by 1.37"),
     (1.004, 0.99998, 1, None),  # a model change: the ratios alone

@@ -8,6 +8,7 @@ precision, pure bf16 with a small learning rate (lost updates, fewer with stocha
 DDP's compression hooks."""
 import pytest
 from machine import ON_CPU
+from training_helpers import ATTENTION_MODEL, HEADER, accept_then_run, run_suite
 
 # imported here, outside the pytester sessions: a module first imported inside one is dropped from
 # sys.modules when it ends, while the kind registry keeps the kind that uses it, and the DDP ranks'
@@ -16,51 +17,6 @@ import pytest_precision.training.distributed  # noqa: F401
 
 pytest_plugins = ["pytester"]
 
-# A small regression model: fast, and its loss can be made as small as a defect needs.
-HEADER = """
-import torch
-import torch.nn.functional as F
-from torch import nn
-import pytest_precision
-from pytest_precision.numerics.inputs import seeded_normal
-
-
-class Net(nn.Module):
-    def __init__(self, loss_scale=1.0):
-        super().__init__()
-        self.fc1 = nn.Linear(16, 32)
-        self.fc2 = nn.Linear(32, 8)
-        self.loss_scale = loss_scale
-
-    def forward(self, x, y):
-        return self.loss_scale * F.mse_loss(self.fc2(torch.relu(self.fc1(x))), y)
-
-
-def batch(i):
-    g = torch.Generator().manual_seed(100 + i)
-    return seeded_normal(g, 64, 16), seeded_normal(g, 64, 8)
-
-
-def sgd(params):
-    return torch.optim.SGD(params, lr=0.1)
-"""
-
-
-def _run(pytester, *args):
-    """A session of the training suite (the other suites deselected)."""
-    args = list(args)
-    if "-k" in args:
-        i = args.index("-k") + 1
-        args[i] = f"train_step and ({args[i]})"
-    else:
-        args += ["-k", "train_step"]
-    return pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", *args)
-
-
-def _accept_then_run(pytester, *args):
-    _run(pytester, "--precision-update-baselines", *args)
-    return _run(pytester, *args)
-
 
 def test_builtin_gpt_passes_every_config(pytester):
     """The built-in target against the committed goldens (the repository's baselines)."""
@@ -68,7 +24,7 @@ def test_builtin_gpt_passes_every_config(pytester):
 
     root = pathlib.Path(__file__).resolve().parents[1]
     pytester.makeini(f"[pytest]\nprecision_baseline_dir = {root / 'baselines'}\n")
-    result = _run(pytester, "-rs", *ON_CPU)  # the committed goldens hold the CPU machines' budgets
+    result = run_suite(pytester, "-rs", *ON_CPU)  # the committed goldens hold the CPU machines' budgets
     result.assert_outcomes(passed=9, skipped=1)  # tf32 is CUDA only
     for config in ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3"):
         result.stdout.fnmatch_lines([f"| tiny_gpt *| {config} *| 8 *| pass *|"])
@@ -81,7 +37,7 @@ def test_correct_amp_step_passes_and_noscale_shows_underflow(pytester):
 pytest_precision.register("small_loss", pytest_precision.TrainSpec(lambda: Net(1e-6), sgd, batch, steps=4),
                           kind="train_step")
 """)
-    result = _accept_then_run(pytester, "--precision-configs=fp32,amp-bf16,amp-fp16")
+    result = accept_then_run(pytester, "--precision-configs=fp32,amp-bf16,amp-fp16")
     result.assert_outcomes(passed=4)
     # amp-fp16 without a scaler is shown, not failed: the table names the parameter whose gradients vanished
     result.stdout.fnmatch_lines(["| small_loss *| amp-fp16-noscale *|*| 100 % (*/*) fc*| pass *|"])
@@ -102,33 +58,22 @@ def no_scaler(model, optimizer, scaler, batch, autocast):
 pytest_precision.register("no_scaler", pytest_precision.TrainSpec(lambda: Net(1e-6), sgd, batch, steps=4,
                                                                    step_fn=no_scaler), kind="train_step")
 """)
-    result = _run(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
+    result = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        "*train_step[[]no_scaler-amp-fp16-trajectory[]]: FAIL underflow*gradient-underflow rate * of * elements (100 %) in fc*.weight > 5 % allowed (up to * elements: the limit and a count's spread between machines)*",
+        # no scaler scaled the loss: the step ran at 1, where none of these gradients is in float16's
+        # normal range; every gradient applied is 0, and the scale is what loses them
+        "*train_step[[]no_scaler-amp-fp16-trajectory[]]: FAIL underflow,accuracy,baseline (gradient norm 0 x fp32's at "
+        "step 0 *: every gradient the optimizer applied is 0; *; loss scale 1 at step 0 (no GradScaler scaled the loss at "
+        "any step: loss.backward() without scaler.scale(loss)) leaves * of fc* first-step gradients below float16's "
+        "normal range (6.1e-05) that 65536, *; in all 808 of 808 significant gradients below it at 1 (* flushed to 0), "
+        "* at 65536; *: scale the loss with the GradScaler the step is handed (scaler.scale(loss).backward(), "
+        "scaler.step(optimizer), scaler.update()); no golden baseline at *",
         # the first op whose backward output underflowed, with the float64 run's value there
         "*first underflow in aten::* (backward*) at conftest.py:* under amp-fp16: produced 0 from nonzero inputs where the reference is *",
     ])
 
 
-# nanoGPT's shape in small: a causal self-attention layer with a q/k/v bias (the key part of its
-# gradient is exactly 0: softmax ignores a constant added to a query's scores), forward returning
-# (logits, loss); tests/test_training.py builds it too
-ATTENTION_MODEL = """class TinyAttention(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.tok = nn.Embedding(32, 16)
-        self.qkv = nn.Linear(16, 48)
-        self.head = nn.Linear(16, 32)
-
-    def forward(self, tokens, targets):
-        x = self.tok(tokens)
-        b, s, w = x.shape
-        q, k, v = self.qkv(x).view(b, s, 3, 2, w // 2).permute(2, 0, 3, 1, 4)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True{SCALE})
-        logits = self.head(x + a.transpose(1, 2).reshape(b, s, w))
-        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-"""
 # the model with a loss_fn, optimizer_fn taking the model, the usual AMP loop with clipping,
 # learnable Markov-chain text
 ATTENTION = """
@@ -190,9 +135,9 @@ def test_correct_loop_passes_every_config_twice_with_goldens_recorded_once(pytes
     key bias's exactly-zero gradient included (the DDP cases below run the same model)."""
     _attention(pytester, "adamw")
     args = ("--precision-configs=fp32,amp-bf16,amp-fp16,bf16,fp8-e4m3", "-k", "not ddp")
-    _run(pytester, "--precision-update-baselines", *args).assert_outcomes(passed=7)
+    run_suite(pytester, "--precision-update-baselines", *args).assert_outcomes(passed=7)
     for _ in range(2):
-        result = _run(pytester, *args)
+        result = run_suite(pytester, *args)
         result.assert_outcomes(passed=7)
         for config in SINGLE_PROCESS:
             result.stdout.fnmatch_lines([f"| attn *| {config} *| *4 |*| pass *|"])
@@ -202,7 +147,7 @@ def test_correct_loop_passes_every_config_twice_with_goldens_recorded_once(pytes
 def test_correct_loop_passes_under_sgd_and_adam(pytester, opt):
     """The configs the planted defects below fail (AdamW: the test above)."""
     _attention(pytester, opt)
-    _accept_then_run(pytester, "--precision-configs=fp32,amp-fp16").assert_outcomes(passed=3)
+    accept_then_run(pytester, "--precision-configs=fp32,amp-fp16").assert_outcomes(passed=3)
 
 
 @pytest.mark.parametrize("opt", OPTIMIZERS)
@@ -210,7 +155,7 @@ def test_clipping_before_unscale_is_caught(pytester, opt):
     """Under Adam and AdamW the update hardly shrinks (they normalise the gradient's scale away):
     the gradient's norm and SQNR against fp32 catch it, and the message names the cause."""
     _attention(pytester, opt, FIRST=CLIP_NORM, SECOND=UNSCALE)
-    result = _run(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
+    result = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*attn-amp-fp16-trajectory*FAIL accuracy*(gradient norm * x fp32's at step 0 (a correct step stays within 0.97 "
@@ -225,10 +170,10 @@ def test_a_model_change_moves_the_fp32_reference(pytester, opt):
     """The attention's scale set to 1 instead of 1/sqrt(8): on Markov text the fp32 run's first
     gradients move, and the message names the parameters that moved most."""
     _attention(pytester, opt)
-    _run(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
-    _run(pytester, "--precision-configs=fp32").assert_outcomes(passed=1)
+    run_suite(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
+    run_suite(pytester, "--precision-configs=fp32").assert_outcomes(passed=1)
     _attention(pytester, opt, SCALE=", scale=1.0")
-    result = _run(pytester, "--precision-configs=fp32")
+    result = run_suite(pytester, "--precision-configs=fp32")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*attn-fp32-trajectory*FAIL regression (golden: the fp32 reference moved against cpu-*'s (relative tolerance "
@@ -241,19 +186,22 @@ def test_a_model_change_moves_the_fp32_reference(pytester, opt):
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 def test_gradients_lost_to_fp16_are_caught_and_exactly_zero_ones_are_not(pytester, opt):
     """The correct loop (the key bias's exactly-zero gradient included) passed above; a loop that
-    scales its loss by 1e-6 and skips the GradScaler loses its fp16 gradients."""
+    scales its loss by 1e-6 and skips the GradScaler loses its fp16 gradients: it ran at scale 1,
+    where they are below float16's range, and that scale is what fails."""
     _attention(pytester, opt, LOSS_SCALE="1e-6", BACKWARD="loss.backward()", FIRST="", SECOND="", STEP="optimizer.step()")
-    result = _run(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
+    result = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
-        "*attn-amp-fp16-trajectory*FAIL underflow*gradient-underflow rate * of * elements (100 %) in * > 5 % allowed*",
+        "*attn-amp-fp16-trajectory*FAIL underflow*; loss scale 1 at step 0 (no GradScaler scaled the loss at any step: "
+        "loss.backward() without scaler.scale(loss)) leaves * of * (100 %) of *",
         "*first underflow in aten::* under amp-fp16: produced 0 from nonzero inputs where the reference is *"])
+    assert "the loss scale 1" not in result.stdout.str()  # no "1 / the loss scale" read from a step that ran at 1
 
 
 @pytest.mark.parametrize("opt", OPTIMIZERS)
 def test_a_batch_fn_that_does_not_repeat_itself_is_named_and_nothing_is_written(pytester, opt):
     _attention(pytester, opt, BATCH="lambda i: (torch.randint(0, 32, (4, 16)), torch.randint(0, 32, (4, 16)))")
-    result = _run(pytester, "--precision-configs=fp32,amp-fp16", "--precision-update-baselines", "-k", "not ddp")
+    result = run_suite(pytester, "--precision-configs=fp32,amp-fp16", "--precision-update-baselines", "-k", "not ddp")
     result.assert_outcomes(failed=3)
     result.stdout.fnmatch_lines(["*target 'attn' (train_step): batch_fn(0) returned different data on two calls: each "
                                  "config must see the same batches*nothing was run or written*"])
@@ -292,13 +240,13 @@ pytest_precision.register("classifier", pytest_precision.TrainSpec(
 
 def test_cross_entropy_passes(pytester):
     pytester.makeconftest(LOG_SOFTMAX.format(LOSS="return F.cross_entropy(logits, labels)"))
-    _accept_then_run(pytester, "--precision-configs=fp32,amp-fp16").assert_outcomes(passed=3)
+    accept_then_run(pytester, "--precision-configs=fp32,amp-fp16").assert_outcomes(passed=3)
 
 
 def test_log_of_softmax_in_fp16_is_caught(pytester):
     pytester.makeconftest(LOG_SOFTMAX.format(
         LOSS="return -torch.log(torch.softmax(logits, -1)).gather(1, labels[:, None]).mean()"))
-    result = _run(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
+    result = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*classifier-amp-fp16-trajectory*FAIL overflow*non-finite loss at step 0 (loss inf)*",
@@ -325,7 +273,7 @@ pytest_precision.register("ones", pytest_precision.TrainSpec(
 
 def test_pure_bf16_small_lr_loses_updates_and_stochastic_rounding_keeps_some(pytester):
     pytester.makeconftest(PURE_BF16.format(LR="0.1"))  # updates of about 0.1 ULP at 1.0
-    result = _accept_then_run(pytester, "--precision-configs=fp32,bf16", "-k", "not ddp")
+    result = accept_then_run(pytester, "--precision-configs=fp32,bf16", "-k", "not ddp")
     result.assert_outcomes(passed=3)
     # weights at 1.0 in bf16 ignore any change below 2^-8: round to nearest loses every update,
     # stochastic rounding keeps them in expectation
@@ -351,21 +299,21 @@ def rounding_step(model, optimizer, scaler, batch, autocast):
 
 def test_amp_keeps_small_updates_in_fp32_master_weights(pytester):
     pytester.makeconftest(ROUNDED_WEIGHTS.format(LR="0.1", STEP="None"))
-    _accept_then_run(pytester, "--precision-configs=fp32,amp-bf16").assert_outcomes(passed=2)
+    accept_then_run(pytester, "--precision-configs=fp32,amp-bf16").assert_outcomes(passed=2)
 
 
 def test_master_weights_rounded_to_bf16_lose_updates(pytester):
     pytester.makeconftest(ROUNDED_WEIGHTS.format(LR="0.1", STEP="rounding_step"))
-    result = _run(pytester, "--precision-configs=amp-bf16")
+    result = run_suite(pytester, "--precision-configs=amp-bf16")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*ones-amp-bf16-trajectory*FAIL accuracy*update-lost rate 256 of 256 elements (100 %) in w > 5 % allowed (up to 28 elements: *"])
 
 
 def test_update_lost_regression_is_caught(pytester):
     pytester.makeconftest(PURE_BF16.format(LR="1.0"))  # updates of about 1 ULP: kept
-    _run(pytester, "--precision-update-baselines", "--precision-configs=fp32,bf16", "-k", "bf16-trajectory and not ddp")
+    run_suite(pytester, "--precision-update-baselines", "--precision-configs=fp32,bf16", "-k", "bf16-trajectory and not ddp")
     pytester.makeconftest(PURE_BF16.format(LR="0.1"))
-    result = _run(pytester, "--precision-configs=fp32,bf16", "-k", "bf16-trajectory and not ddp")
+    result = run_suite(pytester, "--precision-configs=fp32,bf16", "-k", "bf16-trajectory and not ddp")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*ones-bf16-trajectory*FAIL *golden: update-lost rate 256 of 256 elements (100 %) in w > budget 13 elements (5.08 %)*"])
 
@@ -374,14 +322,14 @@ def test_missing_and_corrupt_training_golden(pytester):
     pytester.makeconftest(HEADER + """
 pytest_precision.register("net", pytest_precision.TrainSpec(Net, sgd, batch, steps=2), kind="train_step")
 """)
-    result = _run(pytester, "--precision-configs=fp32")
+    result = run_suite(pytester, "--precision-configs=fp32")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*FAIL baseline*no golden baseline at *train_step/net/trajectory/fp32.npz*",
                                  "*write it with: pytest --precision-suite -k *net-fp32-trajectory* --precision-update-baselines*"])
-    _run(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
+    run_suite(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
     meta = pytester.path / "precision_baselines" / "train_step" / "net" / "trajectory" / "fp32.json"
     meta.write_text("{not json")
-    result = _run(pytester, "--precision-configs=fp32")
+    result = run_suite(pytester, "--precision-configs=fp32")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*{meta}: corrupt baseline metadata*"])
 
@@ -394,10 +342,10 @@ pytest_precision.register("net", pytest_precision.TrainSpec(Net, {OPTIMIZER}, ba
 def _accept_then_change_the_optimizer(pytester, between=lambda: None):
     """The fp32 golden of the Net under SGD at lr 0.1, then the session's run at lr 0.2."""
     pytester.makeconftest(NET3.format(OPTIMIZER="sgd"))
-    _run(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
+    run_suite(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
     between()
     pytester.makeconftest(NET3.format(OPTIMIZER="lambda p: torch.optim.SGD(p, lr=0.2)"))
-    result = _run(pytester, "--precision-configs=fp32")
+    result = run_suite(pytester, "--precision-configs=fp32")
     result.assert_outcomes(failed=1)
     return result
 
@@ -422,7 +370,7 @@ def test_a_machine_without_its_own_key_still_checks_the_fp32_reference(pytester)
     def as_another_machine():
         _rename_key(pytester.path / "precision_baselines" / "train_step" / "net" / "trajectory" / "fp32.json",
                     "cpu-elsewhere")
-        _run(pytester, "--precision-configs=fp32").assert_outcomes(passed=1)  # within 1e-4 of its fp32 run
+        run_suite(pytester, "--precision-configs=fp32").assert_outcomes(passed=1)  # within 1e-4 of its fp32 run
 
     result = _accept_then_change_the_optimizer(pytester, as_another_machine)
     result.stdout.fnmatch_lines(["*FAIL regression*golden: the fp32 reference moved against cpu-elsewhere's (relative "
@@ -437,26 +385,26 @@ def test_a_golden_of_an_earlier_format_says_to_re_accept(pytester):
     pytester.makeconftest(HEADER + """
 pytest_precision.register("net", pytest_precision.TrainSpec(Net, sgd, batch, steps=2), kind="train_step")
 """)
-    _run(pytester, "--precision-configs=amp-bf16", "--precision-update-baselines").assert_outcomes(passed=1)
+    run_suite(pytester, "--precision-configs=amp-bf16", "--precision-update-baselines").assert_outcomes(passed=1)
     path = pytester.path / "precision_baselines" / "train_step" / "net" / "trajectory" / "amp-bf16.json"
     meta = json.loads(path.read_text())
     for record in meta["budgets"].values():  # as the budgets were before gradient SQNR had one
         del record["outputs"]["trajectory"]["budget"]["min_grad_sqnr_db"]
     path.write_text(json.dumps(meta))
-    result = _run(pytester, "--precision-configs=amp-bf16")
+    result = run_suite(pytester, "--precision-configs=amp-bf16")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*FAIL baseline ({path}: the budget recorded for cpu-* is of an earlier format (no "
                                  "min_grad_sqnr_db per parameter group): re-accept it with: pytest --precision-suite "
                                  "-k *net-amp-bf16-trajectory* --precision-update-baselines)"])
     # re-accepted here: this machine's record is current; another machine's old one is that
     # machine's to re-accept and does not stop this one
-    _run(pytester, "--precision-configs=amp-bf16", "--precision-update-baselines").assert_outcomes(passed=1)
+    run_suite(pytester, "--precision-configs=amp-bf16", "--precision-update-baselines").assert_outcomes(passed=1)
     meta = json.loads(path.read_text())
     (mine,) = meta["budgets"]
     meta["budgets"]["cpu-other"] = json.loads(json.dumps(meta["budgets"][mine]))
     del meta["budgets"]["cpu-other"]["outputs"]["trajectory"]["budget"]["min_grad_sqnr_db"]
     path.write_text(json.dumps(meta))
-    _run(pytester, "--precision-configs=amp-bf16").assert_outcomes(passed=1)
+    run_suite(pytester, "--precision-configs=amp-bf16").assert_outcomes(passed=1)
 
 
 def test_step_that_raises_names_target_config_and_step(pytester):
@@ -468,7 +416,7 @@ def broken(model, optimizer, scaler, batch, autocast):
 pytest_precision.register("broken", pytest_precision.TrainSpec(Net, sgd, batch, steps=2, step_fn=broken),
                           kind="train_step")
 """)
-    result = _run(pytester, "--precision-configs=fp32")
+    result = run_suite(pytester, "--precision-configs=fp32")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*target 'broken' (train_step) under config fp32: step 0 raised RuntimeError: boom*"])
 
@@ -521,9 +469,9 @@ def test_ddp_compression_hooks_pass_a_model_with_an_exactly_zero_gradient(pytest
     sends 0), its loss from loss_fn, its batches from MarkovText: module-level model_fn and loss_fn,
     which the two spawned ranks import from the conftest."""
     _attention(pytester, "adamw")
-    _run(pytester, "--precision-update-baselines", "--precision-configs=fp16,bf16", "-k", "ddp").assert_outcomes(passed=2)
+    run_suite(pytester, "--precision-update-baselines", "--precision-configs=fp16,bf16", "-k", "ddp").assert_outcomes(passed=2)
     for _ in range(2):  # twice, goldens recorded once
-        result = _run(pytester, "--precision-configs=fp16,bf16", "-k", "ddp")
+        result = run_suite(pytester, "--precision-configs=fp16,bf16", "-k", "ddp")
         result.assert_outcomes(passed=2)
         result.stdout.fnmatch_lines(["| attn *| ddp-fp16 *|*| - *|*| pass *|", "| attn *| ddp-bf16 *|*| - *|*| pass *|"])
 
@@ -531,7 +479,7 @@ def test_ddp_compression_hooks_pass_a_model_with_an_exactly_zero_gradient(pytest
 def test_ddp_cases_skip_a_forward_that_is_not_a_loss_saying_what_to_add(pytester):
     """A step_fn runs the whole step and cannot be split; without a loss_fn the DDP cases say so."""
     pytester.makeconftest(ATTENTION.format(**{**CORRECT, "OPT": "adamw"}).replace(", loss_fn=loss_fn)", ")"))
-    result = _run(pytester, "--precision-configs=fp16", "-k", "ddp", "-rs")
+    result = run_suite(pytester, "--precision-configs=fp16", "-k", "ddp", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*attn: the DDP cases run forward and loss under DDP, not the step_fn, and the model "
                                  "returned tuple of 2 (Tensor, Tensor), not a scalar loss tensor*give the TrainSpec a "
@@ -542,7 +490,7 @@ def test_ddp_fp16_hook_loses_small_gradients(pytester):
     # gradients of about 1e-9: below fp16's range (the hook has no loss scaling), well inside bf16's;
     # lost below the range is shown, and the SQNR fails it
     pytester.makeconftest(DDP.format(SCALE="1e-8"))
-    result = _run(pytester, "--precision-configs=fp16,bf16", "-k", "ddp")
+    result = run_suite(pytester, "--precision-configs=fp16,bf16", "-k", "ddp")
     result.assert_outcomes(failed=2)  # no golden yet: both fail on it, only fp16 on the numerics
     result.stdout.fnmatch_lines(["*small_net-ddp-fp16-trajectory*: FAIL accuracy,baseline (gradient SQNR 0 dB < 54.21 dB, "
                                  "what fp16 keeps in a correct all-reduce*",
@@ -553,7 +501,7 @@ def test_ddp_fp16_hook_loses_small_gradients(pytester):
 def test_ddp_fp16_hook_overflows_large_gradients(pytester):
     # gradients of about 1e7: past fp16's 65504 even after the hook divides by the world size
     pytester.makeconftest(DDP.format(SCALE="1e9"))
-    result = _run(pytester, "--precision-configs=fp16", "-k", "ddp")
+    result = run_suite(pytester, "--precision-configs=fp16", "-k", "ddp")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*small_net-ddp-fp16-trajectory*: FAIL overflow,* gradient elements not finite with the "
                                  "hook, finite without*"])
@@ -563,7 +511,7 @@ def test_ddp_cases_skip_a_spec_the_ranks_cannot_import(pytester):
     pytester.makeconftest(HEADER + """
 pytest_precision.register("lambdas", pytest_precision.TrainSpec(lambda: Net(), sgd, batch, steps=2), kind="train_step")
 """)
-    result = _run(pytester, "--precision-configs=fp16", "-k", "ddp", "-rs")
+    result = run_suite(pytester, "--precision-configs=fp16", "-k", "ddp", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*lambdas: *model_fn*module-level*"])
 
@@ -584,8 +532,8 @@ def test_a_model_built_in_bf16_is_said_and_its_goldens_hold(pytester):
     under the table, and its goldens pass twice in a row."""
     pytester.makeconftest(BUILT_IN_BF16.format(BF16=True))
     args = ("--precision-configs=fp32,bf16", "-k", "not ddp")
-    _run(pytester, "--precision-update-baselines", *args).assert_outcomes(passed=3, warnings=1)
-    result = _run(pytester, *args)
+    run_suite(pytester, "--precision-update-baselines", *args).assert_outcomes(passed=3, warnings=1)
+    result = run_suite(pytester, *args)
     result.assert_outcomes(passed=3, warnings=1)
     result.stdout.fnmatch_lines([
         "*ModelDtypeWarning: target 'net' (train_step): model_fn() built the model in bfloat16 (4 of 4 parameter "
@@ -601,10 +549,10 @@ def test_a_model_switched_to_bf16_names_the_switch_against_its_golden(pytester):
     """Goldens accepted from a float32 model, then model_fn returns it in bf16: the run starts from
     other weights, and the golden says why (not "the initial parameters changed")."""
     pytester.makeconftest(BUILT_IN_BF16.format(BF16=False))
-    _run(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
-    _run(pytester, "--precision-configs=fp32").assert_outcomes(passed=1, warnings=0)  # a float32 model: no warning
+    run_suite(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
+    run_suite(pytester, "--precision-configs=fp32").assert_outcomes(passed=1, warnings=0)  # a float32 model: no warning
     pytester.makeconftest(BUILT_IN_BF16.format(BF16=True))
-    result = _run(pytester, "--precision-configs=fp32")
+    result = run_suite(pytester, "--precision-configs=fp32")
     result.assert_outcomes(failed=1, warnings=1)
     result.stdout.fnmatch_lines([
         "*net-fp32-trajectory*: FAIL baseline (*fp32.json: model_fn() now builds the model's parameters in bfloat16 "
@@ -629,7 +577,7 @@ def test_with_dropout_the_first_fault_is_named_at_the_op_that_lost_it(pytester):
         assert old in source
         source = source.replace(old, new)
     conftest.write_text(source)
-    result = _run(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
+    result = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*attn-amp-fp16-trajectory*FAIL underflow*gradient norm 0 x fp32's at step 0 (*): every gradient the optimizer "

@@ -12,8 +12,8 @@ with it, with the budgets derived from them:
   recorded key to ``CROSS_KEY_RTOL``; otherwise "the fp32 reference moved" gives the first step's
   gradient-norm and loss ratios against the golden's and what they read as (``moved``: 2.00 x is a
   loss no longer divided by its micro-batches), and names the parameters whose first gradient
-  moved most (a model, data, optimizer, loop or torch change, not a precision regression). It is kept per key because a user's ``nn.init`` draws different float32 values on
-  different CPU ISAs;
+  moved most (a model, data, optimizer, loop or torch change, not a precision regression). It is
+  kept per key because a user's ``nn.init`` draws different float32 values on different CPU ISAs;
 - each metric's budget is ``REGRESSION_SLACK`` x its accepted error plus the floor of the measured
   spread of a correct run between machines (``limits.SPREAD``): the loss deviation, the gradient
   SQNR of each parameter group at the first step and the worst over steps and groups, the final

@@ -6,18 +6,28 @@ to 0. A scaler stuck low (``GradScaler(init_scale=1.0, growth_interval=1e9)``) r
 and costs little SQNR (the built-in GPT: 58.7 dB against 60.3), so nothing else catches it.
 
 The judgement uses the float64 first step's gradients (the truth the rates use): per parameter,
-how many of its significant elements, times the scale the first applied step ran with, fall below
-float16's smallest normal, against the same count at the scale a working scaler runs at here:
+how many of its significant elements, times the judged scale, fall below float16's smallest
+normal, against the same count at the scale a working scaler runs at here. The judged scale is the
+largest one an applied step of the run ran with: the scale the run reached. A scaler that grows
+from a low ``init_scale`` (``growth_interval=1``) trains at what it reached from there on, and a
+default one that backed off after overflows at what it backed off to; one stuck low reaches
+nothing more than its first step's. The first step's gradients stand for that later step's (a few
+steps move their magnitudes little), and the message says which step's scale it judged. A step
+that no GradScaler scaled (``loss.backward()`` without ``scaler.scale``) ran at 1 (``run``'s
+``Trajectory.unscaled``), and the message says so.
+
+The working scale:
 
 - torch's default GradScaler starts at 2^16 and grows only every 2000 steps, so in a run of a few
   steps a correct scaler sits at 2^16 (never growing is not itself a defect: it is what a correct
   scaler does over 8 steps, and a scale that loses nothing is enough);
 - it backs off only on an overflow, so it runs lower only where the gradients overflow: at the
-  largest power of two that keeps the float64 first-step gradients finite in float16, and below
-  any scale the run itself skipped a step at (an overflow the parameters' gradients do not show,
-  in an activation's, counts too).
+  largest power of two that keeps the float64 first-step parameter gradients finite in float16
+  (a bound from the parameters' gradients only: an activation's gradient, which the float64 step
+  does not keep, can overflow at a lower scale), and below any scale the run itself skipped a step
+  at (that is where an activation's overflow shows).
 
-The working scale is the least of the three. A case fails when the run's scale pushes more than
+The working scale is the least of the three. A case fails when the judged scale pushes more than
 5 % of some parameter's significant gradients below the normal range that the working scale keeps
 (counted in elements, past a count's spread between machines: ``limits.limit_count``). On the
 built-in GPT a scale of 1 puts 8588 of blocks.1.qkv.weight's 12288 gradients there (20792 of all
@@ -35,7 +45,7 @@ from .compare import significant
 from .configs import GRAD_SCALER_INIT_SCALE, TrainConfig
 from .limits import UNDERFLOW_LIMIT, count_text, limit_count
 
-__all__ = ["ScaleHealth", "scale_health", "scale_problem", "working_scale"]
+__all__ = ["ScaleHealth", "scale_health", "scale_problem", "working_scale", "judged_step", "history_text"]
 
 FP16 = format_of(torch.float16)
 
@@ -45,16 +55,28 @@ class ScaleHealth:
     """The loss scale of a float16 run against a working scaler's, counted on the float64 first
     step's gradients (plain values)."""
 
-    step: int  # the first applied step, whose scale is judged
-    scale: float  # the loss scale it ran with
+    step: int  # the applied step whose scale is judged: the first that ran with the largest scale
+    scale: float  # the loss scale it ran with (the scale the run reached)
     working: float  # the scale a working scaler runs at here (the module docstring)
-    finite_up_to: float  # the largest power of two keeping the float64 gradients finite in float16
+    finite_up_to: float  # the largest power of two keeping the float64 parameter gradients finite in float16
     history: list[float | None]  # the scale each step ran with
     below: dict[str, int] = field(default_factory=dict)  # per parameter: below the normal range at ``scale``
     below_working: dict[str, int] = field(default_factory=dict)  # the same at ``working``
     elements: dict[str, int] = field(default_factory=dict)  # significant elements per parameter
     flushed: int = 0  # in all, below half float16's smallest subnormal at ``scale`` (0 in float16)
     truth: str = "float64"
+    first: int = 0  # the first applied step (whose gradients the float64 step has)
+    unscaled: list[int] = field(default_factory=list)  # steps no GradScaler scaled (run at 1)
+
+    @property
+    def never_scaled(self) -> bool:
+        """Whether no GradScaler scaled the loss at any step (``loss.backward()`` alone)."""
+        return len(self.unscaled) == len(self.history) > 0
+
+    @property
+    def grew(self) -> bool:
+        """Whether the judged scale is above the first applied step's."""
+        return self.scale > (self.history[self.first] or 0)
 
     def past_limit(self) -> tuple[str, int, int] | None:
         """The parameter furthest past the 5 % limit in gradients the lower scale pushes below the
@@ -81,15 +103,23 @@ def working_scale(exact: dict[str, torch.Tensor], scales_used: list[float | None
     return min([GRAD_SCALER_INIT_SCALE, finite] + [s / 2 for s in overflowed]), finite
 
 
+def judged_step(scales_used: list[float | None], first: int, skipped: list[int]) -> int:
+    """The applied step (from ``first``, not skipped) that first ran with the largest scale."""
+    applied = [i for i in range(first, len(scales_used)) if i not in skipped and scales_used[i]]
+    return max(applied, key=lambda i: (scales_used[i], -i))
+
+
 def scale_health(config: TrainConfig, scales_used: list[float | None], first: int | None, skipped: list[int],
-                 exact: dict[str, torch.Tensor], truth: str = "float64") -> ScaleHealth | None:
-    """The loss scale of a run computing in float16 with a scaler, against a working scaler's; None
-    for a run in another format, without a scaler, or with no applied step."""
+                 exact: dict[str, torch.Tensor], truth: str = "float64", unscaled: list[int] = ()) -> ScaleHealth | None:
+    """The loss scale a run computing in float16 with loss scaling reached, against a working
+    scaler's; None for a run in another format, without loss scaling, or with no applied step.
+    ``unscaled``: the steps no GradScaler scaled (recorded at 1)."""
     if config.compute_dtype != torch.float16 or first is None or first >= len(scales_used) or not scales_used[first]:
         return None
-    scale = scales_used[first]
+    step = judged_step(scales_used, first, skipped)
+    scale = scales_used[step]
     working, finite = working_scale(exact, scales_used, skipped)
-    h = ScaleHealth(first, scale, working, finite, list(scales_used), truth=truth)
+    h = ScaleHealth(step, scale, working, finite, list(scales_used), truth=truth, first=first, unscaled=list(unscaled))
     for n, g in exact.items():
         sig = significant(g)
         total = int(sig.sum())
@@ -113,15 +143,34 @@ def power_text(s: float) -> str:
     return f"2^{int(k)}" if k is not None and k == int(k) and s != GRAD_SCALER_INIT_SCALE else f"{s:g}"
 
 
+def _steps(steps: list[int]) -> str:
+    return ("step " if len(steps) == 1 else "steps ") + ", ".join(str(i) for i in steps)
+
+
 def history_text(h: ScaleHealth) -> str:
+    """The scale of each step, and whether it never grew or no GradScaler scaled the loss."""
     shown = ", ".join(_scale(s) for s in h.history)
+    if h.never_scaled:
+        return f"{shown}: no GradScaler scaled the loss"
     ran = [s for s in h.history if s]
     never = len(ran) > 1 and max(ran) <= min(ran)
-    return f"{shown}{', never grew' if never else ''}"
+    unscaled = f"; no GradScaler scaled the loss at {_steps(h.unscaled)}" if h.unscaled else ""
+    return f"{shown}{', never grew' if never else ''}{unscaled}"
+
+
+def judged_text(h: ScaleHealth) -> str:
+    """Which scale is judged: "loss scale 1 at step 0 (history ...)", or the one a growing scaler reached."""
+    if h.never_scaled:
+        return (f"loss scale 1 at step {h.step} (no GradScaler scaled the loss at any step: loss.backward() without "
+                "scaler.scale(loss))")
+    if h.grew:
+        return (f"loss scale {h.scale:g} at step {h.step}, the largest the run reached (from {h.history[h.first]:g} at "
+                f"step {h.first}; history {history_text(h)}), still")
+    return f"loss scale {h.scale:g} at step {h.step} (history {history_text(h)})"
 
 
 def scale_problem(h: ScaleHealth | None) -> str | None:
-    """The failure sentence when the run's scale loses what a working scaler keeps, or None."""
+    """The failure sentence when the scale the run reached loses what a working scaler keeps, or None."""
     if h is None or h.scale >= h.working:
         return None
     worst = h.past_limit()
@@ -129,20 +178,33 @@ def scale_problem(h: ScaleHealth | None) -> str | None:
         return None
     name, count, total = worst
     below, below_working, elements = sum(h.below.values()), sum(h.below_working.values()), sum(h.elements.values())
-    return (f"loss scale {h.scale:g} at step {h.step} (history {history_text(h)}) leaves {count_text(count, total)} of "
-            f"{name}'s {h.truth} first-step gradients below float16's normal range ({FP16.smallest_normal:.2g}) that "
-            f"{h.working:g}, the scale a working GradScaler runs at here, keeps in it > {100 * UNDERFLOW_LIMIT:g} % allowed "
-            f"(up to {limit_count(UNDERFLOW_LIMIT, total)} elements); in all {below} of {elements} significant gradients "
-            f"below it at {h.scale:g} ({h.flushed} flushed to 0), {below_working} at {h.working:g}; {working_why(h)}")
+    return (f"{judged_text(h)} leaves {count_text(count, total)} of {name}'s {h.truth} first-step gradients below "
+            f"float16's normal range ({FP16.smallest_normal:.2g}) that {h.working:g}, the scale a working GradScaler runs at "
+            f"here, keeps in it > {100 * UNDERFLOW_LIMIT:g} % allowed (up to {limit_count(UNDERFLOW_LIMIT, total)} "
+            f"elements); in all {below} of {elements} significant gradients below it at {h.scale:g} ({h.flushed} flushed "
+            f"to 0), {below_working} at {h.working:g}; {working_why(h)}{advice(h)}")
 
 
 def working_why(h: ScaleHealth) -> str:
     """Why the working scale is what it is, in a clause."""
     if h.working >= GRAD_SCALER_INIT_SCALE:
         return (f"torch's default GradScaler starts at {GRAD_SCALER_INIT_SCALE:g} and backs off only on an overflow, "
-                f"and these gradients stay finite in float16 up to {power_text(h.finite_up_to)}: use the default GradScaler, "
-                "or one that grows (growth_interval) from a lower init_scale")
+                f"and these parameter gradients stay finite in float16 up to {power_text(h.finite_up_to)} (an "
+                "activation's gradient can overflow lower, where a step would be skipped)")
     if h.working >= h.finite_up_to:
-        return (f"{h.working:g} is the largest power of two that keeps these gradients finite in float16, where a "
-                "default GradScaler backs off to")
+        return (f"{h.working:g} is the largest power of two that keeps these parameter gradients finite in float16, "
+                "where a default GradScaler backs off to")
     return f"{h.working:g} is half the lowest scale the run skipped a step at (an overflow)"
+
+
+def advice(h: ScaleHealth) -> str:
+    """What to do, after a colon, or nothing where the working scale is lower than torch's default."""
+    if h.never_scaled:
+        return (": scale the loss with the GradScaler the step is handed (scaler.scale(loss).backward(), "
+                "scaler.step(optimizer), scaler.update())")
+    if h.grew:
+        return (f": the scaler grows, but over these {len(h.history)} steps not to a scale that keeps them; start it "
+                f"higher (init_scale; torch's default is {GRAD_SCALER_INIT_SCALE:g})")
+    if h.working >= GRAD_SCALER_INIT_SCALE:
+        return ": use the default GradScaler, or one that grows (growth_interval) from a lower init_scale"
+    return ""

@@ -8,7 +8,10 @@ accumulates N micro-batches and no longer divides their loss by N has exactly N 
 bit; for another N, to fp32's rounding); a ``zero_grad`` inside the accumulation loop keeps only the
 last micro-batch's gradient, about 1/N of the sum where the micro-batches' gradients agree (1/sqrt(N)
 where they are unrelated), with the first step's loss unchanged (the forward does not see the
-gradients); a loss multiplied by a constant moves loss and gradient by the same factor. So the
+gradients); a loss multiplied by a constant moves loss and gradient by the same factor. The
+gradients recorded are the ones the optimizer applies, after any clipping, so a newly added
+``clip_grad_norm_`` whose max_norm is below the gradients' norm also shrinks the gradient with the
+loss unchanged: a reading that fits it names it as the other cause. So the
 sentence gives the first step's gradient-norm and loss ratios against the golden's and reads the
 factor where it is one of these. N is what the session's fp32 run did: the most backward passes
 one parameter accumulated in its first step (``loop_watch``).
@@ -113,10 +116,13 @@ def ratio_reading(grad: float, loss: float, micro_batches: int = 1) -> str | Non
     part = round(1 / grad) if 0 < grad <= 2 / 3 else None
     if part is not None and _exactly(grad * part, 1.0):
         twice = f" (by the number of micro-batches, {n}, twice)" if part == n else ""
-        return f"exactly 1/{part}: the loss (or its gradient) is divided by {part} once more{twice}"
+        clipped = (f"; or, with the loss unchanged, gradients now clipped (clip_grad_norm_) to 1/{part} of their norm"
+                   if _exactly(loss, 1.0) else "")
+        return f"exactly 1/{part}: the loss (or its gradient) is divided by {part} once more{twice}{clipped}"
     if n > 1 and _exactly(loss, 1.0) and 0.5 / n <= grad <= min(0.85, 1.2 / math.sqrt(n)):
         return (f"near 1/{n} to 1/sqrt({n}) for the {n} micro-batches a step accumulates, with the loss unchanged: as "
-                "when only the last micro-batch's gradient is kept (zero_grad inside the accumulation loop)")
+                "when only the last micro-batch's gradient is kept (zero_grad inside the accumulation loop), or "
+                "gradients now clipped (clip_grad_norm_ with a max_norm below their norm)")
     if not _exactly(loss, 1.0) and _exactly(grad / loss, 1.0):
         return f"loss and gradient by the same factor: the loss is multiplied by {loss:.4g}"
     return None

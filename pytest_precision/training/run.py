@@ -4,9 +4,12 @@ scales, skipped steps, the first non-finite value, step times, the optimizer's p
 
 The harness watches the optimizer: the gradients it records are the ones ``optimizer.step()``
 sees (unscaled, clipped: what is applied), through a step pre-hook, and a step whose
-``optimizer.step()`` never ran is a step the GradScaler skipped The loss scale a step ran with is
+``optimizer.step()`` never ran is a step the GradScaler skipped. The loss scale a step ran with is
 the one the GradScaler that scaled its loss applied, the step's own scaler where it used one
-(``loop_watch``), and its backward passes are counted (a loop's micro-batches).
+(``loop_watch``); under a config that scales the loss, a step that no enabled GradScaler scaled
+(``loss.backward()`` without ``scaler.scale``) ran at 1 and is listed in ``Trajectory.unscaled``,
+since its numbers are those of a scaler stuck at 1. Its backward passes are counted (a loop's
+micro-batches).
 
 ``check_determinism`` calls ``model_fn`` and every ``batch_fn(i)`` twice and compares the results
 bit for bit: a run is compared with another run of the same spec, so a spec that does not repeat
@@ -62,7 +65,7 @@ class Trajectory:
     losses: list[float]
     grad_norms: list[float | None]
     update_norms: list[float | None]
-    scales: list[float | None]  # GradScaler scale after each step (None without a scaler)
+    scales: list[float | None]  # GradScaler scale after each step (None without a scaler; 1 in ``unscaled``)
     skipped: list[int]  # steps whose optimizer.step() did not run
     first_nonfinite: tuple[int, str] | None  # (step, "loss"/"gradient of <param>") at a step not skipped
     first_step: int | None  # the first step whose optimizer.step() ran
@@ -78,6 +81,7 @@ class Trajectory:
     batch_digests: list[str] = field(default_factory=list)  # sha256 of each step's batch as batch_fn returned it
     rng_states: list["RngState"] = field(repr=False, default_factory=list)  # torch's generators at each step's start
     built_dtypes: dict[str, list[str]] = field(default_factory=dict)  # dtype -> parameters model_fn built not in float32
+    unscaled: list[int] = field(default_factory=list)  # steps of a loss-scaling config no GradScaler scaled
 
 
 class TrainingError(Exception):
@@ -335,19 +339,20 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
                 seen.pop("grads", None)
                 seen.pop("bad", None)
                 seen["step"] = i
-                planned = float(scaler.get_scale()) if config.loss_scaling else None
                 loop.start_step()
                 loss = call(f"step {i}", timed_step, model, optimizer, scaler, batch, autocast, step=True)
-                # the scale of the scaler that scaled the loss, the step's own where it used one; a step
-                # that scaled nothing is judged at the harness scaler's scale (what the loop should use)
-                t.scales_used.append(loop.scale if loop.scaler is not None else planned)
+                # the scale of the scaler that scaled the loss, the step's own where it used one; under a
+                # loss-scaling config a step that scaled nothing ran at 1, as a scaler stuck at 1 would
+                if loop.scaler is None and config.loss_scaling:
+                    t.unscaled.append(i)
+                used = loop.scale if loop.scaler is not None else (1.0 if config.loss_scaling else None)
+                t.scales_used.append(used)
                 t.backward_passes.append(loop.backward_passes)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                     raise TrainingError(f"{where}: step {i} returned {type(loss).__name__}; step_fn must return the loss")
                 value = float(loss.detach().float())
                 t.losses.append(value)
-                t.scales.append(loop.scale_after() if loop.scaler is not None
-                                else (float(scaler.get_scale()) if config.loss_scaling else None))
+                t.scales.append(loop.scale_after() if loop.scaler is not None else used)
                 ran = "grads" in seen
                 if not ran:
                     t.skipped.append(i)
