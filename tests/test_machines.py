@@ -60,7 +60,8 @@ def my_softmax(x):
     return p.to(x.dtype)
 
 
-@pytest_precision.register("my_attention", kind="attention")
+# a fully masked query row is a softmax over -inf alone: NaN, declared
+@pytest_precision.register("my_attention", kind="attention", fully_masked="nan")
 def my_attention(q, k, v, causal=False, key_padding_mask=None):
     h = q.shape[1]
     k, v = (t if t.shape[1] == h else t.repeat_interleave(h // t.shape[1], dim=1) for t in (k, v))

@@ -30,17 +30,17 @@ def test_parallel_update_writes_what_serial_writes(pytester):
             # the same cases on every machine; the norm and cross_entropy suites add time and nothing here
             *ON_CPU, "-k", f"{NOT_KERNELS} and not norm and not cross_entropy")
     serial = pytester.runpytest_subprocess(*args, "--override-ini=precision_baseline_dir=serial")
-    # softmax 2 x 3 x 12, attention 1 x 3 x 2 backends x 11, training fp32, bf16, bf16-sr, fp8-e4m3, ddp-bf16
-    serial.assert_outcomes(passed=143)
+    # softmax 2 x 3 x 12, attention 1 x 3 x 2 backends x 13, training fp32, bf16, bf16-sr, fp8-e4m3, ddp-bf16
+    serial.assert_outcomes(passed=155)
     parallel = pytester.runpytest_subprocess(*args, "-n", "2", "--override-ini=precision_baseline_dir=parallel")
-    parallel.assert_outcomes(passed=143)
+    parallel.assert_outcomes(passed=155)
     a, b = _snapshot(pytester.path / "serial"), _snapshot(pytester.path / "parallel")
-    assert len(a) == 2 * 137  # the hypothesis regime keeps no golden  # one .npz and one .json per case, none lost
+    assert len(a) == 2 * 149  # the hypothesis regime keeps no golden  # one .npz and one .json per case, none lost
     assert a == b
     # one table from the controller, with every row
     out = parallel.stdout.str()
     assert out.count("precision summary (device cpu, budgets keyed cpu-") == 1
     assert out.count("| torch.softmax ") == 3 and out.count("| torch.log_softmax ") == 3
     assert out.count("| torch.sdpa ") == 6
-    assert "precision baselines written: 137" in out
+    assert "precision baselines written: 149" in out
     assert out.count("precision training summary") == 1 and out.count("| tiny_gpt ") == 5
