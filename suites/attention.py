@@ -25,7 +25,6 @@ target that does not (a first call watched, or ``sdpa=False`` declared) runs onc
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Callable
 
 import torch
@@ -229,18 +228,6 @@ PEER_RMS_FACTOR = 1.25
 GRAD_PEER_RMS_FACTOR = 2.0
 
 
-@dataclasses.dataclass
-class _RmsJudged(OutputRule):
-    """An output whose peer budget also limits its RMS error: ``peer_rms_factor`` x the peer's plus
-    ``rms_floor``."""
-
-    peer_rms_factor: float = PEER_RMS_FACTOR
-
-    def budget(self, peer):
-        peer_rms = 0.0 if math.isnan(peer.rms_abs) else peer.rms_abs  # NaN: no element finite on both sides
-        return dataclasses.replace(super().budget(peer), rms_abs=self.peer_rms_factor * peer_rms + (self.rms_floor or 0.0))
-
-
 class AttentionKind(TensorKind):
     name = "attention"
     contract = "fn(q, k, v, causal[, key_padding_mask=]) -> (B, H, S_q, D) in q's dtype"
@@ -384,8 +371,9 @@ class AttentionKind(TensorKind):
         rule.abs_floor = error_floor(top, rule.dtype, logit_top)
         rms = float(finite.pow(2).mean().sqrt()) if finite.numel() else 0.0
         rule.rms_floor = ULP_FLOOR * rms * max(1.0, logit_top) * 2.0 ** -24  # exp's conditioning at the RMS magnitude
-        return _RmsJudged(**{f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)},
-                          peer_rms_factor=PEER_RMS_FACTOR if name == "out" else GRAD_PEER_RMS_FACTOR)
+        rule.peer_rms_floor = rule.rms_floor  # the RMS error limited too: PEER_RMS_FACTOR x the peer's plus this
+        rule.peer_rms_factor = PEER_RMS_FACTOR if name == "out" else GRAD_PEER_RMS_FACTOR
+        return rule
 
 
 ATTENTION = AttentionKind()

@@ -34,7 +34,6 @@ the committed seeds: layer_norm with 16-bit statistics 1.05 to 1.29 (fp16) and 1
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -243,20 +242,6 @@ def torch_backward_limit(a: NormInputs | None, dtype: torch.dtype, failed: set[s
             "limit of torch's op, not of the harness)")
 
 
-@dataclasses.dataclass
-class _YRule(OutputRule):
-    """y's rule: the peer budget also limits its RMS error, to Y_RMS_FACTOR x the larger of the
-    peer's and ``careful_rms`` (the RMS error of ``composite_norm_affine_in_dtype``) plus ``y_rms_floor``."""
-
-    y_rms_floor: float = 0.0
-    careful_rms: float = 0.0
-
-    def budget(self, peer):
-        peer_rms = 0.0 if math.isnan(peer.rms_abs) else peer.rms_abs  # NaN: no element finite on both sides
-        return dataclasses.replace(super().budget(peer),
-                                   rms_abs=Y_RMS_FACTOR * max(peer_rms, self.careful_rms) + self.y_rms_floor)
-
-
 class NormKind(TensorKind):
     """layer_norm (``rms=False``) or rms_norm (``rms=True``) over the last dimension."""
 
@@ -345,8 +330,9 @@ class NormKind(TensorKind):
             # RMS error shows them where its max (one element's rounding) cannot
             rms = float(ref.pow(2).mean().sqrt())
             floor = rule.rms_floor + Y_RMS_FLOOR_ULPS * rms * format_of(rule.dtype).eps / math.sqrt(ref.numel())
-            return _YRule(**{f.name: getattr(rule, f.name) for f in dataclasses.fields(rule)},
-                          y_rms_floor=floor, careful_rms=self._affine_in_dtype_rms(ctx, rule, ref))
+            # Y_RMS_FACTOR x the larger of the peer's RMS error and that of composite_norm_affine_in_dtype
+            rule.peer_rms_floor, rule.peer_rms_factor = floor, Y_RMS_FACTOR
+            rule.careful_rms = self._affine_in_dtype_rms(ctx, rule, ref)
         return rule
 
     def _affine_in_dtype_rms(self, ctx: MeasureContext, rule: OutputRule, ref: torch.Tensor) -> float:

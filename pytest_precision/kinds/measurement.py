@@ -41,9 +41,13 @@ class OutputRule:
     rms_floor: float | None = None
     underflow_floor: float = 0.0
     log_domain: bool = False
-    # set (abs_floor set too): the peer budget also limits the RMS error to peer_factor x the
-    # peer's plus this floor (a systematic loss, such as a sum kept in 16 bits, shows there first)
+    # set (abs_floor set too): the peer budget also limits the RMS error to peer_rms_factor (None:
+    # peer_factor) x the peer's plus this floor (a systematic loss, such as a sum kept in 16 bits,
+    # shows there first); ``careful_rms``: an RMS error the limit never counts the peer's below (a
+    # second careful implementation's, where best practice rounds more often than the peer does)
     peer_rms_floor: float | None = None
+    peer_rms_factor: float | None = None
+    careful_rms: float = 0.0
 
     def oracle(self, ref: torch.Tensor) -> Comparison:
         """The output against the oracle's ``ref``."""
@@ -55,7 +59,8 @@ class OutputRule:
         plus the floors."""
         if self.abs_floor is None:
             return peer_budget(peer, self.peer_factor, self.ulp_floor)
-        return peer_budget(peer, self.peer_factor, abs_floor_value=self.abs_floor, rms_floor_value=self.peer_rms_floor)
+        return peer_budget(peer, self.peer_factor, abs_floor_value=self.abs_floor, rms_floor_value=self.peer_rms_floor,
+                           rms_factor=self.peer_rms_factor, careful_rms=self.careful_rms)
 
 
 @dataclass

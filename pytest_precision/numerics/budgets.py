@@ -120,12 +120,15 @@ def abs_floor(ref_max_abs: float, dtype, ulps: float = ULP_FLOOR) -> float:
 
 
 def peer_budget(peer: Comparison, factor: float = PEER_FACTOR, floor: float = ULP_FLOOR, *,
-                abs_floor_value: float | None = None, rms_floor_value: float | None = None) -> Budget:
+                abs_floor_value: float | None = None, rms_floor_value: float | None = None,
+                rms_factor: float | None = None, careful_rms: float = 0.0) -> Budget:
     """k x the peer's error plus a floor: on ULPs, or on max abs when ``abs_floor_value`` is given
-    (and on RMS abs too when ``rms_floor_value`` is)."""
+    (and on RMS abs too when ``rms_floor_value`` is: ``rms_factor``, default k, x the larger of the
+    peer's RMS error and ``careful_rms``)."""
     counts = (peer.overflow, peer.underflow, peer.nan, peer.missing_nan)
     if abs_floor_value is not None:
-        rms = None if rms_floor_value is None else factor * _measured(peer.rms_abs) + rms_floor_value
+        rms = None if rms_floor_value is None else \
+            (factor if rms_factor is None else rms_factor) * max(_measured(peer.rms_abs), careful_rms) + rms_floor_value
         return Budget(None, *counts, max_abs=factor * _measured(peer.max_abs) + abs_floor_value, rms_abs=rms)
     return Budget(factor * _measured(peer.max_ulp) + floor, *counts)
 
