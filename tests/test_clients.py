@@ -108,6 +108,16 @@ def _judged(result) -> int:
     return judged
 
 
+def _passes(pytester, module: str, conftest: str, passed: int, skipped: int, *args):
+    """A client as written upstream, registered by ``conftest``: every case judged passes its first run."""
+    _vendor(pytester, module)
+    pytester.makeconftest(conftest)
+    result = _run(pytester, *args)
+    result.assert_outcomes(passed=passed, skipped=skipped)
+    assert _judged(result) == passed
+    return result
+
+
 # ---- nanoGPT: CausalSelfAttention and MLP (tests/clients/nanogpt_model.py) -------------------
 
 NANOGPT_ATTENTION = """
@@ -235,11 +245,7 @@ NEW_GELU = [("self.gelu    = nn.GELU()", "self.gelu    = new_gelu"),
 
 
 def test_nanogpt_mlp_passes_and_an_fp16_gelu_overflow_fails(pytester):
-    _vendor(pytester, "nanogpt_model")
-    pytester.makeconftest(NANOGPT_MLP)
-    result = _run(pytester)
-    result.assert_outcomes(passed=2 * 6, skipped=2)  # 2 regimes x 6 CPU configs
-    assert _judged(result) == 12
+    _passes(pytester, "nanogpt_model", NANOGPT_MLP, passed=2 * 6, skipped=2)  # 2 regimes x 6 CPU configs
 
     _vendor(pytester, "nanogpt_model", *NEW_GELU)
     result = _run(pytester)
@@ -411,11 +417,8 @@ VARIANCE_IN_INPUT_DTYPE = ("        hidden_states = hidden_states.to(torch.float
 
 @needs_transformers
 def test_llama_rms_norm_passes_and_a_variance_in_fp16_fails(pytester):
-    _vendor(pytester, "hf_llama")
-    pytester.makeconftest(HF_RMS_NORM)
-    result = _run(pytester)
-    result.assert_outcomes(passed=6 * 6, skipped=6)  # 6 norm regimes (hypothesis included) x 6 CPU configs
-    assert _judged(result) == 36
+    # 6 norm regimes (hypothesis included) x 6 CPU configs
+    _passes(pytester, "hf_llama", HF_RMS_NORM, passed=6 * 6, skipped=6)
 
     _vendor(pytester, "hf_llama", VARIANCE_IN_INPUT_DTYPE)
     result = _run(pytester, "-k", "not hypothesis")
@@ -451,12 +454,9 @@ LOSS_ON_16_BIT_LOGITS = ("    logits = logits.float()\n", "")
 
 @needs_transformers
 def test_hf_causal_lm_loss_passes_and_a_loss_on_16_bit_logits_fails_first_run(pytester):
-    _vendor(pytester, "hf_losses")
-    pytester.makeconftest(HF_LOSS)
-    result = _run(pytester)
     # 6 regimes (smoothing skipped: no label_smoothing keyword) and the drawn one x 6 CPU configs;
-    result.assert_outcomes(passed=7 * 6, skipped=6 + 8)  # and tf32 (a CUDA mode) in every regime
-    assert _judged(result) == 42
+    # and tf32 (a CUDA mode) in every regime
+    _passes(pytester, "hf_losses", HF_LOSS, passed=7 * 6, skipped=6 + 8)
 
     _vendor(pytester, "hf_losses", LOSS_ON_16_BIT_LOGITS)
     result = _run(pytester)
@@ -483,11 +483,8 @@ pytest_precision.register("torch.gelu_tanh", lambda x: F.gelu(x, approximate="ta
 def test_hf_new_gelu_and_torch_gelu_tanh_pass_on_wide_inputs(pytester):
     """For x below about -5, 1 + tanh(u) is 0 in float32 where float64 gives about 5e-7: terms of
     magnitude 1 cancelled, well within the output's budget; no value underflowed."""
-    _vendor(pytester, "hf_activations")
-    pytester.makeconftest(HF_GELU)
-    result = _run(pytester)
-    result.assert_outcomes(passed=2 * 2 * 6, skipped=2 * 2)  # 2 targets x 2 regimes x 6 CPU configs (tf32 skipped)
-    assert _judged(result) == 24
+    # 2 targets x 2 regimes x 6 CPU configs (tf32 skipped)
+    _passes(pytester, "hf_activations", HF_GELU, passed=2 * 2 * 6, skipped=2 * 2)
 
 
 HF_LLAMA_MLP = """
@@ -522,11 +519,7 @@ pytest_precision.register("hf.llama_mlp", mlp, kind="op", inputs={"unit": inputs
 
 @needs_transformers
 def test_hf_llama_mlp_passes_first_run(pytester):
-    _vendor(pytester, "hf_llama_mlp")
-    pytester.makeconftest(HF_LLAMA_MLP)
-    result = _run(pytester)
-    result.assert_outcomes(passed=2 * 6, skipped=2)  # 2 regimes x 6 CPU configs (tf32 skipped)
-    assert _judged(result) == 12
+    _passes(pytester, "hf_llama_mlp", HF_LLAMA_MLP, passed=2 * 6, skipped=2)  # 2 regimes x 6 CPU configs (tf32 skipped)
 
 
 HF_GPT2_ATTENTION = """
@@ -569,13 +562,9 @@ FLOAT32_MIN_CAST = ("mask = torch.zeros(keep.shape, dtype=q.dtype).masked_fill(~
 
 @needs_transformers
 def test_gpt2_eager_attention_passes_and_a_float32_minimum_mask_fails_first_run(pytester):
-    _vendor(pytester, "hf_gpt2")
-    pytester.makeconftest(HF_GPT2_ATTENTION)
-    result = _run(pytester, "-k", "padded or causal or unit")
     # unit, causal, causal-cross, padded-mha, causal-leftpad, causal136 (padded has grouped-query
-    # heads: skipped) x 6 CPU configs
-    assert _judged(result) == 6 * 6
-    result.assert_outcomes(passed=36, skipped=7 + 6)  # tf32 of the 7 selected; padded in 6 configs
+    # heads: skipped) x 6 CPU configs; tf32 of the 7 selected; padded in 6 configs
+    _passes(pytester, "hf_gpt2", HF_GPT2_ATTENTION, 6 * 6, 7 + 6, "-k", "padded or causal or unit")
 
     pytester.makeconftest(HF_GPT2_ATTENTION.replace(*FLOAT32_MIN_CAST))
     result = _run(pytester, "-k", "padded or causal or unit")

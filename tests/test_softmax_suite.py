@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 from machine import DEVICE, NOT_KERNELS, configs_run
+from sample_targets import CORRECT_SOFTMAX
 
 from pytest_precision.numerics.configs import CONFIGS
 
@@ -17,15 +18,7 @@ import pytest_precision
 {body}
 """
 
-CORRECT = """
-@pytest_precision.register("mine", kind="softmax")
-def mine(x):
-    # fp32 arithmetic inside, as torch's and every fused kernel's softmax: the same formula in
-    # bf16 arithmetic is 57 ULP off at scale 20 and the suite fails it
-    xf = x.float()
-    e = (xf - xf.amax(-1, keepdim=True)).exp()
-    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
-"""
+CORRECT = CORRECT_SOFTMAX
 
 CORRECT_LOG = """
 @pytest_precision.register("mine_log", kind="log_softmax")
