@@ -263,6 +263,15 @@ def test_nanogpt_mlp_passes_and_an_fp16_gelu_overflow_fails(pytester):
 # ---- Hugging Face: eager_attention_forward, sdpa_attention_forward, LlamaRMSNorm --------------
 # (tests/clients/hf_llama.py, tests/clients/hf_sdpa_attention.py)
 
+# the boolean mask Hugging Face builds for a causal and padded batch, True where a key is attended
+HF_ALLOWED = """def allowed(q, k, causal, key_padding_mask):
+    # HF's masks: query i sits at position S_k - S_q + i (causal aligned bottom-right), padding per batch row
+    sq, sk = q.shape[-2], k.shape[-2]
+    mask = torch.ones(sq, sk, dtype=torch.bool)
+    mask = (mask.tril(diagonal=sk - sq) if causal else mask)[None, None]
+    return mask if key_padding_mask is None else mask & ~key_padding_mask[:, None, None, :]
+"""
+
 HF_ATTENTION = """
 import torch
 import pytest_precision
@@ -280,13 +289,7 @@ class Attention(torch.nn.Module):
         self.eval()
 
 
-def allowed(q, k, causal, key_padding_mask):
-    # HF's masks: query i sits at position S_k - S_q + i (causal aligned bottom-right), padding per batch row
-    sq, sk = q.shape[-2], k.shape[-2]
-    mask = torch.ones(sq, sk, dtype=torch.bool)
-    mask = (mask.tril(diagonal=sk - sq) if causal else mask)[None, None]
-    return mask if key_padding_mask is None else mask & ~key_padding_mask[:, None, None, :]
-
+""" + HF_ALLOWED + """
 
 # a fully masked query row (causal with left padding) attends every key alike through the finite
 # additive minimum: the mean of v, declared
@@ -535,12 +538,7 @@ class Attention(torch.nn.Module):
         self.eval()
 
 
-def allowed(q, k, causal, key_padding_mask):
-    sq, sk = q.shape[-2], k.shape[-2]
-    mask = torch.ones(sq, sk, dtype=torch.bool)
-    mask = (mask.tril(diagonal=sk - sq) if causal else mask)[None, None]
-    return mask if key_padding_mask is None else mask & ~key_padding_mask[:, None, None, :]
-
+""" + HF_ALLOWED + """
 
 # one key/value head per query head, as GPT-2 and BERT have; a fully masked query row (a padded
 # position with only padding before it) attends every key alike through the finite minimum
