@@ -348,6 +348,14 @@ class AttentionKind(TensorKind):
     def expected_shape(self, values, a: AttentionInputs):
         return tuple(a.q.shape)
 
+    def batch_size(self, case, a: AttentionInputs, values):
+        return a.q.shape[0]  # each batch element attends on its own
+
+    def rows_of(self, case, a: AttentionInputs, values, rows):
+        mask = None if a.key_padding_mask is None else a.key_padding_mask[rows]
+        sub = dataclasses.replace(a, q=a.q[rows], k=a.k[rows], v=a.v[rows], key_padding_mask=mask)
+        return sub, {n: v[rows.to(v.device)] for n, v in values.items()}
+
     def reference(self, q, k, v, causal=False, key_padding_mask=None, lower_right=False, fully_masked="zero"):
         return reference_attention(q, k, v, causal, key_padding_mask, lower_right, fully_masked)
 

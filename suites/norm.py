@@ -34,6 +34,8 @@ the committed seeds: layer_norm with 16-bit statistics 1.05 to 1.29 (fp16) and 1
 """
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -276,6 +278,13 @@ class NormKind(TensorKind):
 
     def expected_shape(self, values, a: NormInputs):
         return tuple(values["x"].shape)
+
+    def batch_size(self, case, a: NormInputs, values):
+        return a.x.shape[0] if a.x.dim() >= 2 else None  # each row is normalised on its own
+
+    def rows_of(self, case, a: NormInputs, values, rows):
+        return (dataclasses.replace(a, x=a.x[rows]),
+                {**values, "x": values["x"][rows.to(values["x"].device)]})
 
     def reference(self, x, weight, bias, eps):
         return norm_reference(x, weight, bias, eps, self.rms)

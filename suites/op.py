@@ -70,7 +70,7 @@ from pytest_precision.numerics.formats import format_of
 from pytest_precision.numerics.inputs import portable_normal_draws
 from pytest_precision.numerics.metrics import compare
 
-from .op_call import OpCall
+from .op_call import OpCall, batch_dims
 
 __all__ = ["OP", "OpKind", "OpInputs", "round_to_tf32", "BASE_SEED", "DEFAULT_EXAMPLES"]
 
@@ -209,6 +209,8 @@ class OpKind(TensorKind):
         "grads": "names of the floating inputs whose gradients are judged (arg0, ... or keywords); default: all",
         "error": "'abs' (default: absolute error, floors scaled by the output's magnitude) or 'ulp'",
         "examples": f"how many examples the drawn regime tries (default {DEFAULT_EXAMPLES})",
+        "batch_dim": "the dimension along which rows are independent: an int (of the output and every tensor input) "
+                     "or {input name or 'out': dim}; enables the batch-invariance probes",
     }
 
     # ---- what a target declares ----------------------------------------------------------------
@@ -232,6 +234,13 @@ class OpKind(TensorKind):
         if key == "error":
             if value not in ("abs", "ulp"):
                 raise ValueError(f"target {name!r} (op): error={value!r}: expected 'abs' or 'ulp'")
+            return value
+        if key == "batch_dim":
+            ok = isinstance(value, int) and not isinstance(value, bool) or isinstance(value, dict) and all(
+                isinstance(k, str) and isinstance(v, int) for k, v in value.items()) and "out" in value
+            if not ok:
+                raise ValueError(f"target {name!r} (op): batch_dim={value!r}: expected an int or "
+                                 "{input name: dim, ..., 'out': dim}")
             return value
         if key == "examples":
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -324,6 +333,21 @@ class OpKind(TensorKind):
             with torch.no_grad():
                 self._reference(call, {n: v.detach().to("cpu", torch.float64) for n, v in values.items()}, "cpu")
         return call.shape
+
+    def other_tensors(self, call: OpCall) -> dict[str, torch.Tensor]:
+        return call.others()
+
+    def batch_size(self, case, call: OpCall, values):
+        declared = case.target.declared.get("batch_dim")
+        return None if declared is None else call.batch(batch_dims(call, declared), case.where)
+
+    def rows_of(self, case, call: OpCall, values, rows):
+        dims = batch_dims(call, case.target.declared["batch_dim"])
+        sub = call.with_rows(dims, rows)
+        return sub, {n: v.index_select(dims[n], rows.to(v.device)) if n in dims else v for n, v in values.items()}
+
+    def output_rows(self, case, call: OpCall, out, rows):
+        return out.index_select(batch_dims(call, case.target.declared["batch_dim"])["out"], rows.to(out.device))
 
     def validate(self, case, out, values, call, where):
         if isinstance(out, (tuple, list)):

@@ -9,7 +9,7 @@ import torch
 
 from pytest_precision.kinds.target import Target, TargetError
 
-__all__ = ["OpCall"]
+__all__ = ["OpCall", "batch_dims"]
 
 
 class OpCall:
@@ -45,6 +45,35 @@ class OpCall:
         filled = [(n, value(n, v)) for n, v in self.slots]
         return ((), dict(filled)) if self.keyword else (tuple(v for _, v in filled), {})
 
+    def others(self) -> dict[str, torch.Tensor]:
+        """The tensors among the inputs that are not floating (positions, masks), by name."""
+        return {n: v for n, v in self.slots if isinstance(v, torch.Tensor) and n not in self.floating}
+
+    def batch(self, dims: dict[str, int], where: str) -> int | None:
+        """The batch size along the declared ``batch_dim`` s (``batch_dims``), checked the same for each."""
+        sizes = {}
+        for name, v in self.slots:
+            if name in dims and isinstance(v, torch.Tensor):
+                if not -v.dim() <= dims[name] < v.dim():
+                    raise TargetError(f"{where}: batch_dim {dims[name]} of input {name} of shape {tuple(v.shape)}")
+                sizes[name] = v.shape[dims[name]]
+        unknown = [n for n in dims if n != "out" and n not in dict(self.slots)]
+        if unknown:
+            raise TargetError(f"{where}: batch_dim names {', '.join(map(repr, unknown))}; the inputs are "
+                              f"{', '.join(n for n, _ in self.slots)}")
+        if len(set(sizes.values())) > 1:
+            raise TargetError(f"{where}: the declared batch dimensions differ in size: {sizes}")
+        return next(iter(sizes.values()), None)
+
+    def with_rows(self, dims: dict[str, int], rows: torch.Tensor) -> "OpCall":
+        """These inputs with only ``rows`` along the declared batch dimensions."""
+        sub = OpCall.__new__(OpCall)
+        sub.target, sub.keyword, sub.shape = self.target, self.keyword, None
+        sub.slots = [(n, v.index_select(dims[n], rows.to(v.device)) if n in dims and isinstance(v, torch.Tensor)
+                      else v) for n, v in self.slots]
+        sub.floating = {n: v for n, v in sub.slots if n in self.floating}
+        return sub
+
     def same_as(self, other: "OpCall") -> bool:
         """Bit for bit the same inputs (NaN included)."""
         def same(a, b) -> bool:
@@ -68,3 +97,11 @@ class OpCall:
             else:
                 lines.append(f"{name}: {v!r}")
         return lines
+
+
+def batch_dims(call: OpCall, declared: int | dict) -> dict[str, int]:
+    """A ``batch_dim`` declaration as the dimension of each batched input and of the output
+    ("out"): an int is that dimension of the output and of every tensor input."""
+    if isinstance(declared, dict):
+        return dict(declared)
+    return {"out": declared, **{n: declared for n, v in call.slots if isinstance(v, torch.Tensor)}}

@@ -34,8 +34,20 @@ def _randn(g, *shape, scale=1.0, shift=0.0):
 
 
 def _near_ties(g):
-    # 10.0 against 10.01: fp16 spacing at 10 is 2**-7, bf16 2**-4, so bf16 cannot tell them apart
-    return 10.0 + 0.01 * torch.randint(0, 2, (ROWS, COLS), generator=g).to(torch.float32)
+    # 10.0 against 10.01: fp16 spacing at 10 is 2**-7, bf16 2**-4, so bf16 cannot tell them apart;
+    # one logit of 12 per row keeps the exact result from being one constant where they collapse
+    # (a regime a constant output would pass judges nothing: kinds.contract.degenerate)
+    x = 10.0 + 0.01 * torch.randint(0, 2, (ROWS, COLS), generator=g).to(torch.float32)
+    x[torch.arange(ROWS), torch.randint(0, COLS, (ROWS,), generator=g)] = 12.0
+    return x
+
+
+def _len1(g):
+    # softmax of one logit is 1 (log_softmax 0) whatever it is: row 5 is -inf (0 / 0, NaN expected),
+    # so that a constant output cannot pass
+    x = _randn(g, ROWS, 1, scale=5.0)
+    x[5] = float("-inf")
+    return x
 
 
 def _sharp_peak(g):
@@ -68,9 +80,9 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
     _regime("unit", "N(0, 1) logits, 16 x 256", lambda g: _randn(g, ROWS, COLS)),
     _regime("scale20", "N(0, 20^2) logits", lambda g: _randn(g, ROWS, COLS, scale=20.0)),
     _regime("scale200", "N(0, 200^2) logits", lambda g: _randn(g, ROWS, COLS, scale=200.0)),
-    _regime("near-ties", "logits 10.0 and 10.01 at random", _near_ties),
+    _regime("near-ties", "logits 10.0 and 10.01 at random, one of 12 per row", _near_ties),
     _regime("sharp-peak", "N(0, 1) with one logit of 30 per row", _sharp_peak),
-    _regime("len1", "rows of length 1", lambda g: _randn(g, ROWS, 1, scale=5.0)),
+    _regime("len1", "rows of length 1, row 5 -inf (expected: NaN there)", _len1),
     _regime("len1000", "rows of length 1000", lambda g: _randn(g, 8, 1000, scale=5.0)),
     _regime("len32768", "rows of length 32768", lambda g: _randn(g, 2, 32768, scale=5.0)),
     _regime("masked", "half the logits -inf, one finite per row", _masked),
@@ -130,6 +142,12 @@ class SoftmaxKind(TensorKind):
 
     def expected_shape(self, values, inputs):
         return tuple(values["x"].shape)
+
+    def batch_size(self, case, inputs, values):
+        return inputs.shape[0] if inputs.dim() >= 2 else None  # each row is its own softmax
+
+    def rows_of(self, case, inputs, values, rows):
+        return inputs[rows], {"x": values["x"][rows.to(values["x"].device)]}
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         return oracle(self.name, x)

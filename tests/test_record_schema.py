@@ -42,12 +42,13 @@ def schema_types(fragment: dict) -> set[str]:
 
 def test_a_report_case_has_exactly_the_properties_the_record_fields_give():
     renamed = {f.metadata["renamed"] for f in CaseRecord.__dataclass_fields__.values() if f.metadata.get("renamed")}
-    from_record = {*record_fields("identity"), *record_fields("case"), *renamed, "metrics", "timing"}
+    from_record = {*record_fields("identity"), *record_fields("case"), *renamed, "metrics", "contract", "timing"}
     assert set(CASE["properties"]) == from_record
     assert set(CASE["required"]) == {*record_fields("identity"), "verdict"}
     assert set(CASE["properties"]["metrics"]["properties"]) == set(record_fields("metrics"))
     assert set(CASE["properties"]["metrics"]["required"]) == set(record_fields("metrics"))
     assert set(CASE["properties"]["timing"]["properties"]) == set(record_fields("timing"))
+    assert set(CASE["properties"]["contract"]["properties"]) == set(record_fields("contract"))
 
 
 def test_every_field_the_report_carries_has_its_json_type_in_the_schema():
@@ -56,7 +57,7 @@ def test_every_field_the_report_carries_has_its_json_type_in_the_schema():
         where = f.metadata.get("report")
         if where is None or f.metadata.get("renamed") == "verdict":  # not in the report, or made from the field
             continue
-        prop = CASE["properties"][f.metadata.get("renamed") or name] if where not in ("metrics", "timing") else \
+        prop = CASE["properties"][f.metadata.get("renamed") or name] if where not in ("metrics", "contract", "timing") else \
             CASE["properties"][where]["properties"][name]
         assert field_types(hints[name]) <= schema_types(prop), name
 

@@ -39,6 +39,9 @@ class TensorOutput:
     # the same-precision peer against the oracle in this run: what the budget's typical error is
     # never held below a fraction of, and what scales a budget borrowed from another machine
     peer: Comparison | None = None
+    # a second call on fresh copies of the same inputs against the first, where their bits differed
+    # (kinds.contract): the regression budget never sits below it
+    spread: Comparison | None = None
 
     def compare_with(self, ref: torch.Tensor) -> Comparison:
         return compare(self.out, ref, self.dtype, scale=self.scale, log_domain=self.log_domain,
@@ -46,10 +49,11 @@ class TensorOutput:
 
     def budget_for(self, accepted: Comparison, ref: torch.Tensor) -> Budget:
         if not self.abs_budget:
-            return regression_budget(accepted)
+            return regression_budget(accepted).at_least_spread(self.spread)
         top = float(ref[torch.isfinite(ref)].abs().max()) if bool(torch.isfinite(ref).any()) else 0.0
         return regression_budget(accepted, abs_floor_value=abs_floor(top, self.dtype),
-                                 reorder_max=self.error_floor or 0.0, reorder_rms=self.rms_floor or 0.0)
+                                 reorder_max=self.error_floor or 0.0,
+                                 reorder_rms=self.rms_floor or 0.0).at_least_spread(self.spread)
 
 
 # what a golden keeps of the peer's error at acceptance (to carry a budget to another machine)
@@ -185,7 +189,8 @@ class TensorOutputs(BaselineEntry):
             # with moved inputs the stored reference is another input's: the error is taken against
             # this run's oracle instead, the quantity the budget was accepted on
             cmp = o.compare_with(o.reference if moved else base.arrays[name])
-            budget = budgets[name] if o.peer is None else budgets[name].with_typical_floor(o.peer)
+            budget = (budgets[name] if o.peer is None else budgets[name].with_typical_floor(o.peer)).at_least_spread(
+                o.spread)
             result.comparisons[name], result.budgets[name] = cmp, budget
             prefix = "" if name == SINGLE else f"{name}: "
             result.problems += [(cat, prefix + s) for cat, s in violations(cmp, budget)]

@@ -81,6 +81,12 @@ class Measurement:
     # budget it sets the compiled output (Variant.beside)
     eager: dict[str, Comparison] = field(default_factory=dict)
     eager_budget: dict[str, Budget] = field(default_factory=dict)
+    # the callable's contract (kinds.contract): (category, sentence) of each breach, what a second
+    # call on the same inputs gave (contract.Spread), the batch probes (batch.BatchSpread), notes
+    contract: list[tuple[str, str]] = field(default_factory=list)
+    spread: Any = None
+    batch: Any = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def lost(self) -> bool:
@@ -94,6 +100,7 @@ class TensorEvidence(Evidence):
     def __init__(self, m: Measurement, magnitude_input: torch.Tensor | None = None):
         self.oracle, self.peer, self.peer_budget = m.oracle, m.peer, m.peer_budget
         self.eager, self.eager_budget = m.eager, m.eager_budget
+        self.spread, self.batch, self.notes = m.spread, m.batch, m.notes
         self.peer_name = m.peer_name
         self.magnitude_input = magnitude_input
 
@@ -109,6 +116,10 @@ class TensorEvidence(Evidence):
         eager = self.eager.get(next(iter(self.oracle)))
         if eager is not None:
             fields.update(eager_max_ulp=eager.max_ulp, eager_max_abs=eager.max_abs)
+        if self.spread is not None:
+            fields.update(rerun_differing=self.spread.total, rerun_max_ulp=self.spread.max_ulp())
+        if self.batch is not None:
+            fields.update(batch_differing=self.batch.total)
         return fields
 
     def report_fields(self, outcome) -> dict:
@@ -120,7 +131,10 @@ class TensorEvidence(Evidence):
         return fields
 
     def message_lines(self, outcome) -> list[str]:
-        lines = []
+        lines = [f"  note: {n}" for n in self.notes]
+        if self.batch is not None and self.batch.total and "batch_variant" not in outcome.categories:
+            lines.append(f"  note: its rows depend on the batch around them ({self.batch.describe()}; not judged: "
+                         "declare batch_invariant=True to require the same bits)")
         several = len(self.oracle) > 1
         for name, o in self.oracle.items():
             peer, pb = self.peer.get(name), self.peer_budget.get(name)

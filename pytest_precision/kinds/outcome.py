@@ -18,8 +18,8 @@ from .record import CaseRecord
 __all__ = ["CATEGORY_ORDER", "Problem", "Evidence", "Outcome", "PrecisionFailure", "baseline_problems"]
 
 # headline order: the most specific cause first; categories a kind adds beyond these sort after them
-CATEGORY_ORDER = ("overflow", "underflow", "nan", "missing_nan", "accuracy", "regression", "baseline", "hypothesis",
-                  "speed", "memory")
+CATEGORY_ORDER = ("contract", "degenerate", "overflow", "underflow", "nan", "missing_nan", "accuracy", "regression",
+                  "baseline", "hypothesis", "nondeterministic", "batch_variant", "speed", "memory")
 
 
 class PrecisionFailure(AssertionError):

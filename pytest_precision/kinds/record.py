@@ -56,6 +56,12 @@ class CaseRecord:
     overflow: int = _field("metrics")
     underflow: int = _field("metrics")
     nan: int = _field("metrics")
+    # the callable's contract (kinds.contract, kinds.batch): elements whose bits differ on a second
+    # call on fresh copies of the same inputs, and its largest difference in ULPs; elements whose
+    # bits differ when rows run alone or in another batch
+    rerun_differing: int = _field("contract")
+    rerun_max_ulp: float = _field("contract")
+    batch_differing: int = _field("contract")
     eager_max_ulp: float = _field()  # a compiled case: the eager run in the same config
     eager_max_abs: float = _field()
     # training kinds: the run against the fp32 run from the same seed (the training table's metrics)

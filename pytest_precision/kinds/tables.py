@@ -109,6 +109,12 @@ class TensorTable(SummaryTable):
         extra = [() for _ in rows]
         # timed run (the default; not with --precision-no-speed): the time of the row's cases and the
         # speed-up against fp32 on the same cases; on CUDA also peak memory and what it saves against fp32
+        # the callable's contract (kinds.contract, kinds.batch): bits that differ on a second call and
+        # when rows run in another batch, summed over the row's cases that were re-called
+        for field, header in (("rerun_differing", "2nd call differs"), ("batch_differing", "batch differs")):
+            if any(field in r for r in records):
+                headers += (header,)
+                extra = [e + (_summed(records, row[0], row[1], field),) for e, row in zip(extra, rows)]
         if any(r.get("time_s") is not None for r in records):
             headers += ("time", "vs fp32")
             extra = [e + _speed_columns(records, row[0], row[1]) for e, row in zip(extra, rows)]
@@ -140,6 +146,11 @@ def _against_fp32(records: list[dict], target: str, config: str, field: str):
     common = [k for k in mine if k in ref]
     sums = (sum(mine[k] for k in common), sum(ref[k] for k in common)) if common else None
     return mine, sums
+
+
+def _summed(records: list[dict], target: str, config: str, field: str) -> str:
+    values = _case_values(records, target, config, field)
+    return str(sum(values.values())) if values else "-"
 
 
 def _speed_columns(records: list[dict], target: str, config: str) -> tuple[str, str]:

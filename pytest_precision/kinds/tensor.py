@@ -42,6 +42,8 @@ from ..platform.launches import watch_launches
 from ..platform.triton import bf16_as_on_gpu, interpreted, interpreter_excuse, triton_error
 from ..speed.timing import Bench
 from .cases import NO_VARIANT, Case, Regime
+from .contract import CONTRACT_DECLARATIONS, InputWatch, normalise_contract, aliased_inputs, declared_names, other_tensor_fields, plain_output
+from .contract_checks import check_contract
 from .drawn import attack
 from .fault import locate_fault
 from .kind import Kind, skip, xfail
@@ -71,6 +73,7 @@ class TensorKind(Kind):
     identity and the inputs and override the hooks; the template methods are final."""
 
     compiles = True  # --precision-compile adds a compiled variant of each (cases go through ``call``)
+    declarations = {**Kind.declarations, **CONTRACT_DECLARATIONS}
     # numerics
     peer_name: str = "torch's op"
     forward_output: str = "reference"  # the forward output's name (the golden's array name)
@@ -93,6 +96,11 @@ class TensorKind(Kind):
                             "form: write output_rule(self, ctx, name, out, peer, ref), reading ctx.case, ctx.exact and "
                             "ctx.inputs (a pytest_precision.MeasureContext)")
 
+    def normalise_declaration(self, name: str, key: str, value: Any) -> Any:
+        if key in CONTRACT_DECLARATIONS:
+            return normalise_contract(name, key, value)
+        return super().normalise_declaration(name, key, value)
+
     # ---- inputs --------------------------------------------------------------------------------
 
     def for_target(self, case: Case, inputs: Any) -> Any:
@@ -102,6 +110,25 @@ class TensorKind(Kind):
     def floating_inputs(self, inputs: Any) -> dict[str, torch.Tensor]:
         """The input tensors a config rounds, by name (the rest of ``inputs`` passes as it is)."""
         raise NotImplementedError
+
+    def other_tensors(self, inputs: Any) -> dict[str, torch.Tensor]:
+        """The tensors besides the floating inputs that the target is handed (masks, labels), by name:
+        a dataclass's other tensor fields by default (checked left alone, ``kinds.contract``)."""
+        return other_tensor_fields(inputs, self.floating_inputs(inputs))
+
+    # batch invariance (kinds.batch): kinds whose rows are independent say how to take rows
+    def batch_size(self, case: Case, inputs: Any, values: dict[str, torch.Tensor]) -> int | None:
+        """The number of independent rows of ``inputs`` (their batch), or None where rows are not
+        independent (the default)."""
+        return None
+
+    def rows_of(self, case: Case, inputs: Any, values: dict[str, torch.Tensor], rows: torch.Tensor) -> tuple:
+        """``(inputs, values)`` restricted to ``rows`` of the batch (indices; repeated ones repeat)."""
+        raise NotImplementedError
+
+    def output_rows(self, case: Case, inputs: Any, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` of the forward output ``out`` (its first dimension by default)."""
+        return out.index_select(0, rows.to(out.device))
 
     def case_grad_inputs(self, case: Case, inputs: Any = None) -> tuple[str, ...]:
         """The inputs whose gradients the case judges: none for a forward-only target."""
@@ -270,6 +297,7 @@ class TensorKind(Kind):
             return attack(self, case)
         regime, inputs = got.regime, got.inputs
         m = self.measure(case, inputs, grad_seed=regime.seed + 1)
+        check_contract(self, case, inputs, m, regime.seed + 1)
         result = baseline.check_outputs(m.golden, inputs=self.checksum_input(inputs), seed=regime.seed,
                                         input_spec=self.input_spec(regime, inputs))
         outcome = self.outcome(case, m, result, self.magnitude_input(inputs))
@@ -294,9 +322,10 @@ class TensorKind(Kind):
         refs = self.reference_outputs(ctx.exact, inputs, grad_seed, self.case_grad_inputs(case, inputs))
         rng_state = RngState.capture(case.device)  # what a first-fault re-run replays (dropout draws the same mask)
         launches: list = []
+        breaches: list[str] = []
         try:
             with watch_launches() as launches:
-                mine = self.call(case, case.target.fn, values, inputs, grad_seed)
+                mine = self.call(case, case.target.fn, values, inputs, grad_seed, breaches=breaches)
         except TargetError as e:
             reason = case.variant.unavailable(e, case)
             if reason:
@@ -313,6 +342,7 @@ class TensorKind(Kind):
             peer_where = f"peer ({peer_name}) under config {case.config.id} on regime {case.regime}"
             peer = self.call(replace(case, variant=NO_VARIANT), peer_fn, values, inputs, grad_seed, where=peer_where)
         m = Measurement(values, ctx.exact, mine, peer_name=peer_name, launches=launches, rng_state=rng_state)
+        m.contract += [("contract", f"{case.target.name}: {b}") for b in breaches]
         for name, ref in refs.items():
             rule = self.rule(ctx, name, mine[name], peer[name], ref)
             m.oracle[name] = rule.oracle(ref)
@@ -335,13 +365,22 @@ class TensorKind(Kind):
 
     @final
     def call(self, case: Case, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, grad_seed: int = 0, *,
-             where: str | None = None, check: bool = True) -> dict[str, torch.Tensor]:
-        """``fn`` on ``values`` under the case's config and variant: the forward output and, for
-        ``grad_inputs``, the gradients under a seeded upstream gradient. Anything it raises, and any
-        break of the output contract, is a TargetError naming the target, config and regime."""
+             where: str | None = None, check: bool = True, breaches: list[str] | None = None,
+             upstream: torch.Tensor | None = None, forward_only: bool = False) -> dict[str, torch.Tensor]:
+        """``fn`` on copies of ``values`` under the case's config and variant: the forward output and,
+        for ``grad_inputs``, the gradients under a seeded upstream gradient (or ``upstream``). Anything
+        it raises, and any break of the output contract, is a TargetError naming the target, config
+        and regime; with ``breaches`` given, inputs changed in place and an output aliasing an input
+        are sentences added to it (``kinds.contract``)."""
         where = where or case.where
-        grads = self.case_grad_inputs(case, inputs)
-        leaves = {n: v.detach().clone().requires_grad_(True) if n in grads else v for n, v in values.items()}
+        grads = () if forward_only else self.case_grad_inputs(case, inputs)
+        # copies, so that nothing the target does to them reaches the peer, the oracle or a second call
+        leaves = {n: v.detach().clone().requires_grad_(n in grads) for n, v in values.items()}
+        declared = case.target.declared
+        watch = None if breaches is None else InputWatch(
+            values, self.other_tensors(inputs),
+            declared_names(case.target.name, "mutates", declared.get("mutates", ()),
+                           [*values, *self.other_tensors(inputs)]))
         # interpreted Triton kernels launched in the call (forward and backward) compute bfloat16 as a
         # GPU does where the interpreter's is wrong: entered here, the one place every call of a target
         # goes through (the case, Hypothesis's examples, the first-fault re-run, traces); made before
@@ -352,13 +391,22 @@ class TensorKind(Kind):
             # target's backward
             with gpu_bf16, case.config.active(case.device), case.variant.context(), guarded(rng=True) as state:
                 out = self.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
+                plain_output(out, where)
                 if check:
                     self.validate(case, out, values, inputs, where)
+                if watch is not None:
+                    breaches += watch.changes(leaves, "forward")
+                    breaches += aliased_inputs(out, {**leaves, **watch.others},
+                                               declared_names(case.target.name, "aliases", declared.get("aliases", ()),
+                                                              [*leaves, *watch.others]))
                 if grads:
                     # copied into place rather than cast with .to(): the audit flags Python-level
                     # 16-bit casts as the user's, and this one is the harness's
-                    grad_out = torch.empty_like(out).copy_(upstream_gradient(out.shape, grad_seed))
+                    grad_out = torch.empty_like(out).copy_(upstream_gradient(out.shape, grad_seed)
+                                                           if upstream is None else upstream)
                     out.backward(grad_out)
+                    if watch is not None:
+                        breaches += watch.changes(leaves, "backward")
             if state.changed:
                 raise TargetError(leak_message(where, state.changed, "case", "the target"))
         except TargetError:
@@ -400,6 +448,8 @@ class TensorKind(Kind):
         outcome = Outcome(self.suite, self.name, case.target.name, case.config_id, case.regime,
                           TensorEvidence(m, magnitude_input), result)
         several = len(m.oracle) > 1
+        for category, sentence in m.contract:
+            outcome.add("contract", category, sentence)
         for name, cmp in m.oracle.items():
             label = f"{name}: " if several else ""
             for cat, s in violations(cmp, m.peer_budget[name]):

@@ -96,6 +96,19 @@ class Budget:
         return replace(self, max_ulp=times(self.max_ulp, largest), max_abs=times(self.max_abs, largest),
                        mean_ulp=times(self.mean_ulp, typical), rms_abs=times(self.rms_abs, typical))
 
+    def at_least_spread(self, spread: Comparison | None) -> "Budget":
+        """Each error limit raised, where below it, to what a second call on the same inputs moved
+        (``spread``: its comparison with the first call) plus the floor: a nondeterministic target's
+        budget never sits below its own run-to-run spread."""
+        if spread is None:
+            return self
+
+        def at_least(v, moved, floor=0.0):
+            return None if v is None or math.isnan(moved) else max(v, moved + floor)
+        return replace(self, max_ulp=at_least(self.max_ulp, spread.max_ulp, ULP_FLOOR),
+                       mean_ulp=at_least(self.mean_ulp, spread.mean_ulp, MEAN_ULP_FLOOR),
+                       max_abs=at_least(self.max_abs, spread.max_abs), rms_abs=at_least(self.rms_abs, spread.rms_abs))
+
     def with_typical_floor(self, peer: Comparison, fraction: float = PEER_TYPICAL_FLOOR) -> "Budget":
         """The typical-error limit raised to ``fraction`` of the peer's typical error, if below it."""
         def at_least(v, floor):

@@ -110,6 +110,15 @@ REPORT_SCHEMA: dict = {
                 "baseline_update": {"type": ["string", "null"]},
                 "baseline_refused": {"type": ["string", "null"],
                                      "description": "under the update flag: the golden not written, and why"},
+                "contract": {"type": "object", "description": "the callable's contract beyond its values (cases whose "
+                             "target was called again: fp32, or any config of a target declaring deterministic= or "
+                             "batch_invariant=)",
+                             "properties": {
+                                 "rerun_differing": {**_COUNT, "description": "elements (every output) whose bits "
+                                                     "differ on a second call on fresh copies of the same inputs"},
+                                 "rerun_max_ulp": {**_NUMBER, "description": "the largest such difference, in ULPs"},
+                                 "batch_differing": {**_COUNT, "description": "forward-output elements whose bits "
+                                                     "differ when rows run alone or inside another batch"}}},
                 "timing": {"type": "object", "properties": {
                     "time_s": _NUMBER_OR_NULL, "speed_status": {"type": ["string", "null"]},
                     "speed_ratio": _NUMBER_OR_NULL, "peak_bytes": {"type": ["integer", "null"]}}},
@@ -148,6 +157,7 @@ _IDENTITY = record_fields("identity")
 _TIMING = record_fields("timing")
 _METRICS = record_fields("metrics")
 _CARRIED = record_fields("case")
+_CONTRACT = record_fields("contract")
 
 
 def json_safe(value):
@@ -173,6 +183,8 @@ def _case(record: dict) -> dict:
     if all(k in record for k in _METRICS):  # training cases carry theirs under "training"
         case["metrics"] = {k: record[k] for k in _METRICS}
     case.update({k: record[k] for k in _CARRIED if k in record})
+    if any(k in record for k in _CONTRACT):
+        case["contract"] = {k: record[k] for k in _CONTRACT if k in record}
     if any(k in record for k in _TIMING):
         case["timing"] = {k: record.get(k) for k in _TIMING}
     return case

@@ -1,0 +1,72 @@
+"""The contract checks a fixed-regime case of a tensor kind runs after its measurement
+(``check_contract``): a second call on fresh copies of the same inputs (determinism, and an
+output cached across calls), batch invariance where the kind has independent rows
+(``kinds.batch``), and the refusal of a degenerate regime. What each finds goes into the
+measurement (``Measurement.contract``, ``.spread``, ``.batch``), which the outcome reads."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..platform.launches import watch_launches
+from .contract import degenerate, poison_freed_memory, spread_between
+
+if TYPE_CHECKING:
+    from .cases import Case
+    from .measurement import Measurement
+
+__all__ = ["check_contract", "second_call"]
+
+
+def second_call(kind, case: "Case", inputs: Any, m: "Measurement", grad_seed: int) -> None:
+    """Call the target again on fresh copies of the same inputs, after poisoning freed memory of the
+    outputs' sizes, and keep what differs (``m.spread``); the regression budget is never set below
+    that spread (``TensorOutput.spread``). A target declaring ``deterministic=True`` fails on any
+    difference, and any target returning its previous call's tensor fails (a cached output)."""
+    poison_freed_memory(list(m.outputs.values()))
+    with watch_launches():
+        again = kind.call(case, case.target.fn, m.values, inputs, grad_seed)
+    spread = m.spread = spread_between(m, again)
+    for name, cmp in spread.comparisons.items():
+        if spread.differing.get(name) and name in m.golden:
+            m.golden[name].spread = cmp
+    who = case.target.name
+    if spread.same_output_object:
+        m.contract.append(("contract", f"{who}: returned the very tensor of its previous call on these inputs (an "
+                                       "output cached by shape or pointer): return a fresh tensor from every call"))
+    elif spread.total:
+        lost = [n for n, t in again.items() if n in m.outputs and t.shape == m.outputs[n].shape
+                and bool((torch.isnan(t) & ~torch.isnan(m.outputs[n])).any())]
+        why = (" (NaN on the second call where the first had values: it reads memory it never wrote, such as "
+               "an output from torch.empty left partly unfilled)") if lost else ""
+        sentence = f"a second call on fresh copies of the same inputs gave other bits: {spread.describe()}{why}"
+        if case.target.declared.get("deterministic") or lost:
+            m.contract.append(("nondeterministic", f"{who}: {sentence}"))
+        else:
+            m.notes.append(f"{sentence} (not judged: declare deterministic=True to require the same bits)")
+
+
+def rechecked(case: "Case", key: str) -> bool:
+    """Whether ``case`` runs the re-calls of ``key`` (``deterministic``: the second call;
+    ``batch_invariant``: the batch probes): every case of a target declaring it, else the plain
+    float32 cases (each variant's). They cost one to four more calls of the target per case, which
+    doubled the main job when run under every config; the cheats they catch (a cached output, a
+    read of unwritten memory, a result split by batch size) show in float32 as well, and the fresh
+    regime attacks every config."""
+    return bool(case.target.declared.get(key)) or case.config.id == "fp32"
+
+
+def check_contract(kind, case: "Case", inputs: Any, m: "Measurement", grad_seed: int) -> None:
+    """The checks beyond the values of a fixed-regime case (module docstring), into ``m``."""
+    if rechecked(case, "deterministic"):
+        second_call(kind, case, inputs, m, grad_seed)
+    if rechecked(case, "batch_invariant"):
+        from .batch import batch_invariance
+
+        batch_invariance(kind, case, inputs, m)
+    why = degenerate(m.golden, {n: g.reference for n, g in m.golden.items()}, m.peer_budget)
+    if why:
+        m.contract.append(("degenerate", f"regime {case.regime} under {case.config_id}: {why}; it judges nothing "
+                                         "(its exact result's spread is within the budget's floor): the harness "
+                                         "refuses it"))
