@@ -35,14 +35,13 @@ from ..baselines.entry import BaselineResult
 from ..baselines.lifecycle import BaselineCheck
 from ..baselines.tensors import TensorOutput
 from ..numerics.budgets import violations
-from ..numerics.global_state import guarded, leak_message
 from ..numerics.metrics import compare
 from ..numerics.rng import RngState
 from ..platform.launches import watch_launches
-from ..platform.triton import bf16_as_on_gpu, interpreted, interpreter_excuse, triton_error
+from ..platform.triton import interpreted, interpreter_excuse
 from ..speed.timing import Bench
 from .cases import NO_VARIANT, Case, Regime
-from .contract import CONTRACT_DECLARATIONS, InputWatch, normalise_contract, aliased_inputs, declared_names, other_tensor_fields, plain_output
+from .contract import CONTRACT_DECLARATIONS, normalise_contract, other_tensor_fields
 from .contract_checks import check_contract
 from .drawn import attack
 from .fault import locate_fault
@@ -50,6 +49,7 @@ from .kind import Kind, skip, xfail
 from .measurement import MeasureContext, Measurement, OutputRule, TensorEvidence, upstream_gradient
 from .outcome import Outcome, baseline_problems
 from .target import Target, TargetError
+from .target_call import call_target
 
 __all__ = ["TensorKind", "CaseInputs", "TEMPLATE_METHODS"]
 
@@ -372,62 +372,8 @@ class TensorKind(Kind):
         it raises, and any break of the output contract, is a TargetError naming the target, config
         and regime; with ``breaches`` given, inputs changed in place and an output aliasing an input
         are sentences added to it (``kinds.contract``)."""
-        where = where or case.where
-        grads = () if forward_only else self.case_grad_inputs(case, inputs)
-        # copies, so that nothing the target does to them reaches the peer, the oracle or a second call
-        leaves = {n: v.detach().clone().requires_grad_(n in grads) for n, v in values.items()}
-        declared = case.target.declared
-        watch = None if breaches is None else InputWatch(
-            values, self.other_tensors(inputs),
-            declared_names(case.target.name, "mutates", declared.get("mutates", ()),
-                           [*values, *self.other_tensors(inputs)]))
-        # interpreted Triton kernels launched in the call (forward and backward) compute bfloat16 as a
-        # GPU does where the interpreter's is wrong: entered here, the one place every call of a target
-        # goes through (the case, Hypothesis's examples, the first-fault re-run, traces); made before
-        # the try, so that a failing canary is not reported as the target's error
-        gpu_bf16 = bf16_as_on_gpu()
-        try:
-            # torch's process-wide state, as the config set it, judged around the forward and the
-            # target's backward
-            with gpu_bf16, case.config.active(case.device), case.variant.context(), guarded(rng=True) as state:
-                out = self.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
-                plain_output(out, where)
-                if check:
-                    self.validate(case, out, values, inputs, where)
-                if watch is not None:
-                    breaches += watch.changes(leaves, "forward")
-                    breaches += aliased_inputs(out, {**leaves, **watch.others},
-                                               declared_names(case.target.name, "aliases", declared.get("aliases", ()),
-                                                              [*leaves, *watch.others]))
-                if grads:
-                    # copied into place rather than cast with .to(): the audit flags Python-level
-                    # 16-bit casts as the user's, and this one is the harness's
-                    grad_out = torch.empty_like(out).copy_(upstream_gradient(out.shape, grad_seed)
-                                                           if upstream is None else upstream)
-                    out.backward(grad_out)
-                    if watch is not None:
-                        breaches += watch.changes(leaves, "backward")
-            if state.changed:
-                raise TargetError(leak_message(where, state.changed, "case", "the target"))
-        except TargetError:
-            raise
-        except torch.OutOfMemoryError as e:
-            shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in values.items())
-            raise TargetError(f"{where}: out of memory ({e}); inputs {shapes}") from e
-        except Exception as e:
-            hint = triton_error(e)
-            if hint is None:
-                raise TargetError(f"{where} raised {type(e).__name__}: {e}") from e
-            first = case.state.first_launch_failure(case.target.name, case.name)
-            if first is not None:  # said once, in the first case's failure
-                skip(f"{case.target.name}: its Triton kernel cannot launch here (see {first})")
-            raise TargetError(f"{where}: {hint}") from None
-        outputs = {self.forward_output: out.detach()}
-        for n in grads:
-            if leaves[n].grad is None:
-                raise TargetError(f"{where}: no gradient reached {n} (is the output detached?)")
-            outputs[f"d{n}"] = leaves[n].grad.detach()
-        return outputs
+        return call_target(self, case, fn, values, inputs, grad_seed, where=where or case.where, check=check,
+                           breaches=breaches, upstream=upstream, forward_only=forward_only)
 
     @final
     def reference_outputs(self, exact: dict[str, torch.Tensor], inputs: Any, grad_seed: int,

@@ -1,0 +1,82 @@
+"""One call of a target (or a peer) in a tensor kind's case, the one place every call goes through
+(``TensorKind.call``: the case, Hypothesis's examples, the first-fault re-run, traces, the contract's
+re-calls): on copies of the inputs, under the case's config and variant, with torch's process-wide
+state judged around it, the forward output and the gradients under a seeded upstream gradient, and
+anything the target raises turned into a :class:`~.target.TargetError` naming target, config and
+regime."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..numerics.global_state import guarded, leak_message
+from ..platform.triton import bf16_as_on_gpu, triton_error
+from .contract import InputWatch, aliased_inputs, declared_names, plain_output
+from .kind import skip
+from .measurement import upstream_gradient
+from .target import TargetError
+
+__all__ = ["call_target"]
+
+
+def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, grad_seed: int = 0, *,
+                where: str, check: bool = True, breaches: list[str] | None = None,
+                upstream: torch.Tensor | None = None, forward_only: bool = False) -> dict[str, torch.Tensor]:
+    """``fn`` on copies of ``values`` (see ``TensorKind.call``; ``kind`` a TensorKind)."""
+    grads = () if forward_only else kind.case_grad_inputs(case, inputs)
+    # copies, so that nothing the target does to them reaches the peer, the oracle or a second call
+    leaves = {n: v.detach().clone().requires_grad_(n in grads) for n, v in values.items()}
+    declared = case.target.declared
+    watch = None if breaches is None else InputWatch(
+        values, kind.other_tensors(inputs),
+        declared_names(case.target.name, "mutates", declared.get("mutates", ()),
+                       [*values, *kind.other_tensors(inputs)]))
+    # interpreted Triton kernels launched in the call (forward and backward) compute bfloat16 as a
+    # GPU does where the interpreter's is wrong: entered here, the one place every call of a target
+    # goes through (the case, Hypothesis's examples, the first-fault re-run, traces); made before
+    # the try, so that a failing canary is not reported as the target's error
+    gpu_bf16 = bf16_as_on_gpu()
+    try:
+        # torch's process-wide state, as the config set it, judged around the forward and the
+        # target's backward
+        with gpu_bf16, case.config.active(case.device), case.variant.context(), guarded(rng=True) as state:
+            out = kind.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
+            plain_output(out, where)
+            if check:
+                kind.validate(case, out, values, inputs, where)
+            if watch is not None:
+                breaches += watch.changes(leaves, "forward")
+                breaches += aliased_inputs(out, {**leaves, **watch.others},
+                                           declared_names(case.target.name, "aliases", declared.get("aliases", ()),
+                                                          [*leaves, *watch.others]))
+            if grads:
+                # copied into place rather than cast with .to(): the audit flags Python-level
+                # 16-bit casts as the user's, and this one is the harness's
+                grad_out = torch.empty_like(out).copy_(upstream_gradient(out.shape, grad_seed)
+                                                       if upstream is None else upstream)
+                out.backward(grad_out)
+                if watch is not None:
+                    breaches += watch.changes(leaves, "backward")
+        if state.changed:
+            raise TargetError(leak_message(where, state.changed, "case", "the target"))
+    except TargetError:
+        raise
+    except torch.OutOfMemoryError as e:
+        shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in values.items())
+        raise TargetError(f"{where}: out of memory ({e}); inputs {shapes}") from e
+    except Exception as e:
+        hint = triton_error(e)
+        if hint is None:
+            raise TargetError(f"{where} raised {type(e).__name__}: {e}") from e
+        first = case.state.first_launch_failure(case.target.name, case.name)
+        if first is not None:  # said once, in the first case's failure
+            skip(f"{case.target.name}: its Triton kernel cannot launch here (see {first})")
+        raise TargetError(f"{where}: {hint}") from None
+    outputs = {kind.forward_output: out.detach()}
+    for n in grads:
+        if leaves[n].grad is None:
+            raise TargetError(f"{where}: no gradient reached {n} (is the output detached?)")
+        outputs[f"d{n}"] = leaves[n].grad.detach()
+    return outputs
+
