@@ -284,3 +284,31 @@ def test_the_upcast_hint_is_for_losses_as_far_off_as_the_16_bit_one(config):
                       F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction="sum"))
     assert m.oracle["loss"].max_abs > NAIVE_HINT_RATIO * naive_error  # the 16-bit loss misses the budget here too
     assert naive_loss_hint(case, m, a) is None
+
+
+BATCH = HEADER + """
+import torch.nn.functional as F
+
+@pytest_precision.register("per_row", kind="cross_entropy", batch_invariant=True)
+def per_row(logits, target, ignore_index=-100, label_smoothing=0.0):
+    return F.cross_entropy(logits.float(), target, ignore_index=ignore_index, label_smoothing=label_smoothing)
+
+@pytest_precision.register("batch_max", kind="cross_entropy", batch_invariant=True)
+def batch_max(logits, target, ignore_index=-100, label_smoothing=0.0):
+    if logits.shape[0] > 8:  # a kernel that shifts by the whole batch's max once the batch is large
+        logits = logits - logits.max()
+    return F.cross_entropy(logits.float(), target, ignore_index=ignore_index, label_smoothing=label_smoothing)
+"""
+
+
+def test_batch_invariance_is_judged_on_each_rows_gradient(pytester):
+    """The loss is a mean: a row's own result is its gradient row times the rows counted (exact for
+    a power of two), so a loss whose rows depend on the batch is caught where it was declared
+    batch-invariant, and torch's loss passes."""
+    _setup(pytester, BATCH)
+    result = _run(pytester, "--precision-configs=fp32", "-k", "unit or scale40", "--precision-update-baselines")
+    result.assert_outcomes(passed=2, failed=2)
+    result.stdout.fnmatch_lines(["*cross_entropy[[]batch_max-fp32-unit[]]: FAIL batch_variant (batch_max: declared "
+                                 "batch_invariant=True, and its rows depend on the batch around them: row 0 alone: * of "
+                                 "256 elements differ; rows 0-7 of 16 alone: * of 2048 elements differ)*"])
+    assert "per_row-fp32" not in "\n".join(l for l in result.stdout.lines if l.startswith("FAILED"))

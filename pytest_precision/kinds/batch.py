@@ -1,8 +1,9 @@
 """Batch invariance: whether row i of a batched result depends on the other rows. Where a kind has
 independent rows (``TensorKind.rows_of``: softmax and log_softmax rows, norm rows, attention's
-batch elements, an op target's declared ``batch_dim``), the forward is run again on the first row
-alone, on the first half of the batch, and inside a batch twice as large (the batch repeated), and
-each result's rows are compared bit for bit with the same rows of the full call.
+batch elements, an op target's declared ``batch_dim``, cross_entropy's rows through their
+gradients), the target is run again on the first row alone, on the first half of the batch, and
+inside a batch twice as large (the batch repeated), and each result's rows
+(``TensorKind.row_results``) are compared bit for bit with the same rows of the full call.
 
 Differences are counted and reported (``BatchSpread``); a target declaring
 ``batch_invariant=True`` fails on any (category ``batch_variant``): batch-invariant kernels are how
@@ -54,7 +55,7 @@ def probes(n: int) -> list[tuple[str, torch.Tensor, torch.Tensor]]:
     return out
 
 
-def batch_invariance(kind, case: "Case", inputs: Any, m: "Measurement") -> None:
+def batch_invariance(kind, case: "Case", inputs: Any, m: "Measurement", grad_seed: int = 0) -> None:
     """Run the probes of ``case`` (module docstring) into ``m.batch``, and fail a target that
     declared ``batch_invariant=True`` on any difference."""
     if getattr(case.config, "fp8", None) is not None:
@@ -63,10 +64,15 @@ def batch_invariance(kind, case: "Case", inputs: Any, m: "Measurement") -> None:
     if not n:
         return
     spread = BatchSpread()
-    full = m.outputs[kind.forward_output]
+    full = kind.row_results(case, inputs, m.outputs)
+    if full is None:
+        return
     for name, rows, compared_rows in probes(n):
         sub_inputs, sub_values = kind.rows_of(case, inputs, m.values, rows)
-        got = kind.call(case, case.target.fn, sub_values, sub_inputs, forward_only=True)[kind.forward_output]
+        got = kind.row_results(case, sub_inputs, kind.call(case, case.target.fn, sub_values, sub_inputs, grad_seed,
+                                                           forward_only=not kind.batch_gradients))
+        if got is None:  # the probe's rows say nothing exact about these (cross_entropy: a count not a power of two)
+            continue
         want = kind.output_rows(case, inputs, full, compared_rows)
         if got.shape != want.shape or got.dtype != want.dtype:
             spread.differing[name], spread.compared[name] = want.numel(), want.numel()

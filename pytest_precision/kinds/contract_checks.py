@@ -64,7 +64,7 @@ def check_contract(kind, case: "Case", inputs: Any, m: "Measurement", grad_seed:
     if rechecked(case, "batch_invariant"):
         from .batch import batch_invariance
 
-        batch_invariance(kind, case, inputs, m)
+        batch_invariance(kind, case, inputs, m, grad_seed)
     why = degenerate(m.golden, {n: g.reference for n, g in m.golden.items()}, m.peer_budget)
     if why:
         m.contract.append(("degenerate", f"regime {case.regime} under {case.config_id}: {why}; it judges nothing "

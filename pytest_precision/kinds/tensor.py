@@ -126,8 +126,14 @@ class TensorKind(Kind):
         """``(inputs, values)`` restricted to ``rows`` of the batch (indices; repeated ones repeat)."""
         raise NotImplementedError
 
+    batch_gradients = False  # the probes' calls take gradients too (row_results reads one)
+
+    def row_results(self, case: Case, inputs: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The per-row result of a call's ``outputs`` that the batch probes compare: the forward output."""
+        return outputs[self.forward_output]
+
     def output_rows(self, case: Case, inputs: Any, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``rows`` of the forward output ``out`` (its first dimension by default)."""
+        """``rows`` of a per-row result ``out`` (its first dimension by default)."""
         return out.index_select(0, rows.to(out.device))
 
     def case_grad_inputs(self, case: Case, inputs: Any = None) -> tuple[str, ...]:
