@@ -108,6 +108,15 @@ def case_lines(records: list[dict]) -> list[str]:
         lines.append(f"{len(unjudged)} case(s) judged by goldens holding an unlimited limit (what they accepted was not "
                      f"finite, so that metric is not judged): {', '.join(unjudged[:5])}"
                      + (f" and {len(unjudged) - 5} more" if len(unjudged) > 5 else ""))
+    # the callable's contract, where it was reported and not judged (kinds.contract, kinds.batch)
+    for field, what, declare in (("rerun_differing", "gave other bits on a second call on fresh copies of the same "
+                                  "inputs", "deterministic"),
+                                 ("batch_differing", "gave rows whose bits depend on the batch around them",
+                                  "batch_invariant")):
+        found = sorted({r["target"] for r in records if r.get(field) and r.get("passed")})
+        if found:
+            lines.append(f"{', '.join(found)}: {what} (reported, not judged: declare {declare}=True to require the "
+                         "same bits)")
     notes = {(r["target"], r["variants_note"]) for r in records if r.get("variants_note")}
     lines += [f"target {target!r}: {note}" for target, note in sorted(notes)]
     return lines
