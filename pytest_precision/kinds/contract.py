@@ -196,13 +196,14 @@ class Spread:
         values = [c.max_ulp for n, c in self.comparisons.items() if self.differing.get(n)]
         return max((v for v in values if not math.isnan(v)), default=math.inf if values else 0.0)
 
-    def describe(self) -> str:
+    def describe(self, forward: str = "") -> str:
+        """``forward``: the forward output's name, said as "output" (gradients keep theirs: dx)."""
         parts = []
         for name, n in self.differing.items():
             if n:
                 c = self.comparisons[name]
                 ulp = f"max {c.max_ulp:.3g} ULP" if not math.isnan(c.max_ulp) else "non-finite on one call"
-                parts.append(f"{name}: {n} of {self.numel[name]} elements differ, {ulp}")
+                parts.append(f"{'output' if name == forward else name}: {n} of {self.numel[name]} elements differ, {ulp}")
         return "; ".join(parts)
 
 
