@@ -40,7 +40,8 @@ def second_call(kind, case: "Case", inputs: Any, m: "Measurement", grad_seed: in
                 and bool((torch.isnan(t) & ~torch.isnan(m.outputs[n])).any())]
         why = (" (NaN on the second call where the first had values: it reads memory it never wrote, such as "
                "an output from torch.empty left partly unfilled)") if lost else ""
-        sentence = f"a second call on fresh copies of the same inputs gave other bits: {spread.describe(kind.forward_output)}{why}"
+        sentence = (f"a second call on fresh copies of the same inputs gave other bits: "
+                    f"{spread.describe(kind.forward_output)}{why}")
         if case.target.declared.get("deterministic") or lost:
             m.contract.append(("nondeterministic", f"{who}: {sentence}"))
         else:
