@@ -49,13 +49,18 @@ _INT_OF_SIZE = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def changed_bits(before: torch.Tensor, after: torch.Tensor) -> torch.Tensor:
-    """Where ``after`` differs from ``before`` bit for bit (NaN equal to the same NaN)."""
+    """Where ``after`` differs from ``before`` bit for bit, any NaN equal to any NaN: their sign and
+    payload say which instruction made them (0 / 0 on x86 is a negative NaN, float("nan") a positive
+    one), not a value, and a kernel's vector and scalar paths may differ there."""
     if before.dtype != after.dtype or before.shape != after.shape:
         raise ValueError("changed_bits: tensors of different dtype or shape")
     if before.dtype == torch.bool or before.element_size() not in _INT_OF_SIZE or before.is_complex():
         return before != after
     as_int = _INT_OF_SIZE[before.element_size()]
-    return before.view(as_int) != after.view(as_int)
+    changed = before.view(as_int) != after.view(as_int)
+    if before.is_floating_point():
+        changed &= ~(torch.isnan(before) & torch.isnan(after))
+    return changed
 
 
 def _largest_change(before: torch.Tensor, after: torch.Tensor, changed: torch.Tensor) -> str:
