@@ -106,8 +106,8 @@ def other_tensor_fields(inputs: Any, floating: dict[str, torch.Tensor]) -> dict[
 
 class InputWatch:
     """The inputs one call hands the target: copies of the floating values (``handed``) and the other
-    tensors of the inputs (masks, labels, positions) with a snapshot of each, compared after the
-    call (``changes``)."""
+    tensors of the inputs (masks, labels, positions), which the target gets as they are, with a
+    snapshot of each; compared after the call (``changes``) and put back (``restore``)."""
 
     def __init__(self, values: dict[str, torch.Tensor], others: dict[str, torch.Tensor], mutates: set[str]):
         self.originals = values
@@ -118,8 +118,7 @@ class InputWatch:
 
     def changes(self, handed: dict[str, torch.Tensor], stage: str) -> list[str]:
         """A sentence per input the call changed in place (``stage``: "forward" or "backward"), each
-        input said once; the inputs the target shares with the peer and the oracle (masks,
-        labels) are put back as they were."""
+        input said once."""
         out = []
         pairs = [(n, self.originals[n], handed[n].detach(), False) for n in handed]
         pairs += [(n, self.snapshots[n], self.others[n], True) for n in self.snapshots]
@@ -136,9 +135,18 @@ class InputWatch:
                 out.append(f"its {stage} changed input {name} in place ({n} of {changed.numel()} elements"
                            f"{_largest_change(before, after, changed)}); declare mutates=('{name}',) if it does "
                            "so by design")
-            if n and shared:
-                after.copy_(before)
         return out
+
+    def restore(self) -> None:
+        """Put back the inputs the target shares with the peer, the oracle and the later calls (masks,
+        labels) as they were. Done once the call (forward and backward) is over: a restore between
+        them would bump the version of a tensor its graph saved, and its backward would raise."""
+        for name, before in self.snapshots.items():
+            after = self.others[name]
+            # one reshaped in place (reported by ``changes``) is left as it is
+            if after.shape == before.shape and after.dtype == before.dtype and bool(
+                    changed_bits(before.to(after.device), after).any()):
+                after.copy_(before)
 
 
 def plain_output(out: Any, where: str) -> None:

@@ -28,10 +28,11 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
     # copies, so that nothing the target does to them reaches the peer, the oracle or a second call
     leaves = {n: v.detach().clone().requires_grad_(n in grads) for n, v in values.items()}
     declared = case.target.declared
-    watch = None if breaches is None else InputWatch(
-        values, kind.other_tensors(inputs),
-        declared_names(case.target.name, "mutates", declared.get("mutates", ()),
-                       [*values, *kind.other_tensors(inputs)]))
+    # on every call, so that the inputs the target gets as they are (masks, labels) are put back for
+    # the next; compared and reported only with ``breaches`` given
+    others = kind.other_tensors(inputs)
+    watch = InputWatch(values, others, declared_names(case.target.name, "mutates", declared.get("mutates", ()),
+                                                      [*values, *others]))
     # interpreted Triton kernels launched in the call (forward and backward) compute bfloat16 as a
     # GPU does where the interpreter's is wrong: entered here, the one place every call of a target
     # goes through (the case, Hypothesis's examples, the first-fault re-run, traces); made before
@@ -45,7 +46,7 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
             plain_output(out, where)
             if check:
                 kind.validate(case, out, values, inputs, where)
-            if watch is not None:
+            if breaches is not None:
                 breaches += watch.changes(leaves, "forward")
                 breaches += aliased_inputs(out, {**leaves, **watch.others},
                                            declared_names(case.target.name, "aliases", declared.get("aliases", ()),
@@ -56,7 +57,7 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
                 grad_out = torch.empty_like(out).copy_(upstream_gradient(out.shape, grad_seed)
                                                        if upstream is None else upstream)
                 out.backward(grad_out)
-                if watch is not None:
+                if breaches is not None:
                     breaches += watch.changes(leaves, "backward")
         if state.changed:
             raise TargetError(leak_message(where, state.changed, "case", "the target"))
@@ -73,6 +74,8 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
         if first is not None:  # said once, in the first case's failure
             skip(f"{case.target.name}: its Triton kernel cannot launch here (see {first})")
         raise TargetError(f"{where}: {hint}") from None
+    finally:
+        watch.restore()
     outputs = {kind.forward_output: out.detach()}
     for n in grads:
         if leaves[n].grad is None:
