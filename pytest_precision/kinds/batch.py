@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .contract import changed_bits
+from .contract import changed_bits, recall_context
 
 if TYPE_CHECKING:
     from .cases import Case
@@ -33,6 +33,7 @@ class BatchSpread:
 
     differing: dict[str, int] = field(default_factory=dict)
     compared: dict[str, int] = field(default_factory=dict)
+    unwritten: list[str] = field(default_factory=list)  # probes NaN where the full call had values
 
     @property
     def total(self) -> int:
@@ -69,8 +70,9 @@ def batch_invariance(kind, case: "Case", inputs: Any, m: "Measurement", grad_see
         return
     for name, rows, compared_rows in probes(n):
         sub_inputs, sub_values = kind.rows_of(case, inputs, m.values, rows)
-        got = kind.row_results(case, sub_inputs, kind.call(case, case.target.fn, sub_values, sub_inputs, grad_seed,
-                                                           forward_only=not kind.batch_gradients))
+        with recall_context(case):
+            got = kind.row_results(case, sub_inputs, kind.call(case, case.target.fn, sub_values, sub_inputs,
+                                                               grad_seed, forward_only=not kind.batch_gradients))
         if got is None:  # the probe's rows say nothing exact about these (cross_entropy: a count not a power of two)
             continue
         want = kind.output_rows(case, inputs, full, compared_rows)
@@ -79,7 +81,13 @@ def batch_invariance(kind, case: "Case", inputs: Any, m: "Measurement", grad_see
             continue
         spread.differing[name] = int(changed_bits(want, got).sum())
         spread.compared[name] = want.numel()
+        if bool((torch.isnan(got) & ~torch.isnan(want)).any()):
+            spread.unwritten.append(name)
     m.batch = spread
-    if spread.total and case.target.declared.get("batch_invariant"):
+    if spread.unwritten:  # whatever was declared: rows a launch sized for another batch never wrote
+        m.contract.append(("batch_variant", f"{case.target.name}: NaN in rows the full batch gave values for "
+                                            f"({', '.join(spread.unwritten)}): it reads memory it never wrote, such "
+                                            "as rows of a torch.empty output its launch did not cover"))
+    elif spread.total and case.target.declared.get("batch_invariant"):
         m.contract.append(("batch_variant", f"{case.target.name}: declared batch_invariant=True, and its rows depend "
                                             f"on the batch around them: {spread.describe()}"))

@@ -81,6 +81,9 @@ class Variant:
     apply to."""
 
     suffix = ""
+    # whether what ``wrap`` makes is specialised on torch's process-wide flags (a compiled frame's
+    # guards): the contract's re-calls then run under the flags the case ran under (kinds.contract_checks)
+    guards_global_state = False
 
     def context(self) -> ContextManager:
         return contextlib.nullcontext()

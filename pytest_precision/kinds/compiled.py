@@ -72,6 +72,8 @@ class Compiled(Variant):
     """``base`` (no variant; a variant whose context dynamo guards on could be another) with the
     target compiled: suffix ``+compiled`` after the base's."""
 
+    guards_global_state = True  # dynamo guards a compiled frame on torch's deterministic mode, among others
+
     def __init__(self, base: Variant, device: str = "cpu"):
         self.base = base
         self.device = device

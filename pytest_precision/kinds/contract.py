@@ -20,8 +20,10 @@ Each breach is a problem of the case (category ``contract``, ``nondeterministic`
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
     from .measurement import Measurement
 
 __all__ = ["CONTRACT_DECLARATIONS", "normalise_contract", "InputWatch", "other_tensor_fields", "Spread", "plain_output", "aliased_inputs", "changed_bits", "poison_freed_memory",
-           "spread_between", "degenerate", "declared_names"]
+           "unwritten_memory_filled", "recall_context", "spread_between", "degenerate", "declared_names"]
 
 # what a tensor kind's target may declare about its contract (TensorKind.declarations)
 CONTRACT_DECLARATIONS = {
@@ -188,6 +190,40 @@ def poison_freed_memory(like: list[torch.Tensor]) -> None:
     blocks = [torch.full((max(1, t.numel()),), float("nan"), dtype=torch.float32 if not t.is_floating_point()
                          or t.element_size() > 4 else t.dtype, device=t.device) for t in like]
     del blocks
+
+
+@contextlib.contextmanager
+def unwritten_memory_filled():
+    """Inside, every tensor torch allocates without initialising (``torch.empty`` and its kin, in the
+    target and in a Triton launcher) is filled with NaN (integers: their largest value), whichever
+    block the allocator hands out: torch's deterministic mode with ``fill_uninitialized_memory``,
+    warn-only so that no op refuses to run, its warnings dropped. Freed memory poisoned with NaN
+    (``poison_freed_memory``) is a guess at which block that is; measured here, a target writing
+    only the first row of a torch.empty output of 2 x 32768 float32 got a block holding the right
+    values on its second call, and passed. The mode also makes the ops
+    torch runs nondeterministically by default (CUDA atomics) run deterministically, which a
+    second call may then show as other bits: they are. The previous mode is back on exit."""
+    import torch.utils.deterministic as det
+
+    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    fill = det.fill_uninitialized_memory
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*determinis", category=UserWarning)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        det.fill_uninitialized_memory = True
+        try:
+            yield
+        finally:
+            det.fill_uninitialized_memory = fill
+            torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+
+
+def recall_context(case: Any) -> contextlib.AbstractContextManager:
+    """Around a re-call of the target: memory it never writes reads NaN (``unwritten_memory_filled``),
+    except for a compiled variant, whose frames dynamo guards on torch's deterministic mode (a
+    re-call under it would compile the target again, towards the recompile limit; freed memory
+    poisoned with NaN is its only net)."""
+    return contextlib.nullcontext() if case.variant.guards_global_state else unwritten_memory_filled()
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..platform.launches import watch_launches
-from .contract import degenerate, poison_freed_memory, spread_between
+from .contract import degenerate, poison_freed_memory, recall_context, spread_between
 
 if TYPE_CHECKING:
     from .cases import Case
@@ -20,12 +20,14 @@ __all__ = ["check_contract", "second_call"]
 
 
 def second_call(kind, case: "Case", inputs: Any, m: "Measurement", grad_seed: int) -> None:
-    """Call the target again on fresh copies of the same inputs, after poisoning freed memory of the
-    outputs' sizes, and keep what differs (``m.spread``); the regression budget is never set below
-    that spread (``TensorOutput.spread``). A target declaring ``deterministic=True`` fails on any
-    difference, and any target returning its previous call's tensor fails (a cached output)."""
+    """Call the target again on fresh copies of the same inputs (from the same random state: every
+    call restores torch's generators, ``guarded``), with memory it never writes reading NaN
+    (``recall_context``), and keep what differs (``m.spread``); the regression budget is never set
+    below that spread (``TensorOutput.spread``). A target declaring ``deterministic=True`` fails on
+    any difference, and any target whose second output is in its first's memory fails (an output
+    cached by shape, a buffer kept across calls)."""
     poison_freed_memory(list(m.outputs.values()))
-    with watch_launches():
+    with watch_launches(), recall_context(case):
         again = kind.call(case, case.target.fn, m.values, inputs, grad_seed)
     spread = m.spread = spread_between(m, again)
     for name, cmp in spread.comparisons.items():
