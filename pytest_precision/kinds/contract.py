@@ -235,7 +235,7 @@ class Spread:
     differing: dict[str, int]
     numel: dict[str, int]
     comparisons: dict[str, Any]  # numerics.metrics.Comparison of the second call against the first
-    same_output_object: bool = False  # the second call returned the first call's tensor (a cache)
+    same_output_object: bool = False  # the second call's output is in the first's memory (a cache, a kept buffer)
 
     @property
     def total(self) -> int:

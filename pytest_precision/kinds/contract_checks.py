@@ -35,8 +35,9 @@ def second_call(kind, case: "Case", inputs: Any, m: "Measurement", grad_seed: in
             m.golden[name].spread = cmp
     who = case.target.name
     if spread.same_output_object:
-        m.contract.append(("contract", f"{who}: returned the very tensor of its previous call on these inputs (an "
-                                       "output cached by shape or pointer): return a fresh tensor from every call"))
+        m.contract.append(("contract", f"{who}: its second call returned the memory of its first call's output, "
+                                       "which the caller still held (an output cached by shape or pointer, a buffer "
+                                       "kept across calls): return a fresh tensor from every call"))
     elif spread.total:
         lost = [n for n, t in again.items() if n in m.outputs and t.shape == m.outputs[n].shape
                 and bool((torch.isnan(t) & ~torch.isnan(m.outputs[n])).any())]
