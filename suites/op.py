@@ -275,6 +275,8 @@ class OpKind(TensorKind):
                 raise TargetError(f"{where}: the generator gave different inputs on two calls; draw from the "
                                   "torch.Generator it is given (the same bits on every machine and run)")
             repeatable[case.target.name, case.regime] = True
+        if case.target.declared.get("batch_dim") is not None:  # its names and dimensions, in every case
+            call.batch(batch_dims(call, case.target.declared["batch_dim"]), where)
         return call
 
     def case_grad_inputs(self, case: Case, call: OpCall | None = None) -> tuple[str, ...]:

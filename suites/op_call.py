@@ -55,7 +55,8 @@ class OpCall:
         for name, v in self.slots:
             if name in dims and isinstance(v, torch.Tensor):
                 if not -v.dim() <= dims[name] < v.dim():
-                    raise TargetError(f"{where}: batch_dim {dims[name]} of input {name} of shape {tuple(v.shape)}")
+                    raise TargetError(f"{where}: batch_dim {dims[name]} is no dimension of input {name} of shape "
+                                      f"{tuple(v.shape)}")
                 sizes[name] = v.shape[dims[name]]
         unknown = [n for n in dims if n != "out" and n not in dict(self.slots)]
         if unknown:
