@@ -200,12 +200,13 @@ def unwritten_memory_filled():
     warn-only so that no op refuses to run, its warnings dropped. Freed memory poisoned with NaN
     (``poison_freed_memory``) is a guess at which block that is; measured here, a target writing
     only the first row of a torch.empty output of 2 x 32768 float32 got a block holding the right
-    values on its second call, and passed. The mode also makes the ops
-    torch runs nondeterministically by default (CUDA atomics) run deterministically, which a
-    second call may then show as other bits: they are. The previous mode is back on exit."""
+    values on its second call, and passed. The mode also makes the ops torch runs
+    nondeterministically by default (CUDA atomics) run deterministically, which a second call may
+    then show as other bits: they are. The previous mode is back on exit."""
     import torch.utils.deterministic as det
 
-    enabled, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     fill = det.fill_uninitialized_memory
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*determinis", category=UserWarning)
@@ -235,7 +236,7 @@ class Spread:
     differing: dict[str, int]
     numel: dict[str, int]
     comparisons: dict[str, Any]  # numerics.metrics.Comparison of the second call against the first
-    same_output_object: bool = False  # the second call's output is in the first's memory (a cache, a kept buffer)
+    same_output_object: bool = False  # the second output is in the first's memory (a cache, a kept buffer)
 
     @property
     def total(self) -> int:
