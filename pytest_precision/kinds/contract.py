@@ -287,9 +287,14 @@ def _candidate_passes(candidate: torch.Tensor, ref: torch.Tensor, rule, budget: 
 def degenerate(rules: dict, refs: dict[str, torch.Tensor], budgets: dict[str, Budget]) -> str | None:
     """Why every output of the case would pass within its peer budget as all zeros or as one
     constant (the median of the exact result), or None. A one-element output is one constant
-    already: only zeros are tried on it."""
+    already: only zeros are tried on it. An output whose exact result is 0 everywhere is no
+    degenerate one: zeros are its result, and what the regime tells apart is another answer (the
+    all-ignored batch of a cross_entropy target declaring ``all_ignored="zero"``: loss and gradient
+    0, where NaN fails)."""
     found = []
     for name, ref in refs.items():
+        if not bool((ref != 0).any()):
+            return None
         rule, budget = rules[name], budgets[name]
         out = rule.out
         zeros = torch.zeros(out.shape, dtype=out.dtype, device=out.device)
