@@ -11,6 +11,7 @@ from typing import Any, Callable
 import torch
 
 from ..numerics.global_state import guarded, leak_message
+from ..platform.launches import as_harness
 from ..platform.triton import bf16_as_on_gpu, triton_error
 from .contract import InputWatch, aliased_inputs, declared_names, plain_output
 from .kind import skip
@@ -25,14 +26,17 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
                 upstream: torch.Tensor | None = None, forward_only: bool = False) -> dict[str, torch.Tensor]:
     """``fn`` on copies of ``values`` (see ``TensorKind.call``; ``kind`` a TensorKind)."""
     grads = () if forward_only else kind.case_grad_inputs(case, inputs)
-    # copies, so that nothing the target does to them reaches the peer, the oracle or a second call
-    leaves = {n: v.detach().clone().requires_grad_(n in grads) for n, v in values.items()}
     declared = case.target.declared
-    # on every call, so that the inputs the target gets as they are (masks, labels) are put back for
-    # the next; compared and reported only with ``breaches`` given
-    others = kind.other_tensors(inputs)
-    watch = InputWatch(values, others, declared_names(case.target.name, "mutates", declared.get("mutates", ()),
-                                                      [*values, *others]))
+    # the copies and the watch's snapshots and comparisons are the harness's ops (as_harness): an op
+    # trace (--precision-trace, the first fault) shows the target's alone
+    with as_harness():
+        # copies, so that nothing the target does to them reaches the peer, the oracle or a second call
+        leaves = {n: v.detach().clone().requires_grad_(n in grads) for n, v in values.items()}
+        # on every call, so that the inputs the target gets as they are (masks, labels) are put back
+        # for the next; compared and reported only with ``breaches`` given
+        others = kind.other_tensors(inputs)
+        watch = InputWatch(values, others, declared_names(case.target.name, "mutates", declared.get("mutates", ()),
+                                                          [*values, *others]))
     # interpreted Triton kernels launched in the call (forward and backward) compute bfloat16 as a
     # GPU does where the interpreter's is wrong: entered here, the one place every call of a target
     # goes through (the case, Hypothesis's examples, the first-fault re-run, traces); made before
@@ -47,10 +51,11 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
             if check:
                 kind.validate(case, out, values, inputs, where)
             if breaches is not None:
-                breaches += watch.changes(leaves, "forward")
-                breaches += aliased_inputs(out, {**leaves, **watch.others},
-                                           declared_names(case.target.name, "aliases", declared.get("aliases", ()),
-                                                          [*leaves, *watch.others]))
+                with as_harness():
+                    breaches += watch.changes(leaves, "forward")
+                    breaches += aliased_inputs(out, {**leaves, **watch.others},
+                                               declared_names(case.target.name, "aliases", declared.get("aliases", ()),
+                                                              [*leaves, *watch.others]))
             if grads:
                 # copied into place rather than cast with .to(): the audit flags Python-level
                 # 16-bit casts as the user's, and this one is the harness's
@@ -58,7 +63,8 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
                                                        if upstream is None else upstream)
                 out.backward(grad_out)
                 if breaches is not None:
-                    breaches += watch.changes(leaves, "backward")
+                    with as_harness():
+                        breaches += watch.changes(leaves, "backward")
         if state.changed:
             raise TargetError(leak_message(where, state.changed, "case", "the target"))
     except TargetError:
@@ -75,7 +81,8 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
             skip(f"{case.target.name}: its Triton kernel cannot launch here (see {first})")
         raise TargetError(f"{where}: {hint}") from None
     finally:
-        watch.restore()
+        with as_harness():
+            watch.restore()
     outputs = {kind.forward_output: out.detach()}
     for n in grads:
         if leaves[n].grad is None:
