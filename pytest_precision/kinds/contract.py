@@ -7,13 +7,14 @@
 - its output is a plain, fresh tensor (``plain_output``, ``aliased_inputs``): not a tensor
   subclass or lazy wrapper, not sharing storage with an input (unless declared ``aliases=``), and
   not the tensor of an earlier call (an output cached by shape or pointer);
-- two calls on fresh copies of the same inputs agree (``second_call``): the second runs after
-  freed blocks of the outputs' sizes were filled with NaN, so a result read from stale or
-  uninitialised memory changes; the bits that differ are counted (``Spread``), reported, and fail
-  a target declaring ``deterministic=True``;
+- two calls on fresh copies of the same inputs agree (``second_call``): the second runs with
+  the memory torch allocates uninitialised filled with NaN (``unwritten_memory_filled``; freed
+  blocks of the outputs' sizes filled with NaN before it, ``poison_freed_memory``), so a result
+  read from stale or unwritten memory changes; the bits that differ are counted (``Spread``),
+  reported, and fail a target declaring ``deterministic=True``;
 - the regime can tell a result from nothing (``degenerate``): a case whose every output an
   all-zeros or a constant tensor would pass within budget is refused, so such a target never
-  passes.
+  passes (unless zeros are the exact result).
 
 Each breach is a problem of the case (category ``contract``, ``nondeterministic`` or
 ``degenerate``) saying in one line what the target did.
