@@ -112,19 +112,16 @@ class TensorKind(Kind):
         raise NotImplementedError
 
     def other_tensors(self, inputs: Any) -> dict[str, torch.Tensor]:
-        """The tensors besides the floating inputs that the target is handed (masks, labels), by name:
-        a dataclass's other tensor fields by default (checked left alone, ``kinds.contract``)."""
+        """The other tensors the target is handed (masks, labels: checked left alone, kinds.contract)."""
         return other_tensor_fields(inputs, self.floating_inputs(inputs))
 
     # batch invariance (kinds.batch): kinds whose rows are independent say how to take rows
     def batch_size(self, case: Case, inputs: Any, values: dict[str, torch.Tensor]) -> int | None:
-        """The number of independent rows of ``inputs`` (their batch), or None where rows are not
-        independent (the default)."""
+        """The number of independent rows of ``inputs``, or None where rows are not independent."""
         return None
 
     def rows_of(self, case: Case, inputs: Any, values: dict[str, torch.Tensor], rows: torch.Tensor) -> tuple:
-        """``(inputs, values)`` restricted to ``rows`` of the batch (indices; repeated ones repeat)."""
-        raise NotImplementedError
+        raise NotImplementedError  # (inputs, values) restricted to ``rows`` of the batch (repeated ones repeat)
 
     batch_gradients = False  # the probes' calls take gradients too (row_results reads one)
 
