@@ -133,10 +133,9 @@ def test_printed_update_commands_select_exactly_their_case(pytester):
     assert len(commands) == 2, result.stdout.str()
     for command in commands:
         kind = "safe_softmax" if "k 'safe_softmax" in command else "softmax"
-        fixed = _shell(command, pytester.path)
+        fixed = _shell(command + " -v", pytester.path)  # -v names the case it ran (one process, not two)
         assert fixed.returncode == 0, fixed.stdout[-3000:] + fixed.stderr
-        assert "1 passed" in fixed.stdout and f"precision-suite::{kind}[torch.softmax-fp32-unit] PASSED" in \
-            _shell(command + " -v", pytester.path).stdout
+        assert "1 passed" in fixed.stdout and f"precision-suite::{kind}[torch.softmax-fp32-unit] PASSED" in fixed.stdout
     written = sorted(p.relative_to(pytester.path / "precision_baselines").as_posix()
                      for p in (pytester.path / "precision_baselines").rglob("*.npz"))
     assert written == ["safe_softmax/torch.softmax/unit/fp32.npz", "softmax/torch.softmax/unit/fp32.npz"]
