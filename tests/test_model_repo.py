@@ -148,7 +148,8 @@ def test_an_unknown_or_malformed_declaration_names_the_target(pytester):
     result = _run(pytester)
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*target 'mine' (attention): unknown declaration 'head_dim'; a attention target may "
-                                 "declare dtypes, forward_only, sdpa, head_dims, *"])
+                                 "declare dtypes, forward_only, mutates, aliases, deterministic, batch_invariant, sdpa, "
+                                 "head_dims, *"])
     pytester.makeconftest(EAGER + 'pytest_precision.register("mine", eager, kind="attention", causal="lower")\n')
     result = _run(pytester)
     result.stderr.fnmatch_lines(["*target 'mine': causal='lower': expected 'top-left', 'bottom-right' or None*"])
@@ -265,11 +266,11 @@ def broken(x):
                                  "conftest.py:8: in broken", "conftest.py:4: in reshape_rows",
                                  "E   RuntimeError: shape*"])
     failure = result.stdout.str().split("FAILURES")[1].split("precision summary")[0]
-    assert "pytest_precision" not in failure and "kinds/tensor.py" not in failure
+    assert "pytest_precision" not in failure and "kinds/target_call.py" not in failure
     assert len(failure.splitlines()) < 20
     # pytest's --fulltrace still shows every frame, the harness's too
     full = _run(pytester, "--precision-configs=fp32", "-k", "unit", "--fulltrace")
-    assert "kinds/tensor.py" in full.stdout.str().split("FAILURES")[1]
+    assert "kinds/target_call.py" in full.stdout.str().split("FAILURES")[1]
 
 
 def test_an_ini_target_declares_its_limits_on_its_line(pytester):
