@@ -16,3 +16,11 @@ CORRECT_SOFTMAX_CONFTEST = """
 import torch
 import pytest_precision
 """ + CORRECT_SOFTMAX
+
+# the same softmax as a plain function (not registered), for sessions that wrap or plant it
+SOFTMAX_FN = """
+def softmax(x):
+    xf = x.float()
+    e = (xf - xf.amax(-1, keepdim=True)).exp()
+    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
+"""

@@ -11,6 +11,8 @@ import pytest_precision
 from pytest_precision.kinds import registry
 from pytest_precision.numerics.budgets import REGRESSION_SLACK, ULP_FLOOR
 
+from sample_targets import SOFTMAX_FN
+
 pytest_plugins = ["pytester"]
 
 HEADER = """
@@ -18,12 +20,7 @@ import math
 import torch
 import pytest_precision
 
-
-def softmax(x):
-    xf = x.float()
-    e = (xf - xf.amax(-1, keepdim=True)).exp()
-    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
-"""
+""" + SOFTMAX_FN
 
 UNIT = 'unit = {"unit": lambda g: torch.randn(16, 64, generator=g)}\n'
 
