@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
+from pytest_precision.kinds.fresh import Plan
 from pytest_precision.kinds.measurement import MeasureContext, OutputRule
 from pytest_precision.kinds.tensor import TensorKind
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
@@ -84,13 +85,38 @@ def _affine(g: torch.Generator, n: int, rms: bool) -> tuple[torch.Tensor, torch.
     return weight, bias
 
 
-def _near_eps_rows(g: torch.Generator) -> torch.Tensor:
+def _near_eps_rows(g: torch.Generator, rows: int = ROWS, cols: int = COLS) -> torch.Tensor:
     """Rows centred on 0 whose variance (and mean square) runs from 0.03 eps to 10 eps, and a row
-    of zeros, where a norm without eps divides 0 by 0. Centred on 0 so that this regime is about
-    eps alone; the offset regime is about cancellation."""
-    spread = torch.tensor([0.03, 0.1, 0.3, 1.0, 1.0, 3.0, 10.0, 0.0], dtype=torch.float64)[:, None]
-    x = torch.randn(ROWS, COLS, generator=g, dtype=torch.float64) * (spread * EPS).sqrt()
+    of zeros, where a norm without eps divides 0 by 0 (the eight spreads in turn, for other
+    counts of rows). Centred on 0 so that this regime is about eps alone; the offset regime is
+    about cancellation."""
+    spread = torch.tensor([0.03, 0.1, 0.3, 1.0, 1.0, 3.0, 10.0, 0.0], dtype=torch.float64).repeat(rows)[:rows, None]
+    x = torch.randn(rows, cols, generator=g, dtype=torch.float64) * (spread * EPS).sqrt()
     return x.to(torch.float32)
+
+
+# The fresh regime (kinds.fresh): one of the fixed regimes' families, on rows and lengths drawn anew
+# every run, never the fixed ones (8 or 2 rows; rows of 256 or 8192). Not the offset family: fp8's
+# rounding leaves each of its rows constant, so that y and the gradients of x are the bias and 0,
+# and on a few rows or columns the weight's and the bias's gradients are within their fp8 budgets of
+# a constant too (3 rows of 17: kinds.contract.degenerate refused the case); nor rows shorter than
+# 16 (3 rows of 2 were refused the same way)
+FRESH_FAMILIES: dict[str, Callable[[torch.Generator, int, int], torch.Tensor]] = {
+    "unit": lambda g, rows, cols: seeded_normal(g, rows, cols),
+    "near-eps": _near_eps_rows,
+    "scale300": lambda g, rows, cols: seeded_normal(g, rows, cols, scale=300.0),
+}
+
+
+def _fresh_regime(seed: int, rms: bool) -> Regime:
+    plan = Plan(seed)
+    rows, cols = plan.integer(1, 12, avoid=(ROWS, 2)), plan.length(16, 2048, avoid=(COLS,))
+    family = plan.choice(tuple(FRESH_FAMILIES))
+
+    def make(g: torch.Generator) -> NormInputs:
+        return NormInputs(FRESH_FAMILIES[family](g, rows, cols), *_affine(g, cols, rms))
+    return plan.regime(f"{rows} rows of {cols}, valued as the {family} regime's", make, rows=rows, cols=cols,
+                       family=family)
 
 
 def _regimes(rms: bool) -> dict[str, Regime]:
@@ -288,6 +314,9 @@ class NormKind(TensorKind):
 
     def reference(self, x, weight, bias, eps):
         return norm_reference(x, weight, bias, eps, self.rms)
+
+    def fresh_regime(self, target: Target, seed: int) -> Regime:
+        return _fresh_regime(seed, self.rms)
 
     def torch_op(self, x, weight, bias, eps):
         """The built-in target: torch's op in the config, as a model calls it."""
