@@ -23,7 +23,7 @@ from ..baselines.entry import BaselineResult
 from .cases import Case, Regime
 
 __all__ = ["FRESH", "REPLAY_OPTION", "SEEDS", "new_seed", "parse_seed", "replay_advice", "session_seed", "Plan",
-           "reseeded", "fresh_regime_of", "fresh_result", "note_fresh", "crash_note"]
+           "reseeded", "is_fresh", "fresh_regime_of", "fresh_result", "note_fresh", "crash_note"]
 
 FRESH = "fresh"  # the regime's name (its case ids carry no seed: they stay the same from run to run)
 REPLAY_OPTION = "--precision-fresh-seed"
@@ -97,9 +97,15 @@ def reseeded(regime: Regime, seed: int) -> Regime:
                   dict(regime.parameters), regime.irregular)
 
 
+def is_fresh(case: Case) -> bool:
+    """Whether ``case`` is its kind's fresh case."""
+    fresh = getattr(case.kind, "fresh", None)
+    return fresh is not None and case.regime == fresh
+
+
 def fresh_regime_of(kind, case: Case) -> Regime | None:
     """The fresh regime of ``case`` when it is the kind's fresh case, else None."""
-    if kind.fresh is None or case.regime != kind.fresh:
+    if not is_fresh(case):
         return None
     regime = kind.fresh_regime(case.target, session_seed(case))
     if regime is None:  # regime_names lists it only where the kind draws one
@@ -109,14 +115,14 @@ def fresh_regime_of(kind, case: Case) -> Regime | None:
 
 def fresh_result(kind, case: Case) -> BaselineResult | None:
     """The golden's part of a fresh case (there is none), or None for any other case."""
-    if kind.fresh is None or case.regime != kind.fresh:
+    if not is_fresh(case):
         return None
     return BaselineResult(absent="fresh inputs have no golden; the oracle and the peer judge them")
 
 
 def note_fresh(kind, case: Case, regime: Regime, inputs: Any, details: list[str]) -> None:
     """First in a failing fresh case's details: the seed, how to replay it, and what was drawn."""
-    if kind.fresh is not None and case.regime == kind.fresh:
+    if is_fresh(case):
         shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in kind.floating_inputs(inputs).items())
         details.insert(0, f"{replay_advice(session_seed(case))} ({regime.description}; {shapes})")
 
@@ -124,5 +130,4 @@ def note_fresh(kind, case: Case, regime: Regime, inputs: Any, details: list[str]
 def crash_note(case: Case) -> str:
     """A line to end the message of a fresh case that crashed (the target raised, broke its
     contract, ran past its limit): the seed and how to replay it; nothing for any other case."""
-    fresh = getattr(case.kind, "fresh", None)
-    return f"\n  {replay_advice(session_seed(case))}" if fresh is not None and case.regime == fresh else ""
+    return f"\n  {replay_advice(session_seed(case))}" if is_fresh(case) else ""

@@ -45,7 +45,7 @@ from .cases import NO_VARIANT, Case, Regime
 from .contract import CONTRACT_DECLARATIONS, InputWatch, normalise_contract, aliased_inputs, declared_names, other_tensor_fields, plain_output
 from .contract_checks import check_contract
 from .drawn import attack
-from .fresh import FRESH, fresh_regime_of, fresh_result, note_fresh
+from .fresh import FRESH, fresh_regime_of, fresh_result, is_fresh, note_fresh
 from .fault import locate_fault
 from .kind import Kind, skip, xfail
 from .measurement import MeasureContext, Measurement, OutputRule, TensorEvidence, upstream_gradient
@@ -470,7 +470,7 @@ class TensorKind(Kind):
         """The timed call of a case: the target's forward on the regime's inputs under the config
         and variant, or None where the case has nothing to time (drawn and fresh inputs have no fixed
         size, and a Triton kernel under the interpreter runs at the interpreter's speed)."""
-        if interpreted(case.target.fn, case.device) or case.regime == self.fresh:
+        if interpreted(case.target.fn, case.device) or is_fresh(case):
             return None
         got, values = self._fixed_values(case)
         if values is None:
