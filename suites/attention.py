@@ -147,7 +147,9 @@ def _fresh_regime(target: Target, seed: int) -> Regime | None:
     shape = dict(batch=batch, heads=kv_heads * group, kv_heads=kv_heads, q_len=q_len, k_len=k_len,
                  head_dim=plan.choice(dims), causal=causal, padding=padding)
     described = ", ".join(f"{k} {v}" for k, v in shape.items())
-    return plan.regime(described, lambda g: build_attention_inputs(seed=g, **shape), **shape)
+    # 4 keys kept at least: over one key dk is exactly 0, the difference of two equal sums, and SDPA's flash
+    # backend in fp32 left 1.9 x its budget there (1 of 400 shapes)
+    return plan.regime(described, lambda g: build_attention_inputs(seed=g, **shape, min_keys=4), **shape)
 
 
 def error_floor(top: float, dtype: torch.dtype, logit_top: float) -> float:
