@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from .kinds.fresh import replay_advice
 from .kinds.registry import clear as clear_targets, forget_project_kinds
 from .kinds.session import RunState
 from .platform.devices import numerics_key, pin_xdist_worker
@@ -12,7 +13,7 @@ from .runner.collection import RUN_STATE_KEY, SuiteCollector, keyword_expression
 from .runner.fixtures import (CALL_REPORT, golden, parametrize_precision_config,  # noqa: F401 (fixtures)
                               precision_config)
 from .runner.exits import watch_threads
-from .runner.options import OPTIONS_KEY, RECORDS_KEY, RunOptions, load_ini_kinds
+from .runner.options import FRESH_SEED_KEY, OPTIONS_KEY, RECORDS_KEY, RunOptions, load_ini_kinds
 from .runner.outputs import RunOutputs
 from .runner.variants import SharedDecisions
 
@@ -34,7 +35,8 @@ def pytest_configure(config: pytest.Config) -> None:
     pin_xdist_worker(options.device)  # before the fingerprint or any CUDA work of this worker
     config.stash[OPTIONS_KEY] = options
     config.stash[RECORDS_KEY] = []
-    config.stash[RUN_STATE_KEY] = RunState()  # what the cases learn for later ones, dropped with the session
+    # what the cases learn for later ones, dropped with the session; the fresh seed of the run
+    config.stash[RUN_STATE_KEY] = RunState(fresh_seed=options.fresh_seed)
     if options.device.startswith("cuda"):
         _install_fused_statistics()
     config.pluginmanager.register(RunOutputs(config), "precision-outputs")
@@ -42,6 +44,12 @@ def pytest_configure(config: pytest.Config) -> None:
         watch_threads(config)  # names the threads the targets leave running
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_XdistController(), "precision-xdist")
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """The fresh regime's seed, and how to replay it (the controller's: the workers draw from it)."""
+    options = config.stash[OPTIONS_KEY]
+    return f"precision: {replay_advice(options.fresh_seed)}" if options.run_suite else None
 
 
 def _install_fused_statistics() -> None:
@@ -102,14 +110,17 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
 
 class _XdistController:
     """Hands each worker's output (records, baseline usage) to the controller (``runner.worker_output``),
-    and gives the workers one directory to share the run's variant decisions in (``runner.variants``)."""
+    and gives the workers the run's fresh seed and one directory to share the run's variant decisions
+    in (``runner.variants``)."""
 
     def __init__(self):
         self.decisions = SharedDecisions()
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
-        if node.config.stash[OPTIONS_KEY].run_suite:
+        options = node.config.stash[OPTIONS_KEY]
+        node.workerinput[FRESH_SEED_KEY] = options.fresh_seed  # every worker draws the controller's fresh inputs
+        if options.run_suite:
             self.decisions.hand_to(node.workerinput)
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:

@@ -213,12 +213,12 @@ def attention_inputs(draw, dtype: torch.dtype = torch.float32, *,
 
 def build_attention_inputs(*, seed: "int | torch.Generator", batch: int, heads: int, kv_heads: int, q_len: int, k_len: int,
                            head_dim: int, causal: bool = False, padding: bool | str = False, q_scale: float = 1.0,
-                           outliers: bool = False) -> AttentionInputs:
+                           outliers: bool = False, min_keys: int = 1) -> AttentionInputs:
     """Float32 attention inputs from a CPU generator seed, or a CPU generator seeded with one (the
     same bits on every machine): what ``attention_inputs`` draws from and what the attention
     suite's named regimes are made of. ``padding``: True (or "right") pads the end of each batch
     row's keys, "left" their start (a decoder's padded batch: with ``causal``, the padded query
-    positions have every key masked); every batch row keeps at least one key."""
+    positions have every key masked); every batch row keeps at least ``min_keys`` keys."""
     if padding not in (False, True, "right", "left"):
         raise ValueError(f"build_attention_inputs: padding={padding!r}: expected False, True, 'right' or 'left'")
     g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(seed)
@@ -231,7 +231,7 @@ def build_attention_inputs(*, seed: "int | torch.Generator", batch: int, heads: 
         v[..., idx, :] *= 100.0
     mask = None
     if padding and k_len > 1:
-        keep = torch.randint(1, k_len + 1, (batch,), generator=g)  # every batch keeps at least one key
+        keep = torch.randint(min(min_keys, k_len), k_len + 1, (batch,), generator=g)
         mask = torch.arange(k_len)[None, :] >= keep[:, None]
         if padding == "left":
             mask = mask.flip(-1)

@@ -16,6 +16,7 @@ import torch
 from .kinds import registry
 from .kinds.cases import NO_VARIANT, Case
 from .kinds.kind import Kind
+from .kinds.session import RunState
 from .kinds.target import Target
 from .kinds.tensor import TensorKind
 from .numerics.budgets import violations
@@ -42,8 +43,9 @@ def _sample_target(kind: Kind) -> Target:
 def check_kind(kind: Kind, target: Target | None = None, device: str = "cpu") -> None:
     """Check that ``kind`` answers what the runner asks of every kind, and consistently: its
     identity, its targets and its case matrix; and for a :class:`~.kinds.tensor.TensorKind`, that
-    its seeded regimes give the same bits twice, that ``target`` (default: the kind's peer)
-    passes the oracle with the peer budget on its first regime in fp32, and that its cases trace.
+    its seeded regimes (and its fresh regime, from one seed) give the same bits twice, that
+    ``target`` (default: the kind's peer) passes the oracle with the peer budget on its first
+    regime in fp32, and that its cases trace.
     ``target``: a target of the kind to run it through (the op kind's peers and regimes are each
     target's own, so it needs one). AssertionError says what the kind gets wrong."""
     _require(isinstance(kind, Kind), kind, f"a {type(kind).__name__}, not a pytest_precision.Kind")
@@ -87,6 +89,12 @@ def _check_tensor_kind(kind: TensorKind, sample: Target, device: str) -> None:
         b = kind.floating_inputs(kind.for_target(case, regime.inputs()))
         _require(a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), kind,
                  f"regime {regime.name!r} gave other inputs on a second call: draw from the generator it is given")
+    if kind.fresh in kind.regime_names(sample):  # drawn from the seed: one seed, the same bits (kinds.fresh)
+        got = [kind.case_inputs(Case(kind, sample, CONFIGS["fp32"], NO_VARIANT, kind.fresh, device, RunState(1)))
+               for _ in range(2)]
+        a, b = ({} if g.skipped else kind.floating_inputs(g.inputs) for g in got)
+        _require(a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a), kind,
+                 "its fresh regime gave other inputs from the same seed: draw from the generator it is given")
     if not regimes:
         return
     regime = next(iter(regimes.values()))

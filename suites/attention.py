@@ -35,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from pytest_precision.kinds.cases import NO_VARIANT, Case, Regime, Variant
 from pytest_precision.kinds.declarations import declared_flag
+from pytest_precision.kinds.fresh import Plan
 from pytest_precision.kinds.measurement import OutputRule
 from pytest_precision.kinds.tensor import TensorKind
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
@@ -110,6 +111,45 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
     _regime("square136", "136 x 136: a partial last block", _SQUARE | dict(q_len=136, k_len=136)),
     _regime("causal136", "136 x 136, causal", _SQUARE | dict(q_len=136, k_len=136, causal=True)),
 )}
+
+
+# The fresh regime (kinds.fresh): sizes drawn anew every run within what the target declared, small
+# (the Triton kernel runs under the interpreter on a CPU: 4 batch and head pairs at most), lengths and
+# head dims other than the fixed regimes' where the target allows them. Lengths from 9, q scale 1, and
+# causal masks without key padding: beyond these, correct targets went past the budgets on random
+# shapes (CPU, torch 2.13):
+# 1 to 3 queries or q scale 40 under amp (the RMS limit, up to 3.9 x, 4 of 100 shapes), SDPA's flash
+# backend in fp32 at q scale 10 (dv and dk max abs, up to 1.42 x, 5 of 300) and with causal masks
+# over left-padded keys at q scale 1 (dk RMS, 1.8 x, 1 of 200); the fixed regimes hold those
+_FIXED_LENGTHS = (8, 16, 17, 24, 29)
+_FIXED_HEAD_DIMS = (16, 59)
+_FRESH_HEAD_DIMS = (8, 24, 32, 40, 48, 64, 80, 96, 128, 256)
+
+
+def _fresh_regime(target: Target, seed: int) -> Regime | None:
+    declared = target.declared
+    allowed = declared.get("head_dims") or (lambda d: True)
+    dims = [d for d in _FRESH_HEAD_DIMS[:6] if allowed(d)] or [d for d in (*_FIXED_HEAD_DIMS, *_FRESH_HEAD_DIMS) if
+                                                                allowed(d)]
+    if not dims:  # none of these head dims: no fresh case
+        return None
+    plan = Plan(seed)
+    kv_heads = plan.integer(1, 2)
+    group = plan.integer(1, 2) if declared.get("grouped_query", True) else 1
+    q_len = plan.integer(9, 40, avoid=_FIXED_LENGTHS)
+    k_len = plan.integer(9, 40, avoid=_FIXED_LENGTHS) if declared.get("cross_lengths", True) else q_len
+    causal = declared.get("causal", "top-left") is not None and plan.flag()
+    if causal:  # no query before every key (a bottom-right mask would leave it none)
+        q_len, k_len = min(q_len, k_len), max(q_len, k_len)
+    pads = not causal and declared.get("padding", target.accepts("key_padding_mask"))
+    padding = plan.choice((False, "right", "left")) if pads else False
+    batch = plan.integer(1, 2) if kv_heads * group < 4 else 1
+    shape = dict(batch=batch, heads=kv_heads * group, kv_heads=kv_heads, q_len=q_len, k_len=k_len,
+                 head_dim=plan.choice(dims), causal=causal, padding=padding)
+    described = ", ".join(f"{k} {v}" for k, v in shape.items())
+    # 4 keys kept at least: over one key dk is exactly 0, the difference of two equal sums, and SDPA's flash
+    # backend in fp32 left 1.9 x its budget there (1 of 400 shapes)
+    return plan.regime(described, lambda g: build_attention_inputs(seed=g, **shape, min_keys=4), **shape)
 
 
 def error_floor(top: float, dtype: torch.dtype, logit_top: float) -> float:
@@ -287,6 +327,9 @@ class AttentionKind(TensorKind):
         if a.key_padding_mask is not None and not declared.get("padding", case.target.accepts("key_padding_mask")):
             return f"the {case.regime} regime needs a key_padding_mask keyword (see the attention contract)"
         return None
+
+    def fresh_regime(self, target: Target, seed: int) -> Regime | None:
+        return _fresh_regime(target, seed)
 
     def for_target(self, case: Case, a: AttentionInputs) -> AttentionInputs:
         alignment = case.target.declared.get("causal") or "top-left"

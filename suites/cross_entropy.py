@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
+from pytest_precision.kinds.fresh import Plan
 from pytest_precision.kinds.measurement import MeasureContext, OutputRule
 from pytest_precision.kinds.tensor import TensorKind
 from pytest_precision.kinds.target import Target
@@ -121,6 +122,32 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
             "gradient 0", rows=4, ignored=1.0),
     _regime("smoothing", "label_smoothing 0.1, N(0, 5^2) logits", scale=5.0, label_smoothing=0.1),
 )}
+
+
+# The fresh regime (kinds.fresh): one of the fixed regimes' families, on rows and classes drawn anew
+# every run, never the fixed ones (16 or 4 rows; 256 or 32768 classes); the keyword families
+# only for a target that takes the keyword
+FRESH_FAMILIES: dict[str, dict] = {
+    "unit": {},
+    "scale5": dict(scale=5.0),
+    "scale40": dict(scale=40.0),
+    "confident": dict(margin=10.0),
+    "ignored": dict(ignored=0.25),
+    "smoothing": dict(scale=5.0, label_smoothing=0.1),
+}
+_FAMILY_KEYWORD = {"ignored": "ignore_index", "smoothing": "label_smoothing"}
+
+
+def _fresh_regime(target: Target, seed: int) -> Regime:
+    plan = Plan(seed)
+    # 3 rows at least: one row over 209 classes at scale 40 whose target was the largest logit by far had a
+    # loss and gradient that zeros passed in bf16 (kinds.contract.degenerate)
+    rows, classes = plan.integer(3, 24, avoid=(ROWS, 4)), plan.length(2, 4096, avoid=(CLASSES, 32768))
+    family = plan.choice(tuple(f for f in FRESH_FAMILIES if f not in _FAMILY_KEYWORD
+                               or target.accepts(_FAMILY_KEYWORD[f])))
+    shape = dict(rows=rows, classes=classes, **FRESH_FAMILIES[family])
+    return plan.regime(f"{rows} rows over {classes} classes, as the {family} regime's", lambda g: _inputs(g, **shape),
+                       family=family, **shape)
 
 
 def cross_entropy_reference(logits, target, ignore_index=IGNORE_INDEX, label_smoothing=0.0):
@@ -227,6 +254,9 @@ class CrossEntropyKind(TensorKind):
 
     def default_targets(self) -> list[Target]:
         return [Target("torch.cross_entropy", self.peer, self.name, origin="built-in")]
+
+    def fresh_regime(self, target: Target, seed: int) -> Regime:
+        return _fresh_regime(target, seed)
 
     def unsupported(self, case: Case, a: CrossEntropyInputs | None = None) -> str | None:
         reason = super().unsupported(case, a)

@@ -21,8 +21,8 @@ Budgets are on absolute error, as attention's: y crosses zero (the normalised ro
 and the weight's gradient is a sum over rows of terms of both signs. On outputs of at least
 ``Y_RMS_MIN_ELEMENTS`` elements y's RMS error is held too, to ``Y_RMS_FACTOR`` x the larger RMS
 error of two careful composites, the peer (one rounding of y) and ``composite_norm_affine_in_dtype``
-(normalised in float32, rounded, the affine in x's dtype: three), plus ``Y_RMS_FLOOR_ULPS``:
-statistics kept in 16 bits add roundings to every element, past the careful ones, where y's max
+(normalised in float32, rounded, the affine in x's dtype: three), plus ``Y_RMS_FLOOR_ULPS`` and
+``Y_RSTD_ROUNDINGS`` (a row's rstd one float32 rounding off): statistics kept in 16 bits add roundings to every element, past the careful ones, where y's max
 error is one element's rounding and hides them. Measured (CPU, torch 2.13; y's RMS error over its
 budget, 300 seeds of each fixed regime and 3000 drawn inputs per kind and 16-bit dtype): careful
 code at most 0.82 (the three-rounding pattern and LlamaRMSNorm as written 0.78 to 0.82,
@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
+from pytest_precision.kinds.fresh import Plan
 from pytest_precision.kinds.measurement import MeasureContext, OutputRule
 from pytest_precision.kinds.tensor import TensorKind
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
@@ -84,13 +85,38 @@ def _affine(g: torch.Generator, n: int, rms: bool) -> tuple[torch.Tensor, torch.
     return weight, bias
 
 
-def _near_eps_rows(g: torch.Generator) -> torch.Tensor:
+def _near_eps_rows(g: torch.Generator, rows: int = ROWS, cols: int = COLS) -> torch.Tensor:
     """Rows centred on 0 whose variance (and mean square) runs from 0.03 eps to 10 eps, and a row
-    of zeros, where a norm without eps divides 0 by 0. Centred on 0 so that this regime is about
-    eps alone; the offset regime is about cancellation."""
-    spread = torch.tensor([0.03, 0.1, 0.3, 1.0, 1.0, 3.0, 10.0, 0.0], dtype=torch.float64)[:, None]
-    x = torch.randn(ROWS, COLS, generator=g, dtype=torch.float64) * (spread * EPS).sqrt()
+    of zeros, where a norm without eps divides 0 by 0 (the eight spreads in turn, for other
+    counts of rows). Centred on 0 so that this regime is about eps alone; the offset regime is
+    about cancellation."""
+    spread = torch.tensor([0.03, 0.1, 0.3, 1.0, 1.0, 3.0, 10.0, 0.0], dtype=torch.float64).repeat(rows)[:rows, None]
+    x = torch.randn(rows, cols, generator=g, dtype=torch.float64) * (spread * EPS).sqrt()
     return x.to(torch.float32)
+
+
+# The fresh regime (kinds.fresh): one of the fixed regimes' families, on rows and lengths drawn anew
+# every run, never the fixed ones (8 or 2 rows; rows of 256 or 8192). Not the offset family: fp8's
+# rounding leaves each of its rows constant, so that y and the gradients of x are the bias and 0,
+# and on a few rows or columns the weight's and the bias's gradients are within their fp8 budgets of
+# a constant too (3 rows of 17: kinds.contract.degenerate refused the case); nor rows shorter than
+# 16 (3 rows of 2 were refused the same way)
+FRESH_FAMILIES: dict[str, Callable[[torch.Generator, int, int], torch.Tensor]] = {
+    "unit": lambda g, rows, cols: seeded_normal(g, rows, cols),
+    "near-eps": _near_eps_rows,
+    "scale300": lambda g, rows, cols: seeded_normal(g, rows, cols, scale=300.0),
+}
+
+
+def _fresh_regime(seed: int, rms: bool) -> Regime:
+    plan = Plan(seed)
+    rows, cols = plan.integer(1, 12, avoid=(ROWS, 2)), plan.length(16, 2048, avoid=(COLS,))
+    family = plan.choice(tuple(FRESH_FAMILIES))
+
+    def make(g: torch.Generator) -> NormInputs:
+        return NormInputs(FRESH_FAMILIES[family](g, rows, cols), *_affine(g, cols, rms))
+    return plan.regime(f"{rows} rows of {cols}, valued as the {family} regime's", make, rows=rows, cols=cols,
+                       family=family)
 
 
 def _regimes(rms: bool) -> dict[str, Regime]:
@@ -155,6 +181,13 @@ def composite_norm_affine_in_dtype(x: torch.Tensor, weight: torch.Tensor, bias: 
 Y_RMS_FACTOR = 1.2
 Y_RMS_FLOOR_ULPS = 1.0
 Y_RMS_MIN_ELEMENTS = 1024
+# float32 roundings of y's RMS magnitude added to that floor: a row's rstd, one rounding off in a correct
+# kernel, moves every element of the row by as much relative, and on a few rows that is not averaged
+# out. Without it torch's own F.layer_norm in fp32 (and the amp configs, which feed norms float32) went
+# past the RMS limit on 4 of 700 random shapes (the fresh regime's: 1.46 x on 1 row of 1170, 1.25 x on
+# 3 rows of 474 and of 1968, 1.02 x on 11 rows of 135; at most 0.81 with it); in 16-bit dtypes it is
+# below 1 % of the floor
+Y_RSTD_ROUNDINGS = 1.0
 MEAN_ROUNDING = 2.0 ** -24  # one fp32 rounding of a row's mean, relative
 # torch's CPU layer_norm backward, measured over 400 inputs (means 0 to 1e4, spreads 0 to 10, rows
 # of 7 to 2000, fp32): its dx is up to 5 fp32 roundings of the cancelling terms off (Sensitivity);
@@ -289,6 +322,9 @@ class NormKind(TensorKind):
     def reference(self, x, weight, bias, eps):
         return norm_reference(x, weight, bias, eps, self.rms)
 
+    def fresh_regime(self, target: Target, seed: int) -> Regime:
+        return _fresh_regime(seed, self.rms)
+
     def torch_op(self, x, weight, bias, eps):
         """The built-in target: torch's op in the config, as a model calls it."""
         if self.rms:
@@ -339,6 +375,9 @@ class NormKind(TensorKind):
             # RMS error shows them where its max (one element's rounding) cannot
             rms = float(ref.pow(2).mean().sqrt())
             floor = rule.rms_floor + Y_RMS_FLOOR_ULPS * rms * format_of(rule.dtype).eps / math.sqrt(ref.numel())
+            # and each row's rstd one float32 rounding off, as it is at best: it moves the whole row alike,
+            # which a few rows do not average out (Y_RSTD_ROUNDINGS)
+            floor += Y_RSTD_ROUNDINGS * rms * 2.0 ** -24
             # Y_RMS_FACTOR x the larger of the peer's RMS error and that of composite_norm_affine_in_dtype
             rule.peer_rms_floor, rule.peer_rms_factor = floor, Y_RMS_FACTOR
             rule.careful_rms = self._affine_in_dtype_rms(ctx, rule, ref)

@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 
 from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
+from pytest_precision.kinds.fresh import Plan
 from pytest_precision.kinds.measurement import OutputRule
 from pytest_precision.kinds.tensor import TensorKind
 from pytest_precision.kinds.target import Target
@@ -50,25 +51,24 @@ def _len1(g):
     return x
 
 
-def _sharp_peak(g):
-    x = _randn(g, ROWS, COLS)
-    cols = torch.randint(0, COLS, (ROWS,), generator=g)
-    x[torch.arange(ROWS), cols] = 30.0  # exp(30) overflows fp16 without max subtraction
+def _sharp_peak(g, rows=ROWS, cols=COLS):
+    x = _randn(g, rows, cols)
+    peaks = torch.randint(0, cols, (rows,), generator=g)
+    x[torch.arange(rows), peaks] = 30.0  # exp(30) overflows fp16 without max subtraction
     return x
 
 
-def _masked(g):
-    x = _randn(g, ROWS, COLS, scale=5.0)
-    mask = torch.rand(ROWS, COLS, generator=g) < 0.5
-    keep = torch.randint(0, COLS, (ROWS,), generator=g)
-    mask[torch.arange(ROWS), keep] = False  # every row keeps one finite logit
+def _masked(g, rows=ROWS, cols=COLS):
+    x = _randn(g, rows, cols, scale=5.0)
+    mask = torch.rand(rows, cols, generator=g) < 0.5
+    keep = torch.randint(0, cols, (rows,), generator=g)
+    mask[torch.arange(rows), keep] = False  # every row keeps one finite logit
     return x.masked_fill(mask, float("-inf"))
 
 
-def _fully_masked(g):
-    x = _masked(g)
-    x[3] = float("-inf")
-    x[11] = float("-inf")
+def _fully_masked(g, rows=ROWS, cols=COLS, dead=(3, 11)):
+    x = _masked(g, rows, cols)
+    x[list(dead)] = float("-inf")
     return x
 
 
@@ -93,6 +93,29 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
 # Not a fixed input: Hypothesis attacks the target with extreme logits (pytest_precision.strategies)
 # under the suite's profile; the oracle with the peer budget and the counts judge each example.
 HYPOTHESIS = DrawnRegime("hypothesis", examples=30)
+# The fresh regime (kinds.fresh): one of the fixed regimes' families of logits, on rows and lengths
+# drawn anew every run, never the fixed ones (16 or 8 or 2 rows; lengths 256 and 1000)
+FRESH_FAMILIES: dict[str, Callable[[torch.Generator, int, int], torch.Tensor]] = {
+    "unit": lambda g, rows, cols: _randn(g, rows, cols),
+    "scale20": lambda g, rows, cols: _randn(g, rows, cols, scale=20.0),
+    "scale200": lambda g, rows, cols: _randn(g, rows, cols, scale=200.0),
+    "sharp-peak": _sharp_peak,
+    "masked": _masked,
+    "fully-masked": lambda g, rows, cols: _fully_masked(g, rows, cols, dead=(rows // 2,)),
+    "large-negative": lambda g, rows, cols: _randn(g, rows, cols, scale=5.0, shift=-1000.0),
+}
+
+
+def fresh_regime(seed: int) -> Regime:
+    """The fresh regime of softmax and log_softmax from the session seed (the same for both)."""
+    plan = Plan(seed)
+    rows, cols = plan.integer(1, 24, avoid=(ROWS, 8, 2)), plan.length(2, 2048, avoid=(COLS, 1000))
+    # a fully masked row beside others; logits near -1000 on rows of 64 or more: fp8's steps there (64)
+    # round 3 of them to one value, whose softmax any constant passes (kinds.contract.degenerate)
+    family = plan.choice(tuple(f for f in FRESH_FAMILIES if (rows > 1 or f != "fully-masked")
+                               and (cols >= 64 or f != "large-negative")))
+    return plan.regime(f"{rows} rows of {cols} logits, valued as the {family} regime's",
+                       lambda g: FRESH_FAMILIES[family](g, rows, cols), rows=rows, cols=cols, family=family)
 
 
 def oracle(kind: str, x64: torch.Tensor) -> torch.Tensor:
@@ -151,6 +174,9 @@ class SoftmaxKind(TensorKind):
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         return oracle(self.name, x)
+
+    def fresh_regime(self, target: Target, seed: int) -> Regime:
+        return fresh_regime(seed)
 
     def peer(self, x: torch.Tensor) -> torch.Tensor:
         return self._op(x, -1)

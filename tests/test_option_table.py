@@ -50,6 +50,6 @@ def test_option_names_spelled_below_the_runner_are_declared_options():
     root = Path(__file__).resolve().parents[1] / "pytest_precision"
     declared = {o.name for o in option_table.OPTIONS}
     for module in ("baselines/commands.py", "reporting/summary.py", "reporting/report.py", "baselines/lifecycle.py",
-                   "baselines/tensors.py", "training/baseline.py"):
+                   "baselines/tensors.py", "training/baseline.py", "kinds/fresh.py"):
         spelled = set(re.findall(r"--precision-[a-z-]+[a-z]", (root / module).read_text(encoding="utf-8")))
         assert spelled <= declared, f"{module}: {sorted(spelled - declared)} not declared"

@@ -9,8 +9,8 @@ A kind has
   target may declare it supports (``declarations``, ``declare``, ``normalise_declaration``);
 - the case matrix: ``configs``, ``variants`` and ``target_variants`` (such as SDPA backends),
   ``regimes_for`` and ``drawn_for`` (named, seeded :class:`~.cases.Regime` s and a drawn one),
-  ``regime_names``, and why a case does not run here (``skip_reason``, ``unsupported``,
-  ``why_skipped``);
+  ``fresh_regime`` (inputs drawn anew every run, for kinds that set ``fresh``), ``regime_names``,
+  and why a case does not run here (``skip_reason``, ``unsupported``, ``why_skipped``);
 - the case itself: ``run`` (its :class:`~.outcome.Outcome`), ``bench_call`` (what the speed gate
   times, or None), ``trace_call`` (what --precision-trace and --precision-audit run, or None).
 
@@ -31,6 +31,7 @@ from ..platform.triton import skip_reason as triton_skip_reason
 from ..speed.timing import Bench
 from .cases import NO_VARIANT, Case, DrawnRegime, Regime, Variant
 from .declarations import declared_dtypes, declared_flag
+from .fresh import reseeded
 from .outcome import Outcome
 from .tables import TENSOR_TABLE, SummaryTable
 from .target import Target
@@ -68,6 +69,7 @@ class Kind(ABC):
     # inputs
     regimes: dict[str, Regime] = {}
     drawn: DrawnRegime | None = None
+    fresh: str | None = None  # the name of the regime drawn anew every run (``fresh_regime``), for kinds that run one
     audit_regime: str | None = "unit"  # --precision-audit looks at one regime per target and config
     compiles = False  # --precision-compile adds a compiled variant of each (kinds whose cases go through a call)
     # what a target may declare it supports at registration (register(..., **declared)): name ->
@@ -148,11 +150,26 @@ class Kind(ABC):
         """The drawn regime ``target`` runs on, if any."""
         return self.drawn
 
+    def fresh_regime(self, target: Target, seed: int) -> Regime | None:
+        """The fresh regime of ``target`` from the session's fresh ``seed`` (``kinds.fresh``): named
+        ``self.fresh``, its inputs (and, where the kind draws them, its sizes) drawn from the seed,
+        judged with no golden; None where the kind has none for ``target``. Called once per case,
+        it builds no inputs (a Regime makes them when the case runs). The default: the target's
+        first seeded regime, its generator seeded from the fresh seed (its shapes are its own)."""
+        first = next(iter(self.regimes_for(target).values()), None)
+        return None if first is None else reseeded(first, seed)
+
     def regime_names(self, target: Target | None = None) -> tuple[str, ...]:
-        """The regimes' names: the kind's, or ``target``'s."""
+        """The regimes' names: the kind's, or ``target``'s (the fresh regime's last, where there is one)."""
         regimes, drawn = (self.regimes, self.drawn) if target is None else (self.regimes_for(target),
                                                                             self.drawn_for(target))
-        return (*regimes, *((drawn.name,) if drawn else ()))
+        names = (*regimes, *((drawn.name,) if drawn else ()))
+        if self.fresh is None or (target is not None and self.fresh_regime(target, 0) is None):
+            return names
+        if self.fresh in names:
+            raise ValueError(f"kind {self.name!r}: regime name {self.fresh!r} is the fresh regime's (inputs drawn "
+                             "anew every run): name the regime otherwise")
+        return (*names, self.fresh)
 
     def skip_reason(self, case: Case) -> str | None:
         """Why ``case`` cannot run here (checked when it runs): Triton code that cannot run on this

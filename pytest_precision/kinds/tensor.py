@@ -44,6 +44,7 @@ from .cases import NO_VARIANT, Case, Regime
 from .contract import CONTRACT_DECLARATIONS, normalise_contract, other_tensor_fields
 from .contract_checks import check_contract
 from .drawn import attack
+from .fresh import FRESH, fresh_regime_of, fresh_result, is_fresh, note_fresh
 from .fault import locate_fault
 from .kind import Kind, skip, xfail
 from .measurement import MeasureContext, Measurement, OutputRule, TensorEvidence, upstream_gradient
@@ -73,6 +74,7 @@ class TensorKind(Kind):
     identity and the inputs and override the hooks; the template methods are final."""
 
     compiles = True  # --precision-compile adds a compiled variant of each (cases go through ``call``)
+    fresh = FRESH  # inputs drawn anew every run (kinds.fresh), by ``fresh_regime``
     declarations = {**Kind.declarations, **CONTRACT_DECLARATIONS}
     # numerics
     peer_name: str = "torch's op"
@@ -273,7 +275,7 @@ class TensorKind(Kind):
             return CaseInputs(reason)
         reason = self.unsupported(case)
         if not reason:
-            regime = self.regimes_for(case.target).get(case.regime)
+            regime = self.regimes_for(case.target).get(case.regime) or fresh_regime_of(self, case)
             if regime is None:
                 drawn = self.drawn_for(case.target)
                 if drawn is None or case.regime != drawn.name:
@@ -301,8 +303,8 @@ class TensorKind(Kind):
         regime, inputs = got.regime, got.inputs
         m = self.measure(case, inputs, grad_seed=regime.seed + 1)
         check_contract(self, case, inputs, m, regime.seed + 1)
-        result = baseline.check_outputs(m.golden, inputs=self.checksum_input(inputs), seed=regime.seed,
-                                        input_spec=self.input_spec(regime, inputs))
+        result = fresh_result(self, case) or baseline.check_outputs(
+            m.golden, inputs=self.checksum_input(inputs), seed=regime.seed, input_spec=self.input_spec(regime, inputs))
         outcome = self.outcome(case, m, result, self.magnitude_input(inputs))
         if not outcome.passed:
             excuse = interpreter_excuse(m.launches)
@@ -311,6 +313,7 @@ class TensorKind(Kind):
             hint = self.hint(case, m, inputs)
             if hint:
                 outcome.details.append(hint)
+            note_fresh(self, case, regime, inputs, outcome.details)
             if m.lost or "underflow" in outcome.categories:
                 outcome.fault = locate_fault(self, case, m, inputs, regime.seed + 1, outcome)
         return outcome
@@ -414,9 +417,9 @@ class TensorKind(Kind):
     @final
     def bench_call(self, case: Case) -> Bench | None:
         """The timed call of a case: the target's forward on the regime's inputs under the config
-        and variant, or None where the case has nothing to time (drawn inputs have no fixed size,
-        and a Triton kernel under the interpreter runs at the interpreter's speed)."""
-        if interpreted(case.target.fn, case.device):
+        and variant, or None where the case has nothing to time (drawn and fresh inputs have no fixed
+        size, and a Triton kernel under the interpreter runs at the interpreter's speed)."""
+        if interpreted(case.target.fn, case.device) or is_fresh(case):
             return None
         got, values = self._fixed_values(case)
         if values is None:

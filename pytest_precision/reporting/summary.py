@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from ..baselines.commands import UPDATE_OPTION
+from ..kinds.fresh import FRESH, replay_advice
 from ..kinds.registry import get_kind
 from ..kinds.tables import HEADERS, TENSOR_TABLE, SummaryTable
 from ..platform.devices import device_class, numerics_key
@@ -162,6 +163,8 @@ def write_terminal_summary(tr, options, records: list[dict]) -> None:
         tr.write_line(table.render(rs, [c.id for c in options.configs]))
     for line in case_lines(records):
         tr.write_line(line)
+    if any(r.get("regime") == FRESH for r in records):  # the header's line, for runs that hide it (-q)
+        tr.write_line(f"precision: {replay_advice(options.fresh_seed)}")
     borrowed = borrowed_budgets_line(records, key)
     if borrowed:
         tr.write_line(borrowed)

@@ -21,6 +21,7 @@ from ..explain.tracing import render_trace, trace
 from ..kinds.cases import NO_VARIANT, Case
 from ..kinds.kind import Kind
 from ..kinds.compiled import Compiled
+from ..kinds.fresh import crash_note
 from ..kinds.outcome import PrecisionFailure
 from ..kinds.record import CaseRecord
 from ..kinds.registry import kinds, registered, target_names_problem
@@ -301,11 +302,11 @@ class SuiteItem(pytest.Item):
         if isinstance(excinfo.value, PrecisionFailure):
             return str(excinfo.value)
         if isinstance(excinfo.value, (CaseTimeout, TargetEnded)):
-            return f"{self.nodeid}: {excinfo.value}"
+            return f"{self.nodeid}: {excinfo.value}{crash_note(self.case)}"
         if isinstance(excinfo.value, TargetError):
             cause = excinfo.value.__cause__
             tb = "" if cause is None else "\n" + users_traceback(cause, full=bool(self.config.getoption("fulltrace")))
-            return f"{self.nodeid}: {excinfo.value}{tb}"
+            return f"{self.nodeid}: {excinfo.value}{crash_note(self.case)}{tb}"
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):

@@ -13,7 +13,7 @@ from .timelimit import DEFAULT_TIMEOUT
 
 __all__ = ["Option", "IniKey", "GROUP", "OPTIONS", "INI_KEYS", "NAMES", "DEFAULT_BASELINE_DIR", "add_to",
            "SUITE", "BUILTINS", "COMPILE", "UPDATE_BASELINES", "CONFIGS", "DEVICE", "NO_SPEED", "TRACE", "AUDIT",
-           "STRICT_BUDGETS", "SPEED_THRESHOLD", "REPORT", "REPORT_MD", "PLOTS", "OUTPUT_OPTIONS",
+           "STRICT_BUDGETS", "SPEED_THRESHOLD", "FRESH_SEED", "REPORT", "REPORT_MD", "PLOTS", "OUTPUT_OPTIONS",
            "BASELINE_DIR", "TARGETS", "KINDS", "TIMEOUT"]
 
 GROUP = ("precision", "numerical precision checks (pytest-precision)")  # pytest's option group: name, title
@@ -85,6 +85,9 @@ STRICT_BUDGETS = Option("--precision-strict-budgets",
 SPEED_THRESHOLD = Option("--precision-speed-threshold",
                          "fail a case this much slower than its recorded median, when clear of the noise (default: 10 "
                          "on CUDA, 20 on CPU)", metavar="PERCENT")
+FRESH_SEED = Option("--precision-fresh-seed",
+                    "the seed of the fresh regime's inputs, to replay a run's (default: a new one every run, "
+                    "printed in the header and in each failing fresh case)", metavar="N")
 REPORT = Option("--precision-report",
                 "write every suite case (metrics, budgets, timings, verdict) as JSON (schema: "
                 "pytest_precision.reporting.report.REPORT_SCHEMA)", metavar="FILE.json")
@@ -108,7 +111,7 @@ TIMEOUT = IniKey("precision_timeout",
 
 # in the order pytest --help lists them
 OPTIONS = (SUITE, BUILTINS, COMPILE, UPDATE_BASELINES, CONFIGS, DEVICE, NO_SPEED, TRACE, AUDIT, STRICT_BUDGETS,
-           SPEED_THRESHOLD, REPORT, REPORT_MD, PLOTS)
+           SPEED_THRESHOLD, FRESH_SEED, REPORT, REPORT_MD, PLOTS)
 OUTPUT_OPTIONS = (REPORT, REPORT_MD, PLOTS)  # files a run leaves: asking for one makes records carry their detail
 INI_KEYS = (BASELINE_DIR, TARGETS, KINDS, TIMEOUT)
 NAMES = frozenset(o.name for o in (*OPTIONS, *INI_KEYS))

@@ -14,16 +14,20 @@ import torch
 
 from ..baselines.commands import update_command
 from ..baselines.store import BaselineStore
+from ..kinds.fresh import new_seed, parse_seed
 from ..kinds.registry import Target, parse_ini_kinds, parse_ini_targets
 from ..numerics.configs import CONFIG_IDS, Config, select_configs
 from ..platform.devices import fingerprint
 from ..speed.gate import DEFAULT_THRESHOLD
 from .exits import IMPORT_ADVICE, TargetEnded, refuse_process_exits
-from .option_table import (AUDIT, BASELINE_DIR, BUILTINS, COMPILE, CONFIGS, DEVICE, KINDS, NO_SPEED, OUTPUT_OPTIONS,
-                           SPEED_THRESHOLD, STRICT_BUDGETS, SUITE, TARGETS, TIMEOUT, TRACE, UPDATE_BASELINES, IniKey)
+from .option_table import (AUDIT, BASELINE_DIR, BUILTINS, COMPILE, CONFIGS, DEVICE, FRESH_SEED, KINDS, NO_SPEED,
+                           OUTPUT_OPTIONS, SPEED_THRESHOLD, STRICT_BUDGETS, SUITE, TARGETS, TIMEOUT, TRACE,
+                           UPDATE_BASELINES, IniKey)
 from .timelimit import DEFAULT_TIMEOUT, NO_LIMIT_ABOVE
 
-__all__ = ["RunOptions", "OPTIONS_KEY", "RECORDS_KEY", "load_ini_kinds", "parse_timeout"]
+__all__ = ["RunOptions", "OPTIONS_KEY", "RECORDS_KEY", "FRESH_SEED_KEY", "load_ini_kinds", "parse_timeout"]
+
+FRESH_SEED_KEY = "precision_fresh_seed"  # xdist workerinput key: the controller's fresh seed, every worker's
 
 
 @dataclass
@@ -47,6 +51,8 @@ class RunOptions:
     # a report or plots asked for: each case's record carries its detail (histograms, budgets,
     # headline), which needs the elementwise ULP tensors that a passing case otherwise never makes
     details: bool = False
+    # the fresh regime's seed (kinds.fresh): --precision-fresh-seed, else the xdist controller's, else a new one
+    fresh_seed: int = 0
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "RunOptions":
@@ -87,11 +93,13 @@ class RunOptions:
         if update:
             _check_writable(root)
         timeout = parse_timeout(str(TIMEOUT.value(config)))
+        fresh_seed = _fresh_seed(config)
         return cls(device, configs, BaselineStore(root), update, run_suite, default_device, ini_targets,
                    speed=not NO_SPEED.value(config), speed_threshold=threshold, trace=bool(TRACE.value(config)),
                    strict_budgets=bool(STRICT_BUDGETS.value(config)), audit=bool(AUDIT.value(config)),
                    parallel=_parallel(config), timeout=timeout, builtins=bool(BUILTINS.value(config)),
-                   compile=bool(COMPILE.value(config)), details=any(o.value(config) for o in OUTPUT_OPTIONS))
+                   compile=bool(COMPILE.value(config)), details=any(o.value(config) for o in OUTPUT_OPTIONS),
+                   fresh_seed=fresh_seed)
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -137,6 +145,19 @@ def load_ini_kinds(config: pytest.Config) -> None:
         _import_ini_lines(parse_ini_kinds, KINDS, config)
     except ValueError as e:
         raise pytest.UsageError(str(e)) from None
+
+
+def _fresh_seed(config: pytest.Config) -> int:
+    """The run's fresh seed: the one given, else (an xdist worker) its controller's, so that every
+    worker draws the same fresh inputs, else a new one (``kinds.fresh.new_seed``)."""
+    given = FRESH_SEED.value(config)
+    if given is not None:
+        try:
+            return parse_seed(given, FRESH_SEED.name)
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+    handed = getattr(config, "workerinput", {}).get(FRESH_SEED_KEY)
+    return new_seed() if handed is None else int(handed)
 
 
 def _parallel(config: pytest.Config) -> str | None:
