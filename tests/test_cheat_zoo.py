@@ -3,9 +3,10 @@ robust-kbench, the GPU MODE harness) and passed this harness before it checked t
 contract (kinds.contract). Each cheat fails now with one line saying what it did, and its good twin,
 the same computation without the cheat, passes in the same session.
 
-Every cheat below passed its session on the harness before the contract checks (9899ff8), except
-where its entry says otherwise; the sessions are fp32 on one or two regimes, as the re-calls run on
-the fp32 cases."""
+Every cheat below passed its session on the harness before the contract checks (9899ff8); the
+sessions are fp32 on one or two regimes, as the re-calls run on the fp32 cases. The last, a
+low-precision path on lengths no fixed regime has, passes every fixed and drawn regime still, and
+fails the fresh regime on the seeds whose lengths take it."""
 import pytest
 
 from sample_targets import SOFTMAX_FN
@@ -205,7 +206,8 @@ def test_the_cheat_fails_saying_what_it_did_and_its_good_twin_passes(pytester, c
 # a low-precision path taken only on lengths no fixed regime has: a short tail (under 64 of a block
 # of 128) after whole blocks has its exp in bfloat16. Every fixed softmax regime is 1, 256, 1000 or
 # 32768 long and the drawn one stays at 128 or under: it passes them all, before the contract checks
-# and after; a regime whose shapes change every run catches it
+# and after. The fresh regime's lengths change every run: 22 of its seeds 0 to 99 take the tail path
+# (seed 22: 14 rows of 147 logits), so a CI running it daily catches it within days
 TAIL = """
 @pytest_precision.register("short_tail_bf16", kind="softmax")
 def short_tail_bf16(x):
@@ -222,8 +224,10 @@ pytest_precision.register("fp32_tail", softmax, kind="softmax")
 """
 
 
-@pytest.mark.xfail(strict=True, reason="needs the fresh regime (wt-fresh)")
-def test_a_low_precision_tail_on_lengths_no_fixed_regime_has_is_caught(pytester):
-    result = _session(pytester, TAIL, "softmax and not log", "-rA")
-    result.stdout.fnmatch_lines(["FAILED *[[]short_tail_bf16-fp32-*accuracy*"])
-    assert "FAILED" not in "".join(line for line in result.stdout.lines if "fp32_tail" in line)
+def test_a_low_precision_tail_on_lengths_no_fixed_regime_has_is_caught_by_the_fresh_regime(pytester):
+    result = _session(pytester, TAIL, "softmax and not log", "-rA", "--precision-fresh-seed=22")
+    result.assert_outcomes(passed=2 * 13 - 1, failed=1)
+    result.stdout.fnmatch_lines([
+        "*softmax[[]short_tail_bf16-fp32-fresh[]]: FAIL accuracy (oracle: max ULP * > budget *",
+        "*fresh inputs from seed 22: replay with --precision-fresh-seed=22 (14 rows of 147 logits*",
+    ])
