@@ -44,3 +44,16 @@ import pytest_precision.reporting.report  # noqa: F401,E402
 import pytest_precision.strategies  # noqa: F401,E402
 import pytest_precision.training.baseline  # noqa: F401,E402
 import pytest_precision.training.limits  # noqa: F401,E402
+
+# Under pytest -n, each worker's torch gets its share of the cores, and so do the processes its tests
+# start (pytest subprocesses, through OMP_NUM_THREADS): with torch's default of one OpenMP thread
+# per core, 2 workers on 2 cores run 4 threads whose spin-waits burn the cores the other worker
+# needs. tests/test_cross_entropy_suite.py under -n 2 on this 2-core machine, busy with other
+# work: 118 to 144 s (76 to 92 s user CPU) with the default, 46 s (27 s) with one thread each. A
+# serial run keeps torch's default. Goldens are written and checked under one setting, or are
+# committed ones, whose budgets hold across thread counts (tests/test_machines.py).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    torch.set_num_threads(int(_THREADS))
+    os.environ.setdefault("OMP_NUM_THREADS", _THREADS)
