@@ -1,6 +1,7 @@
 import importlib.util
 import os
 
+import pytest
 import torch
 
 # pytester's in-process sessions drop from sys.modules every module first imported inside them.
@@ -57,3 +58,26 @@ if _WORKERS > 1:
     _THREADS = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
     torch.set_num_threads(int(_THREADS))
     os.environ.setdefault("OMP_NUM_THREADS", _THREADS)
+
+# The sessions the tests run draw the fresh regime's inputs from one seed, so that their counts and
+# messages are the same on every run (a user's run draws a new one each time: kinds/fresh.py). The
+# tests of the fresh regime itself pass --precision-fresh-seed on their command line (the last one
+# given wins) or ask for ``unpinned_fresh_seed``. PYTEST_ADDOPTS reaches the pytest processes tests
+# start (set here, before any starts); pytester clears it when it is set up, so its in-process and
+# subprocess sessions get it again after that.
+TEST_FRESH_SEED = 1
+PINNED = f"--precision-fresh-seed={TEST_FRESH_SEED}"
+os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {PINNED}".strip()
+
+
+@pytest.fixture(autouse=True)
+def _pinned_fresh_seed(request, monkeypatch):
+    if "pytester" in request.fixturenames:
+        request.getfixturevalue("pytester")
+        monkeypatch.setenv("PYTEST_ADDOPTS", PINNED)
+
+
+@pytest.fixture
+def unpinned_fresh_seed(monkeypatch):
+    """Sessions that draw a new fresh seed, as a user's run does."""
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)

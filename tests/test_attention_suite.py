@@ -90,11 +90,11 @@ def test_sdpa_passes_every_config_and_backend(pytester):
     root = Path(__file__).resolve().parents[1]
     pytester.makeini(f"[pytest]\nprecision_baseline_dir = {root / 'baselines'}\n")
     result = _run(pytester, *ON_CPU, "-k", NOT_KERNELS)
-    result.assert_outcomes(passed=156, skipped=26)  # 6 configs x {math, flash} x 13 regimes; tf32 skipped
+    result.assert_outcomes(passed=168, skipped=28)  # 6 configs x {math, flash} x (13 regimes + fresh); tf32 skipped
     result.stdout.fnmatch_lines(["*precision summary, absolute error*", "*| target *| config *| *cases | max abs *| RMS abs *"])
     for config in ("fp32", "fp16", "bf16", "amp-fp16", "amp-bf16", "fp8-e4m3"):
         for backend in ("math", "flash"):
-            result.stdout.fnmatch_lines([f"*| torch.sdpa *| {config}+{backend} *| *13 | *pass*"])
+            result.stdout.fnmatch_lines([f"*| torch.sdpa *| {config}+{backend} *| *14 | *pass*"])
 
 
 def test_correct_eager_and_online_softmax_pass(pytester):
@@ -104,12 +104,12 @@ def test_correct_eager_and_online_softmax_pass(pytester):
     pytester.makeini("[pytest]\n")
     first = _run(pytester, "--precision-update-baselines", "--precision-configs=fp32,fp16,bf16")
     # neither calls SDPA: each runs once per config and regime, not once per SDPA backend
-    first.assert_outcomes(passed=2 * 3 * 13)
+    first.assert_outcomes(passed=2 * 3 * 14)  # 13 regimes + fresh
     # against the goldens just written: the four largest regimes' (long, square128, square136,
     # causal136: half a run's time) are read and judged by the same code as the others' (the main job
     # reads SDPA's at those sizes under every config); causal-leftpad's NaN rows stay
     again = _run(pytester, "--precision-configs=fp32,fp16,bf16", "-k", "not long and not 128 and not 136")
-    again.assert_outcomes(passed=2 * 3 * 9)
+    again.assert_outcomes(passed=2 * 3 * 10)  # 9 regimes and fresh
     for result in (first, again):
         assert "+math" not in result.stdout.str() and "+flash" not in result.stdout.str()
 

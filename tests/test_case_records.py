@@ -25,7 +25,7 @@ CONFTEST = textwrap.dedent("""
         return torch.softmax(x.float(), -1).to(x.dtype)
 
     def attention(q, k, v, causal):  # no key_padding_mask: the padding regimes are skipped inside the suite
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
 
     pytest_precision.register("mine_attention", attention, kind="attention")
 """)
@@ -67,7 +67,7 @@ def test_a_crashed_case_keeps_its_golden(project):
     r = _pytest(project, "--precision-report=report.json", "--precision-report-md=report.md",
                 env={"BREAK_LEN1": "1", "BREAK_USER": "1"})
     assert r.returncode == 1, r.stdout[-3000:]
-    assert "2 failed, 11 passed, 3 skipped" in r.stdout, r.stdout[-3000:]  # padded, padded-mha, causal-leftpad
+    assert "2 failed, 12 passed, 3 skipped" in r.stdout, r.stdout[-3000:]  # padded, padded-mha, causal-leftpad
     assert "unused baseline" not in r.stdout  # softmax/mine/len1/fp32 and the user test's were not looked up
     dry = subprocess.run([sys.executable, "-m", "pytest_precision", "baselines", "prune", "--dir", "gold", "--dry-run"],
                          cwd=project, capture_output=True, text=True)
@@ -86,7 +86,7 @@ def test_a_crashed_case_keeps_its_golden(project):
     report = json.loads((project / "report.json").read_text())
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(report)
-    assert report["totals"] == {"cases": 15, "passed": 11, "failed": 1, "skipped": 3}
+    assert report["totals"] == {"cases": 16, "passed": 12, "failed": 1, "skipped": 3}
     cases = {c["nodeid"]: c for c in report["cases"]}
     crashed = cases["precision-suite::softmax[mine-fp32-len1]"]
     assert crashed["verdict"] == "fail" and crashed["categories"] == ["crash"]
@@ -95,7 +95,7 @@ def test_a_crashed_case_keeps_its_golden(project):
     assert skipped["verdict"] == "skip" and "key_padding_mask" in skipped["skip_reason"]
 
     md = (project / "report.md").read_text()
-    assert md.startswith("## pytest-precision: 1 failed, 11 passed, 3 skipped of 15 cases")
+    assert md.startswith("## pytest-precision: 1 failed, 12 passed, 3 skipped of 16 cases")
     assert "- `precision-suite::softmax[mine-fp32-len1]`: FAIL crash (target 'mine'" in md
     assert "1 case(s) skipped: mine_attention: the padded regime needs a key_padding_mask" in md
 

@@ -192,7 +192,7 @@ def test_a_softmax_tuned_to_the_fixed_lengths_passes_them_and_fails_its_fresh_ca
     assert _failure_lines(again.stdout.str()) == _failure_lines(result.stdout.str())
 
 
-def test_a_softmax_memoised_by_input_checksum_fails_its_fresh_case_and_the_printed_seed_replays_it(pytester):
+def test_a_softmax_memoised_by_input_checksum_fails_its_fresh_case_and_the_printed_seed_replays_it(pytester, unpinned_fresh_seed):
     _setup(pytester, MEMO)
     _run(pytester, "--precision-update-baselines", k="not hypothesis and not fresh").assert_outcomes(passed=11)
     result = _run(pytester)  # a new seed: whatever it draws, no cached output matches it
@@ -212,7 +212,8 @@ def test_a_target_that_raises_on_other_lengths_fails_its_fresh_case_with_the_see
     result.stdout.fnmatch_lines([
         "precision-suite::softmax[[]tiled-fp32-fresh[]]: target 'tiled' (softmax) under config fp32 on regime fresh "
         "raised ValueError: rows of 120: this kernel is tiled for 256",
-        "  fresh inputs from seed 7: replay with --precision-fresh-seed=7",
+        "  fresh inputs from seed 7: replay with --precision-fresh-seed=7 (15 rows of 120 logits*); a target that "
+        "does not support all of that declares its limits (its kind's declarations)",
     ])
 
 
@@ -263,7 +264,7 @@ def test_a_seed_that_is_no_whole_number_is_a_usage_error(pytester):
                                  "seed a run printed)*"])
 
 
-def test_xdist_workers_draw_the_controllers_fresh_inputs(pytester):
+def test_xdist_workers_draw_the_controllers_fresh_inputs(pytester, unpinned_fresh_seed):
     pytest.importorskip("xdist")
     _setup(pytester, TILED)
     configs = "fp32,fp16,bf16,amp-bf16"

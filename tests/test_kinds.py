@@ -127,15 +127,15 @@ def test_a_new_kind_is_one_module_and_one_line(pytester, how):
     args = ["--precision-suite", "--precision-no-speed", "--precision-configs=fp32,bf16", "-p", "no:cacheprovider",
             "-k", "logsumexp"]
     written = pytester.runpytest(*args, "--precision-update-baselines")
-    written.assert_outcomes(passed=4)
+    written.assert_outcomes(passed=6)
     assert (pytester.path / "precision_baselines/logsumexp/mine/large/fp32.npz").is_file()
     passed = pytester.runpytest(*args)
-    passed.assert_outcomes(passed=4)
-    passed.stdout.fnmatch_lines(["*precision summary*", "*| mine *| fp32 *|*2 |*| pass *"])
+    passed.assert_outcomes(passed=6)
+    passed.stdout.fnmatch_lines(["*precision summary*", "*| mine *| fp32 *|*3 |*| pass *"])
 
     pytester.makeconftest(registration + NAIVE.replace("def mine", '@pytest_precision.register("mine", kind="logsumexp")\ndef mine'))
     failed = pytester.runpytest(*args)
-    failed.assert_outcomes(passed=2, failed=2)
+    failed.assert_outcomes(passed=4, failed=2)  # its fresh draws (a kind's default: its first regime's generator) stay below 88
     failed.stdout.fnmatch_lines(["*logsumexp[[]mine-fp32-large[]]: FAIL overflow*",
                                  "*first overflow in aten::exp at conftest.py:* under fp32: produced inf from finite inputs*"])
 

@@ -115,14 +115,14 @@ def _accept_then_run(pytester, *args):
 def test_gelu_passes_and_another_function_fails_against_the_declared_reference(pytester):
     pytester.makeconftest(GELU)
     result = _accept_then_run(pytester, "--precision-configs=fp32,bf16")
-    # gelu: 2 configs x 2 regimes pass; gelu_tanh passes bf16 (its approximation error is below bf16's
-    # rounding: the declared exact GELU run in bf16 is its peer) and fails fp32, where it is not
-    result.assert_outcomes(passed=6, failed=2)
+    # gelu: 2 configs x (2 regimes and fresh) pass; gelu_tanh passes bf16 (its approximation error is below
+    # bf16's rounding: the declared exact GELU run in bf16 is its peer) and fails fp32, where it is not
+    result.assert_outcomes(passed=9, failed=3)
     result.stdout.fnmatch_lines(["*op[[]gelu_tanh-fp32-unit[]]: FAIL accuracy,baseline (oracle: out: max abs * > budget *",
                                  "*peer (the declared reference, same config)*"])
     assert (pytester.path / "precision_baselines/op/gelu/wide/bf16.npz").is_file()
     assert not (pytester.path / "precision_baselines/op/gelu_tanh/unit/fp32.npz").exists()  # not accepted
-    result.stdout.fnmatch_lines(["*| gelu *| fp32 *|*2 |*| pass *", "*| gelu_tanh *| bf16 *|*2 |*| pass *"])
+    result.stdout.fnmatch_lines(["*| gelu *| fp32 *|*3 |*| pass *", "*| gelu_tanh *| bf16 *|*3 |*| pass *"])
 
 
 def test_rotary_passes_and_sin_cos_in_fp16_at_large_positions_fail(pytester):
@@ -130,7 +130,7 @@ def test_rotary_passes_and_sin_cos_in_fp16_at_large_positions_fail(pytester):
     result = _accept_then_run(pytester, "--precision-configs=fp32,fp16")
     # rotary passes everywhere; rotary_dtype passes near position 0 and fails far from it in fp16
     # (and in fp32, where float32 angles at 4000 are 2^-12 off the float64 ones)
-    result.assert_outcomes(passed=6, failed=2)
+    result.assert_outcomes(passed=10, failed=2)
     result.stdout.fnmatch_lines(["*op[[]rotary_dtype-fp16-far[]]: FAIL accuracy*"])
     result.stdout.fnmatch_lines(["*op[[]rotary_dtype-fp32-far[]]: FAIL accuracy*"])
     for line in result.stdout.lines:
@@ -140,7 +140,7 @@ def test_rotary_passes_and_sin_cos_in_fp16_at_large_positions_fail(pytester):
 def test_a_sum_kept_in_16_bits_fails_and_fp32_accumulation_passes(pytester):
     pytester.makeconftest(MATMUL.replace("{DEFECT}", MATMUL_DEFECT))
     result = _accept_then_run(pytester, "--precision-configs=fp32,fp16,bf16")
-    result.assert_outcomes(passed=7, failed=2)
+    result.assert_outcomes(passed=14, failed=4)
     result.stdout.fnmatch_lines(["*op[[]mm_dtype_acc-fp16-k256[]]: FAIL accuracy,baseline (oracle: *RMS abs * > budget *",
                                  "*peer (the exact result rounded as its output (no peer= or reference= declared), same "
                                  "config): *"])
@@ -157,7 +157,7 @@ pytest_precision.register("sigmoid_gelu", lambda x: x * torch.sigmoid(1.6 * x), 
                           reference=F.gelu)
 """)
     result = _run(pytester, "--precision-configs=fp32,fp16,bf16")
-    result.assert_outcomes(failed=3)
+    result.assert_outcomes(failed=6)
     for config in ("fp32", "fp16", "bf16"):
         result.stdout.fnmatch_lines([f"*op[[]sigmoid_gelu-{config}-unit[]]: FAIL *accuracy,baseline (oracle: *",
                                      "*peer (the declared reference, same config)*"])
@@ -173,7 +173,8 @@ pytest_precision.register("against_itself", fp16_sum, kind="op", inputs=inputs, 
                           peer=lambda a, b: matmul(a, b, None))
 """))
     result = _run(pytester, "--precision-configs=fp16", "-k", "against")
-    result.assert_outcomes(passed=0, failed=2)  # no goldens yet: both fail for that, one also on the oracle
+    # no goldens yet: both fail for that, one also on the oracle; fresh (no golden): one fails on the oracle
+    result.assert_outcomes(passed=1, failed=3)
     result.stdout.fnmatch_lines(["*op[[]against_torch-fp16-k256[]]: FAIL accuracy,baseline (oracle: *",
                                  "*peer (peer matmul, same config)*",
                                  "*op[[]against_itself-fp16-k256[]]: FAIL baseline (no golden*"])
@@ -182,13 +183,13 @@ pytest_precision.register("against_itself", fp16_sum, kind="op", inputs=inputs, 
 def test_a_fused_mlp_and_its_backward(pytester):
     pytester.makeconftest(MLP.replace("{GRAD_W}", GRAD_W_CORRECT))
     result = _accept_then_run(pytester, "--precision-configs=fp32,bf16,amp-bf16")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=6)
     meta = (pytester.path / "precision_baselines/op/mlp/unit/bf16.json").read_text()
     assert all(f'"d{n}"' in meta for n in ("x", "w1", "b1", "w2", "b2"))  # every gradient judged
     # the weight gradient summed over the batch in bf16: only the backward is wrong, and only in 16 bits
     pytester.makeconftest(MLP.replace("{GRAD_W}", GRAD_W_DEFECT))
     failed = _run(pytester, "--precision-configs=fp32,bf16,amp-bf16")
-    failed.assert_outcomes(passed=2, failed=1)
+    failed.assert_outcomes(passed=4, failed=2)
     failed.stdout.fnmatch_lines(["*op[[]mlp-bf16-unit[]]: FAIL accuracy,regression (oracle: dw1: *"])
     assert "oracle: dx:" not in failed.stdout.str()
 
@@ -201,7 +202,8 @@ pytest_precision.register("global_rng", torch.tanh, kind="op", inputs={"unit": l
     _run(pytester, "--precision-configs=fp32", "--precision-update-baselines")
     stored = (pytester.path / "precision_baselines/op/seeded/unit/fp32.json").read_text()
     result = _run(pytester, "--precision-configs=fp32")
-    result.assert_outcomes(passed=1, failed=1)  # the inputs' checksum matched the golden's
+    # the inputs' checksum matched the golden's; the fresh cases (no golden, inputs drawn anew) pass
+    result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines(["*target 'global_rng' (op), inputs regime 'unit': the generator gave different "
                                  "inputs on two calls*"])
     assert (pytester.path / "precision_baselines/op/seeded/unit/fp32.json").read_text() == stored
@@ -229,7 +231,7 @@ pytest_precision.register("cast", lambda x: x.float(), kind="op", inputs=inputs)
 pytest_precision.register("junk", torch.tanh, kind="op", inputs={"unit": lambda g: "not inputs"})
 """)
     result = _run(pytester, "--precision-configs=fp32")
-    result.assert_outcomes(failed=5)
+    result.assert_outcomes(failed=10)
     result.stdout.fnmatch_lines([
         "*target 'pair' (op) under config fp32 on regime unit returned a tuple of 2: an op target returns one tensor*",
         "*target 'pair_ref' (op): its float64 reference (the target on float64 inputs) returned a tuple of 2: an op "
@@ -251,7 +253,7 @@ pytest_precision.register("naive_ulp", naive, kind="op", inputs=inputs, error="u
 pytest_precision.register("naive_abs", naive, kind="op", inputs=inputs, reference=F.softplus)
 """)
     result = _accept_then_run(pytester, "--precision-configs=fp32,bf16")
-    result.assert_outcomes(passed=4, failed=2)
+    result.assert_outcomes(passed=8, failed=4)
     result.stdout.fnmatch_lines(["*op[[]naive_ulp-fp32-wide[]]: FAIL underflow,accuracy,baseline (oracle: out: underflow*",
                                  "*shape (32, 64), ULPs in float32; *",
                                  "*op[[]naive_ulp-bf16-wide[]]: FAIL underflow*"])
@@ -276,7 +278,7 @@ def test_cancellation_to_zero_is_error_not_underflow(pytester):
     written. log(1 + exp(x)) overflows fp16's exp past x = 11.09: that is caught."""
     pytester.makeconftest(CANCELLING)
     result = _run(pytester, "--precision-update-baselines")
-    result.assert_outcomes(passed=23, failed=1, skipped=4)  # tf32 needs CUDA
+    result.assert_outcomes(passed=46, failed=2, skipped=8)  # tf32 needs CUDA; the fixed regimes and fresh
     result.stdout.fnmatch_lines(["*op[[]log1p_exp-fp16-wide[]]: FAIL overflow,nan (oracle: out: overflow * > 0 allowed*"])
     assert "underflow" not in "\n".join(line for line in result.stdout.lines if "FAIL" in line)
     assert (pytester.path / "precision_baselines/op/gelu_tanh/wide/fp32.npz").is_file()
@@ -293,7 +295,7 @@ pytest_precision.register("cut_silu", cut, kind="op", inputs={"wide": lambda g: 
                           forward_only=True, reference=F.silu)
 """)
     result = _run(pytester, "--precision-configs=fp32")
-    result.assert_outcomes(failed=1)
+    result.assert_outcomes(failed=2)
     result.stdout.fnmatch_lines(["*op[[]cut_silu-fp32-wide[]]: FAIL underflow,accuracy,baseline (oracle: underflow * > 0 "
                                  "allowed*",
                                  "*overflow 0, underflow * (0 where the exact value is at least *, more than cancellation "
@@ -306,7 +308,7 @@ def test_grads_names_the_gradients_judged(pytester):
 pytest_precision.register("mlp_typo", mlp, kind="op", inputs={"unit": make}, grads=("w9",))
 """)
     result = _run(pytester, "--precision-configs=fp32", "--precision-update-baselines")
-    result.assert_outcomes(passed=1, failed=1)
+    result.assert_outcomes(passed=2, failed=2)  # unit and fresh
     meta = (pytester.path / "precision_baselines/op/mlp/unit/fp32.json").read_text()
     assert '"dw1"' in meta and '"dx"' not in meta and '"dw2"' not in meta
     result.stdout.fnmatch_lines(["*target 'mlp_typo' (op): grads names 'w9'; the floating inputs of regime 'unit' are "
@@ -380,21 +382,22 @@ pytest_precision.register("gelu", lambda x: F.gelu(x) * (1 + NOISE), kind="op", 
                           reference=F.gelu)
 """)
     pytester.makeini("[pytest]\n")
-    _run(pytester, "--precision-configs=fp32", "--precision-update-baselines")
+    # the unit regime only: the fresh case keeps no golden
+    _run(pytester, "--precision-configs=fp32", "-k", "unit", "--precision-update-baselines")
     monkeypatch.setenv("OTHER_MACHINE", "1")
-    result = _run(pytester, "--precision-configs=fp32")
+    result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
     result.assert_outcomes(passed=1)
     result.stdout.fnmatch_lines(["1 case(s) drew inputs whose bits differ from those their goldens were accepted on, "
                                  "from the same seed and spec*"])
     monkeypatch.setenv("GELU_NOISE", "3e-6")
-    result = _run(pytester, "--precision-configs=fp32")
+    result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*op[[]gelu-fp32-unit[]]: FAIL *regression (*golden: *",
                                  "*(the inputs' bits differ from those the golden was accepted on, drawn from the same "
                                  "seed and spec*"])
     monkeypatch.delenv("GELU_NOISE")
     monkeypatch.setenv("OTHER_SHAPE", "1")  # the generator itself changed: refused, not judged
-    result = _run(pytester, "--precision-configs=fp32")
+    result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*the inputs changed since the golden was accepted*"])
 
@@ -419,7 +422,7 @@ def pytest_sessionfinish(session):
 pytest_precision.register("gelu", gelu, kind="op", inputs={"unit": lambda g: torch.randn(8, 16, generator=g)})
 """)
     pytester.makeini("[pytest]\n")
-    result = _run(pytester, "--precision-configs=fp32,bf16", "--precision-update-baselines")
+    result = _run(pytester, "--precision-configs=fp32,bf16", "--precision-update-baselines", "-k", "unit")
     result.assert_outcomes(passed=2)
     calls = json.loads((pytester.path / "calls.json").read_text())
     # one measured call per config, and in fp32 the contract's second call (kinds.contract_checks); the
@@ -471,7 +474,7 @@ def test_gated_regimes_catch_a_sigmoid_kept_in_16_bits_in_the_backward(pytester)
     assert "precision-suite::op[swiglu16-fp16-gate-fp16-flush]:" in failed, failed
     assert set(failed) <= {"precision-suite::op[swiglu16-fp16-gate-fp16-flush]:",
                            "precision-suite::op[swiglu16-fp16-drawn]:"}, failed
-    result.assert_outcomes(passed=75 - len(failed), failed=len(failed))
+    result.assert_outcomes(passed=90 - len(failed), failed=len(failed))
     result.stdout.fnmatch_lines(["*op[[]swiglu16-fp16-gate-fp16-flush[]]: FAIL accuracy (oracle: darg0: max abs * > budget *",
                                  "*the exact result rounded as its output (no peer= or reference= declared)*"])
 

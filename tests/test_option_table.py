@@ -31,7 +31,7 @@ def test_the_readme_documents_every_option_and_ini_key_and_no_other():
     assert sorted(documented - option_table.NAMES) == [], "in the README's options table but not declared"
 
 
-def test_pytest_registers_exactly_the_declared_options_and_ini_keys(pytester):
+def test_pytest_registers_exactly_the_declared_options_and_ini_keys(pytester, unpinned_fresh_seed):
     config = pytester.parseconfig()
     registered = {name for o in config._parser._groups if o.name == option_table.GROUP[0]
                   for opt in o.options for name in opt.names()}

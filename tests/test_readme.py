@@ -109,7 +109,7 @@ def test_the_readme_declarations_run_as_written(pytester):
     args = ("--precision-configs=fp32,fp16", "-rs")
     _run(pytester, "--precision-update-baselines", *args)
     result = _run(pytester, *args)
-    result.assert_outcomes(passed=2 * 7, skipped=2 * (4 + 15))  # it calls SDPA: +math and +flash
+    result.assert_outcomes(passed=2 * 8, skipped=2 * (4 + 16))  # it calls SDPA: +math and +flash; fresh in both
     result.stdout.fnmatch_lines(["*fused_attention: declares dtypes float16; fp32 feeds it float32*"])
 
 
@@ -195,5 +195,5 @@ def test_the_readme_own_kind_runs_as_written(pytester):
                           "pytest_precision.register('mine', lambda x: torch.logsumexp(x, -1), kind='logsumexp')\n")
     pytester.runpytest("-p", "no:cacheprovider", "test_logsumexp_kind.py").assert_outcomes(passed=1)
     args = ("--precision-configs=fp32,bf16", "-k", "mine")
-    _run(pytester, "--precision-update-baselines", *args).assert_outcomes(passed=4)
-    _run(pytester, *args).assert_outcomes(passed=4)
+    _run(pytester, "--precision-update-baselines", *args).assert_outcomes(passed=6)
+    _run(pytester, *args).assert_outcomes(passed=6)

@@ -62,7 +62,7 @@ def test_json_report_validates_against_its_schema(run):
     report = json.loads(text, parse_constant=refuse)
     jsonschema.Draft202012Validator.check_schema(REPORT_SCHEMA)
     jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(report)
-    assert report["totals"] == {"cases": 12, "passed": 2, "failed": 10, "skipped": 0}
+    assert report["totals"] == {"cases": 13, "passed": 2, "failed": 11, "skipped": 0}  # 11 regimes, drawn, fresh
     cases = {c["regime"]: c for c in report["cases"]}
     peak = cases["sharp-peak"]
     assert peak["verdict"] == "fail" and peak["metrics"]["max_ulp"] == "inf"
@@ -104,10 +104,10 @@ def test_markdown_report_has_the_terminal_table(run):
     terminal_table = [line for line in stdout.splitlines() if line.startswith("|")]
     assert len(terminal_table) == 3  # header, rule, the naive x fp16 row
     assert [line for line in md.splitlines() if line.startswith("|")] == terminal_table
-    assert md.startswith("## pytest-precision: 10 failed, 2 passed, 0 skipped of 12 cases")
+    assert md.startswith("## pytest-precision: 11 failed, 2 passed, 0 skipped of 13 cases")
     assert "written to" not in md  # the terminal's notes about files are not part of the report
     failing = md.split("### Failing cases", 1)[1]
-    assert failing.count("\n- `precision-suite::softmax[naive-fp16-") == 10
+    assert failing.count("\n- `precision-suite::softmax[naive-fp16-") == 11  # 10 fixed regimes and fresh
     assert "- `precision-suite::softmax[naive-fp16-sharp-peak]`: FAIL overflow,nan,accuracy" in failing
 
 
@@ -217,8 +217,8 @@ def test_reports_of_two_machines_merge_into_one_table(run, tmp_path):
     rows = [line for line in text.splitlines() if line.startswith("| naive")]
     assert len(rows) == 2
     cpu_row, gpu_row = rows
-    assert "| fp16 " in cpu_row and f"| {a['numerics_key']} (" in cpu_row and "FAIL 10/12" in cpu_row
-    assert "| cuda-sm90 (NVIDIA H100 80GB HBM3) " in gpu_row and "FAIL 11/12" in gpu_row and "regression" in gpu_row
+    assert "| fp16 " in cpu_row and f"| {a['numerics_key']} (" in cpu_row and "FAIL 11/13" in cpu_row
+    assert "| cuda-sm90 (NVIDIA H100 80GB HBM3) " in gpu_row and "FAIL 12/13" in gpu_row and "regression" in gpu_row
     assert "| 1.23e+03 " not in cpu_row and "inf" in gpu_row  # each row from its own report
     assert "- cuda-sm90 (NVIDIA H100 80GB HBM3): b.json, device cuda, torch" in text
     code, _ = _merge(tmp_path, "a.json", "b.json", "-o", "merged/table.md")

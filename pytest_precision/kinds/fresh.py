@@ -129,5 +129,14 @@ def note_fresh(kind, case: Case, regime: Regime, inputs: Any, details: list[str]
 
 def crash_note(case: Case) -> str:
     """A line to end the message of a fresh case that crashed (the target raised, broke its
-    contract, ran past its limit): the seed and how to replay it; nothing for any other case."""
-    return f"\n  {replay_advice(session_seed(case))}" if is_fresh(case) else ""
+    contract, ran past its limit): the seed, how to replay it and what was drawn (a target that
+    supports less than its kind draws, say no grouped-query heads, declares it); nothing for any
+    other case."""
+    if not is_fresh(case):
+        return ""
+    try:
+        drawn = f" ({case.kind.fresh_regime(case.target, session_seed(case)).description})"
+    except Exception:  # the crash may be the draw's own: its message says why
+        drawn = ""
+    return (f"\n  {replay_advice(session_seed(case))}{drawn}; a target that does not support all of that declares "
+            f"its limits (its kind's declarations)")
