@@ -308,6 +308,9 @@ class TrainStepKind(Kind):
         outcome = Outcome(self.suite, self.name, case.target.name, config.id, case.regime,
                           TrainingEvidence(config, metrics, scale), result)
         judge(outcome)
+        for sentence in run.module_failures:  # where its modules ran against what was meant (module_dtypes)
+            outcome.add("oracle", "dtype", sentence)
+        outcome.details += run.module_notes
         if any(p.category in ("overflow", "nan", "underflow") for p in outcome.problems):
             try:  # both re-runs draw the random numbers the run drew at its first step (dropout masks)
                 rng = run.rng_states[0]

@@ -12,6 +12,9 @@ rather than the documented lists, and flags:
   precision);
 - an explicit cast to 16 bits in user code, which defeats the config: what follows runs in 16
   bits whatever autocast would have chosen.
+
+A call that returns a training step's run (``training.run.Trajectory``) adds where each module ran
+in its first step (``module_table``) and its module flags (``training.module_dtypes``).
 """
 from __future__ import annotations
 
@@ -75,7 +78,7 @@ def audit(fn, autocast: bool) -> dict:
         stack.enter_context(torch.autograd.set_detect_anomaly(True, check_nan=False))
         stack.enter_context(tracer)
         stack.enter_context(watcher)
-        fn()
+        result = fn()
     ops: "OrderedDict[tuple, int]" = OrderedDict()
     flags: list[str] = []
     for r in tracer.records:
@@ -88,7 +91,12 @@ def audit(fn, autocast: bool) -> dict:
             flags.append(f"{r.op} at {r.where} ran in {out}: its reduction needs fp32 range and precision")
     flags += [f"cast to {dtype} in user code at {where}: the ops after it run in 16 bits whatever the config "
               "asks" for dtype, where in watcher.casts]
-    return {"ops": [[*k, n] for k, n in ops.items()], "flags": list(OrderedDict.fromkeys(flags))}
+    out = {"ops": [[*k, n] for k, n in ops.items()], "flags": list(OrderedDict.fromkeys(flags))}
+    modules = getattr(result, "module_table", None)  # a training step's run says where each module ran
+    if modules:
+        out["modules"] = modules
+        out["flags"] += [*getattr(result, "module_failures", []), *getattr(result, "module_notes", [])]
+    return out
 
 
 def render_audits(records: list[dict]) -> list[str]:
@@ -102,5 +110,9 @@ def render_audits(records: list[dict]) -> list[str]:
         table = tabulate([row for row in a["ops"]], headers=("op", "phase", "in", "out", "where", "calls"),
                          tablefmt="github")
         lines += ["  " + line for line in table.splitlines()]
+        if a.get("modules"):  # a training step: where each module ran in its first step
+            table = tabulate(a["modules"], headers=("module", "class", "params", "inputs", "outputs", "recompute"),
+                             tablefmt="github")
+            lines += ["  " + line for line in table.splitlines()]
         lines += [f"  FLAG {f}" for f in a["flags"]] or ["  no flags"]
     return lines

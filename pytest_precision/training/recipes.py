@@ -29,13 +29,19 @@ def stochastic_round(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
 
 @contextlib.contextmanager
 def stochastic_rounding_updates(optimizer: torch.optim.Optimizer, seed: int) -> Iterator[None]:
-    """Around every optimizer.step(): params, grads and state up to fp32 before, params back to
-    bf16 with stochastic rounding and state back with round-to-nearest after."""
+    """Around every optimizer.step(): the bf16 params, their grads and state up to fp32 before,
+    params back to bf16 with stochastic rounding and state back with round-to-nearest after.
+    Parameters stored in another dtype (modules a model keeps in float32) are left alone."""
     gen = torch.Generator().manual_seed(seed)
+    rounded: set[int] = set()  # the params this step moved up from bf16
 
     def before(opt, args, kwargs):
+        rounded.clear()
         for group in opt.param_groups:
             for p in group["params"]:
+                if p.dtype != torch.bfloat16:
+                    continue
+                rounded.add(id(p))
                 p.data = p.data.float()
                 if p.grad is not None:
                     p.grad = p.grad.float()
@@ -46,6 +52,8 @@ def stochastic_rounding_updates(optimizer: torch.optim.Optimizer, seed: int) -> 
     def after(opt, args, kwargs):
         for group in opt.param_groups:
             for p in group["params"]:
+                if id(p) not in rounded:
+                    continue
                 p.data = stochastic_round(p.data, generator=gen)
                 if p.grad is not None:
                     p.grad = p.grad.to(torch.bfloat16)

@@ -48,6 +48,7 @@ from ..numerics.rng import RngState, forked_rng
 from ..speed.timing import synchronized_perf_counter
 from .configs import FLOAT64, TrainConfig
 from .loop_watch import watch_loop
+from .module_dtypes import keep_fp32_params, module_flags, module_rows, record_module_dtypes
 from .recipes import fp8_linears, stochastic_rounding_updates
 from .spec import TrainSpec, takes_model
 
@@ -82,6 +83,14 @@ class Trajectory:
     rng_states: list["RngState"] = field(repr=False, default_factory=list)  # torch's generators at each step's start
     built_dtypes: dict[str, list[str]] = field(default_factory=dict)  # dtype -> parameters model_fn built not in float32
     unscaled: list[int] = field(default_factory=list)  # steps of a loss-scaling config no GradScaler scaled
+    modules: dict = field(repr=False, default_factory=dict)  # name -> module_dtypes.ModuleRun, first step
+    module_failures: list[str] = field(default_factory=list)  # module_dtypes.module_flags: what fails the case
+    module_notes: list[str] = field(default_factory=list)  # and what it reports
+
+    @property
+    def module_table(self) -> list[list]:
+        """Where each module ran in the first step (--precision-audit prints it)."""
+        return module_rows(self.modules)
 
 
 class TrainingError(Exception):
@@ -278,6 +287,8 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
         if built:  # the float32 master weights every config starts from (the module docstring)
             model = model.to(dtype=torch.float32)
         model = model.to(device=device, dtype=config.param_dtype)
+        if spec.keep_fp32 and config.param_dtype in (torch.float16, torch.bfloat16):
+            keep_fp32_params(model, spec.keep_fp32)  # as the repository keeps them (training.module_dtypes)
         model.train()
         names = {p: n for n, p in model.named_parameters()}
         optimizer = call("optimizer_fn(model)" if takes_model(spec.optimizer_fn) else "optimizer_fn(params)",
@@ -340,7 +351,12 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
                 seen.pop("bad", None)
                 seen["step"] = i
                 loop.start_step()
-                loss = call(f"step {i}", timed_step, model, optimizer, scaler, batch, autocast, step=True)
+                with record_module_dtypes(model) if i == 0 else contextlib.nullcontext() as modules:
+                    loss = call(f"step {i}", timed_step, model, optimizer, scaler, batch, autocast, step=True)
+                if modules is not None:
+                    t.modules = modules
+                    t.module_failures, t.module_notes = module_flags(modules, config.autocast_dtype,
+                                                                     config.param_dtype, spec.keep_fp32)
                 # the scale of the scaler that scaled the loss, the step's own where it used one; under a
                 # loss-scaling config a step that scaled nothing ran at 1, as a scaler stuck at 1 would
                 if loop.scaler is None and config.loss_scaling:

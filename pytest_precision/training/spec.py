@@ -14,7 +14,8 @@ it the loss is ``model(*batch)`` for a tuple or list, ``model(**batch)`` for a d
 ``.loss`` (Hugging Face) when it has one. ``step_fn(model, optimizer, scaler, batch, autocast)``
 runs one step and returns the loss; ``autocast()`` enters the config's autocast region (wrap
 forward and loss in it) and ``scaler`` is a ``torch.amp.GradScaler``, enabled only where the config
-scales the loss. Without a ``step_fn`` the standard loop runs (``standard_step``). The DDP cases
+scales the loss. ``keep_fp32`` names the modules (fnmatch patterns) the model means in float32
+under 16-bit configs: ``training.module_dtypes`` judges that they ran there. Without a ``step_fn`` the standard loop runs (``standard_step``). The DDP cases
 run only forward and loss, through ``loss_fn`` (or the default above), never the ``step_fn``.
 """
 from __future__ import annotations
@@ -44,8 +45,14 @@ class TrainSpec:
     step_fn: Callable | None = None
     seed: int = 0
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
+    keep_fp32: tuple[str, ...] = ()  # modules meant in float32 under 16-bit configs (training.module_dtypes)
 
     def __post_init__(self):
+        keep = (self.keep_fp32,) if isinstance(self.keep_fp32, str) else self.keep_fp32
+        if not (isinstance(keep, (tuple, list)) and all(isinstance(k, str) and k for k in keep)):
+            raise TypeError(f"TrainSpec.keep_fp32 must be module names or fnmatch patterns (strings), got "
+                            f"{self.keep_fp32!r}")
+        object.__setattr__(self, "keep_fp32", tuple(keep))
         for name in ("model_fn", "optimizer_fn", "batch_fn"):
             if not callable(getattr(self, name)):
                 raise TypeError(f"TrainSpec.{name} must be callable, got {getattr(self, name)!r}")
