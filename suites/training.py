@@ -337,13 +337,21 @@ class TrainStepKind(Kind):
                 step, rng = run.first_step, run.rng_states[run.first_step]
                 cache, key = case.state.memo(BATCH_GRADIENTS), (spec, case.device, step, rng.digest)
                 if key not in cache:
-                    cache[key] = exact_batch_gradients(spec, step, case.device, f"{where}: the float64 gradients", rng)
-                accum = judge_accumulation(spec, case.config, run, cache[key])
-                outcome.details.append(accum.detail)
-                if accum.problem and accum.shown:
-                    outcome.details.append(f"{case.config.id} shows this: {accum.problem} (reported, not held to it)")
-                elif accum.problem:
-                    outcome.add("oracle", "accuracy", accum.problem)
+                    try:
+                        cache[key] = exact_batch_gradients(spec, step, case.device, f"{where}: the float64 gradients", rng)
+                    except GlobalStateError:
+                        raise
+                    except TrainingError as e:  # a model that cannot run in float64: the verdict is not made
+                        cache[key] = str(e)
+                if isinstance(cache[key], str):
+                    outcome.details.append(f"accumulation: not judged ({cache[key]})")
+                else:
+                    accum = judge_accumulation(spec, case.config, run, cache[key])
+                    outcome.details.append(accum.detail)
+                    if accum.problem and accum.shown:
+                        outcome.details.append(f"{case.config.id} shows this: {accum.problem} (reported, not held to it)")
+                    elif accum.problem:
+                        outcome.add("oracle", "accuracy", accum.problem)
             if spec.checkpoint is not None:
                 check = judge_checkpoint(spec, case.config, run, case.device, where)
                 outcome.details.append(check.detail)
