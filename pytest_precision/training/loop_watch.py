@@ -55,8 +55,12 @@ def watch_loop(model: nn.Module) -> Iterator[LoopWatch]:
     watch = LoopWatch()
     original = torch.amp.GradScaler.scale
     original_unscale = torch.amp.GradScaler.unscale_
+    # clip_grad_norm_ scales through the module-level _clip_grads_with_norm_ (torch 2.6 and later), which
+    # also sees a clip_grad_norm_ imported by name before the run; else the public names are patched
     clip_module = torch.nn.utils.clip_grad
-    original_clip = clip_module.clip_grad_norm_
+    inner = hasattr(clip_module, "_clip_grads_with_norm_")
+    clip_name = "_clip_grads_with_norm_" if inner else "clip_grad_norm_"
+    original_clip = getattr(clip_module, clip_name)
 
     def scale(self, outputs):
         out = original(self, outputs)
@@ -70,23 +74,27 @@ def watch_loop(model: nn.Module) -> Iterator[LoopWatch]:
             watch.unscales += 1
         return original_unscale(self, optimizer)
 
-    def clip_grad_norm_(parameters, max_norm, *args, **kwargs):
-        total = original_clip(parameters, max_norm, *args, **kwargs)
+    def clip(parameters, max_norm, *args, **kwargs):
+        out = original_clip(parameters, max_norm, *args, **kwargs)
+        total = args[0] if inner else out  # _clip_grads_with_norm_(parameters, max_norm, total_norm, foreach)
         # the factor clip_grad_norm_ applies (torch: max_norm / (total + 1e-6), clamped to 1)
         watch.clips.append(min(1.0, float(max_norm) / (float(total) + 1e-6)))
-        return total
+        return out
 
     def accumulated(p):
         watch._accumulated[id(p)] = watch._accumulated.get(id(p), 0) + 1
 
     handles = [p.register_post_accumulate_grad_hook(accumulated) for p in model.parameters() if p.requires_grad]
     torch.amp.GradScaler.scale, torch.amp.GradScaler.unscale_ = scale, unscale_
-    # torch.nn.utils.clip_grad_norm_ is the same function as clip_grad.clip_grad_norm_: both names
-    clip_module.clip_grad_norm_ = torch.nn.utils.clip_grad_norm_ = clip_grad_norm_
+    setattr(clip_module, clip_name, clip)
+    if not inner:  # torch.nn.utils.clip_grad_norm_ is the same function as clip_grad.clip_grad_norm_
+        torch.nn.utils.clip_grad_norm_ = clip
     try:
         yield watch
     finally:
         torch.amp.GradScaler.scale, torch.amp.GradScaler.unscale_ = original, original_unscale
-        clip_module.clip_grad_norm_ = torch.nn.utils.clip_grad_norm_ = original_clip
+        setattr(clip_module, clip_name, original_clip)
+        if not inner:
+            torch.nn.utils.clip_grad_norm_ = original_clip
         for h in handles:
             h.remove()
