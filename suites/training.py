@@ -338,7 +338,8 @@ class TrainStepKind(Kind):
                 cache, key = case.state.memo(BATCH_GRADIENTS), (spec, case.device, step, rng.digest)
                 if key not in cache:
                     try:
-                        cache[key] = exact_batch_gradients(spec, step, case.device, f"{where}: the float64 gradients", rng)
+                        cache[key] = exact_batch_gradients(spec, step, case.device,
+                                                           f"{where}: the float64 gradients", rng)
                     except GlobalStateError:
                         raise
                     except TrainingError as e:  # a model that cannot run in float64: the verdict is not made
@@ -349,7 +350,8 @@ class TrainStepKind(Kind):
                     accum = judge_accumulation(spec, case.config, run, cache[key])
                     outcome.details.append(accum.detail)
                     if accum.problem and accum.shown:
-                        outcome.details.append(f"{case.config.id} shows this: {accum.problem} (reported, not held to it)")
+                        outcome.details.append(f"{case.config.id} shows this: {accum.problem} (reported, not held to "
+                                               "it)")
                     elif accum.problem:
                         outcome.add("oracle", "accuracy", accum.problem)
             if spec.checkpoint is not None:

@@ -105,9 +105,10 @@ def test_checkpointed_steps_against_the_same_step_without_checkpointing(pytester
         # a recompute in float32 of what the forward ran in bfloat16: other gradients, and the cause
         "*train_step[[]hand_written-amp-bf16-trajectory[]]: FAIL accuracy (checkpointed step 0's gradients differ from "
         "the same step without checkpointing under amp-bf16: SQNR * dB, max abs *, most in * (expected bit for bit, as "
-        "the step without checkpointing repeats itself): the recompute of blocks.1.norm ran with autocast off where its "
-        "forward ran under autocast bfloat16: a recompute outside the forward's autocast state computes in other dtypes "
-        "than the forward did; recompute under the forward's autocast state (torch.utils.checkpoint restores it; a "
+        "the step without checkpointing repeats itself): the recompute of blocks.1.norm ran with autocast off where "
+        "its forward ran under autocast bfloat16: a recompute outside the forward's autocast state computes in other "
+        "dtypes than the forward did; recompute under the forward's autocast state (torch.utils.checkpoint restores "
+        "it; a "
         "context_fn or a hand-written checkpoint must keep it))",
         # torch's own check refuses the recompute's other dtypes: the same cause, with torch's words
         "*train_step[[]context_fn-amp-bf16-trajectory[]]: FAIL accuracy (the checkpointed step 0 under amp-bf16 raised "
@@ -119,7 +120,8 @@ def test_checkpointed_steps_against_the_same_step_without_checkpointing(pytester
     result.stdout.fnmatch_lines(["| blocks_found *| fp32 *|*| pass *|", "| blocks_found *| amp-bf16 *|*| pass *|",
                                  "| blocks_named *| fp32 *|*| pass *|", "| blocks_named *| amp-bf16 *|*| pass *|",
                                  "| context_fn *| fp32 *|*| pass *|", "| context_fn *| amp-bf16 *|*| FAIL accuracy *|",
-                                 "| hand_written *| fp32 *|*| pass *|", "| hand_written *| amp-bf16 *|*| FAIL accuracy *|"])
+                                 "| hand_written *| fp32 *|*| pass *|",
+                                 "| hand_written *| amp-bf16 *|*| FAIL accuracy *|"])
     result.assert_outcomes(passed=6, failed=2)
 
 

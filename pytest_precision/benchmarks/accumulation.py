@@ -82,8 +82,9 @@ def scaler_per_micro_batch(model, optimizer, scaler, batch, autocast):
     return loss
 
 
-LOOPS = {"standard": None, "clipped": clipped, "not_divided": not_divided, "steps_per_micro_batch": steps_per_micro_batch,
-         "zero_grad_inside": zero_grad_inside, "scaler_per_micro_batch": scaler_per_micro_batch}
+LOOPS = {"standard": None, "clipped": clipped, "not_divided": not_divided,
+         "steps_per_micro_batch": steps_per_micro_batch, "zero_grad_inside": zero_grad_inside,
+         "scaler_per_micro_batch": scaler_per_micro_batch}
 
 
 def recompute_without_autocast():
@@ -138,7 +139,8 @@ def main(argv=None) -> None:
         for cid in configs:
             run = run_training(spec, TRAIN_CONFIGS[cid], args.device)
             if truth is None:
-                truth = exact_batch_gradients(spec, run.first_step, args.device, rng_state=run.rng_states[run.first_step])
+                step = run.first_step
+                truth = exact_batch_gradients(spec, step, args.device, rng_state=run.rng_states[step])
             c = judge_accumulation(spec, TRAIN_CONFIGS[cid], run, truth)
             shares = ", ".join(f"{s:.4f}" for s in c.shares)
             print(f"  {name:24s} {cid:18s} SQNR {c.sqnr_db:8.2f} dB (floor {c.floor_db:5.1f}) {c.ratio:7.4f} x, shares "

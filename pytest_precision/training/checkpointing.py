@@ -116,7 +116,8 @@ class RecomputeWatch:
 
     def attach(self, model: nn.Module) -> nn.Module:
         for name, m in model.named_modules():
-            self.handles.append(m.register_forward_pre_hook(functools.partial(self._seen, name or type(model).__name__)))
+            seen = functools.partial(self._seen, name or type(model).__name__)
+            self.handles.append(m.register_forward_pre_hook(seen))
         return model
 
     def _seen(self, name, module, args):
@@ -195,7 +196,8 @@ def judge_checkpoint(spec, config: TrainConfig, run, device: str, where: str = "
     plain = dataclasses.replace(spec, steps=step + 1, checkpoint=None)
     repeat = prepare_training(plain, config, device, f"{where}: the step without checkpointing, repeated", rng)()
     watch = RecomputeWatch(device)
-    checked = dataclasses.replace(plain, model_fn=lambda: watch.attach(apply_checkpoint(spec.checkpoint, spec.model_fn())))
+    checked = dataclasses.replace(
+        plain, model_fn=lambda: watch.attach(apply_checkpoint(spec.checkpoint, spec.model_fn())))
     failed = None
     try:
         ck = prepare_training(checked, config, device, f"{where}: the checkpointed step", rng)()

@@ -63,7 +63,8 @@ class TrainSpec:
         if not (isinstance(self.steps, int) and self.steps >= 1):
             raise ValueError(f"TrainSpec.steps must be a positive int, got {self.steps!r}")
         if not (isinstance(self.accumulate, int) and not isinstance(self.accumulate, bool) and self.accumulate >= 1):
-            raise ValueError(f"TrainSpec.accumulate must be a positive int (micro-batches per step), got {self.accumulate!r}")
+            raise ValueError(f"TrainSpec.accumulate must be a positive int (micro-batches per step), got "
+                             f"{self.accumulate!r}")
         if not (self.checkpoint is None or isinstance(self.checkpoint, (bool, str)) or callable(self.checkpoint)):
             raise TypeError(f"TrainSpec.checkpoint must be True, the name of the model's block list, a callable(model) "
                             f"or None, got {self.checkpoint!r}")
@@ -147,7 +148,8 @@ def standard_step(model, optimizer, scaler, batch, autocast, loss_fn=None, accum
     total = None
     for micro in (split_batch(batch, accumulate) if accumulate != 1 else [batch]):
         with autocast():
-            loss = compute_loss(model, micro) if loss_fn is None else _scalar(loss_fn(model, micro), "loss_fn(model, batch)")
+            loss = (compute_loss(model, micro) if loss_fn is None
+                    else _scalar(loss_fn(model, micro), "loss_fn(model, batch)"))
             if accumulate != 1:
                 loss = loss / accumulate
         scaler.scale(loss).backward()
