@@ -31,6 +31,10 @@ from the compute format's mantissa bits):
   spread between machines: ``training.limits.limit_count``), except in the configs that exist to
   show that (amp-fp16 without a scaler shows underflow and what follows from it, pure bf16 lost
   updates): those report it, and the regression budget holds it where it was accepted;
+- a spec that declares ``accumulate=N``: its accumulated first-step gradient is off the float64
+  gradient of the whole batch's mean loss, or its step ran optimizer.step, unscale_ or backward
+  another number of times (training.accumulation); a spec with a ``checkpoint``: its checkpointed
+  first step's gradients differ from the same step's without checkpointing (training.checkpointing);
 - and against the golden (training/baseline.py): the fp32 reference moved, or a metric grew past
   its accepted budget.
 
@@ -60,6 +64,8 @@ from pytest_precision.training.baseline import TrajectoryEntry
 from pytest_precision.training.run import GlobalStateError, ModelDtypeWarning, RngState, built_dtype_note, judged_state
 from pytest_precision.training.distributed import ddp_skip_reason
 from pytest_precision.training.loss_scale import scale_health, scale_problem
+from pytest_precision.training.accumulation import exact_batch_gradients, judge_accumulation
+from pytest_precision.training.checkpointing import judge_checkpoint
 from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND,
                                               first_step_floor_db, grad_norm_band, later_step_floor_db, limit_sentence)
 
@@ -72,6 +78,7 @@ __all__ = ["TRAIN_STEP", "TrainStepKind", "judge"]
 # (None, or why not); (spec, device) -> its fp32 run; (spec, device, step, random state) -> the
 # float64 step or why it could not run. Keyed by the spec, never by id(), which a later spec reuses
 CHECKED, REFERENCES, EXACT = "train_step.checked", "train_step.fp32", "train_step.float64"
+BATCH_GRADIENTS = "train_step.batch_float64"  # (spec, device, step, random state) -> accumulation's truth
 
 
 def _about_one_over(ratio: float, scale: float | None) -> bool:
@@ -178,7 +185,8 @@ def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed) -> None:
 class TrainStepKind(Kind):
     name = "train_step"
     suite = "training"
-    contract = ("TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None, loss_fn=None) "
+    contract = ("TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None, loss_fn=None, accumulate=1, "
+                "checkpoint=None) "
                 "(pytest_precision.training)")
     table = TRAINING_TABLE
     audit_regime = "trajectory"
@@ -311,6 +319,7 @@ class TrainStepKind(Kind):
         for sentence in run.module_failures:  # where its modules ran against what was meant (module_dtypes)
             outcome.add("oracle", "dtype", sentence)
         outcome.details += run.module_notes
+        self._judge_step_features(case, spec, run, outcome)
         if any(p.category in ("overflow", "nan", "underflow") for p in outcome.problems):
             try:  # both re-runs draw the random numbers the run drew at its first step (dropout masks)
                 rng = run.rng_states[0]
@@ -321,6 +330,40 @@ class TrainStepKind(Kind):
             except TrainingError:  # a model that cannot run in float64 still fails; only the fault is unnamed
                 outcome.fault = None
         return outcome
+
+    def _judge_step_features(self, case: Case, spec: TrainSpec, run: Trajectory, outcome: Outcome) -> None:
+        """The verdicts of a spec that accumulates micro-batches (training.accumulation) or checkpoints
+        activations (training.checkpointing)."""
+        where = self._where(case.target, case.config)
+        try:
+            if spec.accumulate != 1 and run.first_step is not None:
+                step, rng = run.first_step, run.rng_states[run.first_step]
+                cache, key = case.state.memo(BATCH_GRADIENTS), (spec, case.device, step, rng.digest)
+                if key not in cache:
+                    try:
+                        cache[key] = exact_batch_gradients(spec, step, case.device,
+                                                           f"{where}: the float64 gradients", rng)
+                    except GlobalStateError:
+                        raise
+                    except TrainingError as e:  # a model that cannot run in float64: the verdict is not made
+                        cache[key] = str(e)
+                if isinstance(cache[key], str):
+                    outcome.details.append(f"accumulation: not judged ({cache[key]})")
+                else:
+                    accum = judge_accumulation(spec, case.config, run, cache[key])
+                    outcome.details.append(accum.detail)
+                    if accum.problem and accum.shown:
+                        outcome.details.append(f"{case.config.id} shows this: {accum.problem} (reported, not held to "
+                                               "it)")
+                    elif accum.problem:
+                        outcome.add("oracle", "accuracy", accum.problem)
+            if spec.checkpoint is not None:
+                check = judge_checkpoint(spec, case.config, run, case.device, where)
+                outcome.details.append(check.detail)
+                if check.problem:
+                    outcome.add("oracle", "accuracy", check.problem)
+        except (TrainingError, ValueError) as e:
+            raise TargetError(str(e)) from e.__cause__
 
     @staticmethod
     def _step_call(spec: TrainSpec, config: TrainConfig, device: str, rng: RngState | None = None):

@@ -5,7 +5,9 @@ fp8 Linear emulation (``recipes``), the loss scale and backward passes a step us
 the fp32 run (``compare``), the float16 loss scale's health (``loss_scale``), the floors and
 spreads the verdicts use (``limits``), DDP gradient compression on the real engine
 (``distributed``), what a training golden holds (``baseline``), what moved in its fp32 reference
-(``moved``) and its per-parameter rates judged as counts (``rates``)."""
+(``moved``), its per-parameter rates judged as counts (``rates``), gradient accumulation judged
+against the whole batch's float64 gradient (``accumulation``) and activation checkpointing judged
+against the same step without it (``checkpointing``)."""
 from .compare import (GradientLoss, TrainMetrics, compare_trajectories, mantissa_eps, significant, tensors_sqnr_db,
                       underflow_rates, update_lost_rates)
 from .configs import FLOAT64, TRAIN_CONFIGS, TrainConfig
@@ -13,9 +15,11 @@ from .data import MarkovText
 from .recipes import fp8_linears, stochastic_round
 from .run import ExactStep, TrainingError, Trajectory, check_determinism, exact_first_step, prepare_training, run_training
 from .spec import LossContractError, TrainSpec, compute_loss, standard_step
+from .accumulation import split_batch
+from .checkpointing import checkpoint_blocks
 
 __all__ = ["TrainSpec", "TrainConfig", "TRAIN_CONFIGS", "FLOAT64", "Trajectory", "TrainMetrics", "TrainingError",
            "LossContractError", "standard_step", "compute_loss", "run_training", "prepare_training", "check_determinism",
            "exact_first_step", "ExactStep", "compare_trajectories", "tensors_sqnr_db", "underflow_rates",
            "update_lost_rates", "significant", "GradientLoss", "mantissa_eps", "stochastic_round", "fp8_linears",
-           "MarkovText"]
+           "MarkovText", "split_batch", "checkpoint_blocks"]

@@ -91,6 +91,12 @@ class Trajectory:
     def module_table(self) -> list[list]:
         """Where each module ran in the first step (--precision-audit prints it)."""
         return module_rows(self.modules)
+    # per step: optimizer.step() calls, enabled GradScaler.unscale_ calls, GradScalers that scaled a
+    # loss, and the factors clip_grad_norm_ scaled the gradients by (an accumulation loop's verdict)
+    optimizer_steps: list[int] = field(default_factory=list)
+    unscales: list[int] = field(default_factory=list)
+    scalers: list[int] = field(default_factory=list)
+    clips: list[list[float]] = field(default_factory=list)
 
 
 class TrainingError(Exception):
@@ -311,6 +317,7 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
 
     def watch(opt, args, kwargs):  # registered first: sees the grads before the SR hook casts them
         grads = {names[p]: p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None and p in names}
+        seen["calls"] = seen.get("calls", 0) + 1
         seen["grads"] = grads
         seen["norm"] = float(torch.linalg.vector_norm(
             torch.stack([torch.linalg.vector_norm(g.float()) for g in grads.values()]))) if grads else 0.0
@@ -349,6 +356,7 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
                 batch = _cast_batch(raw, config.param_dtype, device)
                 seen.pop("grads", None)
                 seen.pop("bad", None)
+                seen["calls"] = 0
                 seen["step"] = i
                 loop.start_step()
                 with record_module_dtypes(model) if i == 0 else contextlib.nullcontext() as modules:
@@ -364,6 +372,10 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
                 used = loop.scale if loop.scaler is not None else (1.0 if config.loss_scaling else None)
                 t.scales_used.append(used)
                 t.backward_passes.append(loop.backward_passes)
+                t.optimizer_steps.append(seen["calls"])
+                t.unscales.append(loop.unscales)
+                t.scalers.append(len(loop.scalers))
+                t.clips.append(list(loop.clips))
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
                     raise TrainingError(f"{where}: step {i} returned {type(loss).__name__}; step_fn must return the loss")
                 value = float(loss.detach().float())

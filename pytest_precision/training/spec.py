@@ -17,6 +17,10 @@ forward and loss in it) and ``scaler`` is a ``torch.amp.GradScaler``, enabled on
 scales the loss. ``keep_fp32`` names the modules (fnmatch patterns) the model means in float32
 under 16-bit configs: ``training.module_dtypes`` judges that they ran there. Without a ``step_fn`` the standard loop runs (``standard_step``). The DDP cases
 run only forward and loss, through ``loss_fn`` (or the default above), never the ``step_fn``.
+``accumulate=N``: the step accumulates N micro-batches (``standard_step(..., accumulate=N)``; a
+``step_fn`` with an ``accumulate`` parameter is given N), judged by ``training.accumulation``.
+``checkpoint``: how activation checkpointing is turned on in a built model, judged by
+``training.checkpointing`` against the same step without it.
 """
 from __future__ import annotations
 
@@ -46,6 +50,10 @@ class TrainSpec:
     seed: int = 0
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
     keep_fp32: tuple[str, ...] = ()  # modules meant in float32 under 16-bit configs (training.module_dtypes)
+    # the step accumulates this many micro-batches (``training.accumulation``); what turns on
+    # activation checkpointing in a built model (``training.checkpointing``)
+    accumulate: int = 1
+    checkpoint: bool | str | Callable[[nn.Module], Any] | None = None
 
     def __post_init__(self):
         keep = (self.keep_fp32,) if isinstance(self.keep_fp32, str) else self.keep_fp32
@@ -61,6 +69,12 @@ class TrainSpec:
                 raise TypeError(f"TrainSpec.{name} must be callable or None, got {getattr(self, name)!r}")
         if not (isinstance(self.steps, int) and self.steps >= 1):
             raise ValueError(f"TrainSpec.steps must be a positive int, got {self.steps!r}")
+        if not (isinstance(self.accumulate, int) and not isinstance(self.accumulate, bool) and self.accumulate >= 1):
+            raise ValueError(f"TrainSpec.accumulate must be a positive int (micro-batches per step), got "
+                             f"{self.accumulate!r}")
+        if not (self.checkpoint is None or isinstance(self.checkpoint, (bool, str)) or callable(self.checkpoint)):
+            raise TypeError(f"TrainSpec.checkpoint must be True, the name of the model's block list, a callable(model) "
+                            f"or None, got {self.checkpoint!r}")
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """``optimizer_fn`` called with the model or with its parameters (the module docstring)."""
@@ -75,9 +89,11 @@ class TrainSpec:
     def step(self) -> Callable:
         """The step the harness runs: ``step_fn``, or the standard step with this spec's loss."""
         if self.step_fn is not None:
+            if self.accumulate != 1 and _takes_accumulate(self.step_fn):  # told to the step that does it
+                return lambda *a: self.step_fn(*a, accumulate=self.accumulate)
             return self.step_fn
         return lambda model, optimizer, scaler, batch, autocast: standard_step(
-            model, optimizer, scaler, batch, autocast, loss_fn=self.loss_fn)
+            model, optimizer, scaler, batch, autocast, loss_fn=self.loss_fn, accumulate=self.accumulate)
 
 
 def takes_model(optimizer_fn: Callable) -> bool:
@@ -92,6 +108,13 @@ def takes_model(optimizer_fn: Callable) -> bool:
     annotation = first.annotation
     is_module = isinstance(annotation, type) and issubclass(annotation, nn.Module)
     return first.name == "model" or is_module or annotation in ("nn.Module", "torch.nn.Module")
+
+
+def _takes_accumulate(step_fn: Callable) -> bool:
+    try:
+        return "accumulate" in inspect.signature(step_fn).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def _scalar(loss: Any, what: str) -> torch.Tensor:
@@ -119,15 +142,28 @@ def compute_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     return loss.reshape(())
 
 
-def standard_step(model, optimizer, scaler, batch, autocast, loss_fn=None) -> torch.Tensor:
+def standard_step(model, optimizer, scaler, batch, autocast, loss_fn=None, accumulate: int = 1,
+                  max_norm: float | None = None) -> torch.Tensor:
     """The loop from torch's AMP recipe: zero_grad, forward and loss under autocast, scaled
     backward, unscale, step, update. ``loss_fn(model, batch)`` gives the loss (default
-    :func:`compute_loss`)."""
+    :func:`compute_loss`). ``accumulate=N`` splits the batch into N micro-batches along dim 0 and
+    backpropagates each one's loss divided by N before the one unscale and step (returns the whole
+    batch's loss); ``max_norm`` clips the gradients' norm after ``unscale_``."""
+    from .accumulation import split_batch  # the module judging accumulation builds on this step
+
     optimizer.zero_grad(set_to_none=True)
-    with autocast():
-        loss = compute_loss(model, batch) if loss_fn is None else _scalar(loss_fn(model, batch), "loss_fn(model, batch)")
-    scaler.scale(loss).backward()
+    total = None
+    for micro in (split_batch(batch, accumulate) if accumulate != 1 else [batch]):
+        with autocast():
+            loss = (compute_loss(model, micro) if loss_fn is None
+                    else _scalar(loss_fn(model, micro), "loss_fn(model, batch)"))
+            if accumulate != 1:
+                loss = loss / accumulate
+        scaler.scale(loss).backward()
+        total = loss if total is None else total + loss.detach()
     scaler.unscale_(optimizer)
+    if max_norm is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
     scaler.step(optimizer)
     scaler.update()
-    return loss
+    return total

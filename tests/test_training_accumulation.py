@@ -1,0 +1,173 @@
+"""Gradient accumulation (``training.accumulation``): a spec that declares ``TrainSpec(accumulate=N)``
+has its accumulated first-step gradient judged against the float64 gradient of the whole batch's
+mean loss computed in one pass. The correct loops pass (the standard step, a step_fn told N that
+clips); each planted defect fails with one line saying what the loop did. A small MLP, 2 steps."""
+import pytest
+import torch
+
+from training_helpers import HEADER, run_suite
+
+pytest_plugins = ["pytester"]
+
+LOOPS = HEADER + """
+from torch.nn.utils import clip_grad_norm_  # imported by name: the harness still sees the clip
+from pytest_precision.training import split_batch
+
+
+def spec(step_fn=None, accumulate=2):
+    return pytest_precision.TrainSpec(lambda: Net(), sgd, batch, steps=2, step_fn=step_fn, accumulate=accumulate)
+
+
+def told(model, optimizer, scaler, batch, autocast, accumulate):
+    # a step_fn that takes accumulate= is given the spec's; it clips (the float64 gradient is clipped alike)
+    optimizer.zero_grad()
+    for micro in split_batch(batch, accumulate):
+        with autocast():
+            loss = model(*micro) / accumulate
+        scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    clip_grad_norm_(model.parameters(), 0.05)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+def not_divided(model, optimizer, scaler, batch, autocast):
+    optimizer.zero_grad()
+    for micro in split_batch(batch, 2):
+        with autocast():
+            loss = model(*micro)  # the defect: not / 2
+        scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+def steps_per_micro_batch(model, optimizer, scaler, batch, autocast):
+    for micro in split_batch(batch, 2):
+        optimizer.zero_grad()
+        with autocast():
+            loss = model(*micro) / 2
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)  # the defect: inside the loop
+        scaler.update()
+    return loss
+
+
+def zero_grad_inside(model, optimizer, scaler, batch, autocast):
+    for micro in split_batch(batch, 2):
+        optimizer.zero_grad()  # the defect: inside the loop
+        with autocast():
+            loss = model(*micro) / 2
+        scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+def scaler_per_micro_batch(model, optimizer, scaler, batch, autocast):
+    optimizer.zero_grad()
+    for micro in split_batch(batch, 2):
+        # the defect: a GradScaler per micro-batch, unscaled per micro-batch (one scaler would refuse a
+        # second unscale_ before update())
+        scaler = torch.amp.GradScaler("cpu", enabled=scaler.is_enabled())
+        with autocast():
+            loss = model(*micro) / 2
+        scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+def one_pass(model, optimizer, scaler, batch, autocast):
+    optimizer.zero_grad()
+    with autocast():
+        loss = model(*batch)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+pytest_precision.register("standard", spec(), kind="train_step")
+pytest_precision.register("told", spec(told), kind="train_step")
+pytest_precision.register("not_divided", spec(not_divided), kind="train_step")
+pytest_precision.register("steps_per_micro_batch", spec(steps_per_micro_batch), kind="train_step")
+pytest_precision.register("zero_grad_inside", spec(zero_grad_inside), kind="train_step")
+pytest_precision.register("scaler_per_micro_batch", spec(scaler_per_micro_batch), kind="train_step")
+pytest_precision.register("one_pass", spec(one_pass), kind="train_step")
+"""
+
+
+def test_accumulation_loops_judged_against_the_whole_batchs_float64_gradient(pytester):
+    pytester.makeconftest(LOOPS)
+    result = run_suite(pytester, "--precision-configs=fp32,amp-bf16", "--precision-update-baselines")
+    result.stdout.fnmatch_lines([
+        "*train_step[[]not_divided-amp-bf16-trajectory[]]: FAIL accuracy (accumulated gradient of 2 micro-batches at "
+        "step 0: SQNR * dB against the float64 gradient of the whole batch's mean loss < 30.1 dB, 2 x along it: "
+        "the loss of each micro-batch was not divided by the 2 micro-batches (loss / 2))",
+        "*train_step[[]not_divided-fp32-trajectory[]]: FAIL accuracy (accumulated gradient of 2 micro-batches at step "
+        "0: SQNR 0 dB against the float64 gradient of the whole batch's mean loss < 100 dB, 2 x along it: the loss of "
+        "each micro-batch was not divided by the 2 micro-batches (loss / 2))",
+        "*train_step[[]steps_per_micro_batch-fp32-trajectory[]]: FAIL accuracy (optimizer.step() ran 2 times in steps "
+        "0, 1, once per micro-batch of the 2 a step accumulates: step once per optimizer step, after the last "
+        "micro-batch's backward (scaler.step and scaler.update outside the loop); the gradient it first applied was "
+        "3.92 dB from the "
+        "whole batch's)",
+        "*train_step[[]zero_grad_inside-amp-bf16-trajectory[]]: FAIL accuracy (accumulated gradient of 2 micro-batches "
+        "at step 0: SQNR 4.78 dB against the float64 gradient of the whole batch's mean loss < 30.1 dB, 0.536 x along "
+        "it: only the last micro-batch's gradient reached the optimizer: the gradients were zeroed (zero_grad) inside "
+        "the accumulation loop; zero them once per optimizer step, before the first micro-batch)",
+        "*train_step[[]one_pass-fp32-trajectory[]]: FAIL accuracy (the step ran 1 backward pass where "
+        "TrainSpec(accumulate=2) declares 2 micro-batches: split the batch into 2 (standard_step(..., accumulate=2) "
+        "does; a step_fn that takes accumulate= is given it))",
+    ])
+    # the correct loops pass every config; a scaler per micro-batch is harmless where nothing is scaled
+    result.stdout.fnmatch_lines(["| not_divided *| fp32 *|*| FAIL accuracy *|",
+                                 "| not_divided *| amp-bf16 *|*| FAIL accuracy *|",
+                                 "| one_pass *| fp32 *|*| FAIL accuracy *|",
+                                 "| one_pass *| amp-bf16 *|*| FAIL accuracy *|",
+                                 "| scaler_per_micro_batch *| fp32 *|*| pass *|",
+                                 "| scaler_per_micro_batch *| amp-bf16 *|*| pass *|",
+                                 "| standard *| fp32 *|*| pass *|", "| standard *| amp-bf16 *|*| pass *|",
+                                 "| steps_per_micro_batch *| fp32 *|*| FAIL accuracy *|",
+                                 "| steps_per_micro_batch *| amp-bf16 *|*| FAIL accuracy*|",
+                                 "| told *| fp32 *|*| pass *|", "| told *| amp-bf16 *|*| pass *|",
+                                 "| zero_grad_inside *| fp32 *|*| FAIL accuracy *|",
+                                 "| zero_grad_inside *| amp-bf16 *|*| FAIL accuracy *|"])
+    result.assert_outcomes(passed=6, failed=8)
+
+
+def test_unscaling_per_micro_batch_fails_under_float16_loss_scaling(pytester):
+    pytester.makeconftest(LOOPS)
+    result = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "standard or scaler_per_micro_batch",
+                       "--precision-update-baselines")
+    result.stdout.fnmatch_lines([
+        "*train_step[[]scaler_per_micro_batch-amp-fp16-trajectory[]]: FAIL accuracy (*scaler.unscale_ ran 2 times in "
+        "steps 0, 1 (2 GradScalers scaled its losses): each unscale_ divides every gradient accumulated so far by the "
+        "loss scale, so the earlier micro-batches' gradients were divided by it again (their shares *, the last's 1; "
+        "SQNR 4.78 dB against the whole batch's float64 gradient): unscale once per optimizer step, with the one "
+        "GradScaler, after the last micro-batch's backward)",
+    ])
+    # without a scaler (amp-fp16-noscale) the new scalers are disabled: nothing to unscale, the loop is right
+    result.assert_outcomes(passed=3, failed=1)
+
+
+def test_split_batch_and_bad_accumulate():
+    from pytest_precision import TrainSpec
+    from pytest_precision.training import split_batch
+
+    x, y = torch.arange(12.0).reshape(6, 2), torch.arange(6)
+    parts = split_batch({"x": x, "y": y, "note": "kept"}, 3)
+    assert [p["x"].shape[0] for p in parts] == [2, 2, 2] and parts[2]["note"] == "kept"
+    assert torch.equal(torch.cat([p["y"] for p in parts]), y)
+    with pytest.raises(ValueError, match="dim-0 size 6 is not a multiple of 4"):
+        split_batch((x, y), 4)
+    with pytest.raises(ValueError, match="share their dim-0 size"):
+        split_batch((x, torch.arange(5)), 2)
+    with pytest.raises(ValueError, match="TrainSpec.accumulate must be a positive int"):
+        TrainSpec(lambda: None, lambda p: None, lambda i: None, accumulate=0)
