@@ -1,0 +1,100 @@
+"""The Hugging Face Trainer as a train_step target (``pytest_precision.training.hf_trainer``): a tiny
+Llama built from a config (no weights downloaded) stepped by the Trainer's own code under the
+training configs, the same parameters as ``Trainer.train()``, and two mistakes a Trainer user makes
+caught. Skipped without transformers and accelerate (the ``hf`` extra)."""
+import pytest
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
+pytest.importorskip("accelerate", reason="accelerate is not installed (pip install -e '.[hf]')")
+
+import torch  # noqa: E402
+from torch.utils.data import SequentialSampler  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+
+from pytest_precision.training import TRAIN_CONFIGS, run_training  # noqa: E402
+from pytest_precision.training.hf_trainer import trainer_spec  # noqa: E402
+
+pytest_plugins = ["pytester"]
+
+# the conftest of the sessions: a repository's Trainer setup; TRAINER picks the Trainer class
+CONFTEST = """
+import torch
+import pytest_precision
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+from pytest_precision.training.hf_trainer import trainer_spec
+
+
+def model():
+    return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+
+
+def examples():
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(8):
+        ids = torch.randint(0, 256, (32,), generator=g)
+        out.append({"input_ids": ids, "labels": ids})
+    return out
+
+
+class ClipInStep(Trainer):
+    # clips in training_step, right after backward: under fp16 the gradients are still scaled
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        return loss
+
+
+class OwnLoss(Trainer):
+    # a compute_loss of its own that drops num_items_in_batch: the Trainer still takes the loss as
+    # normalised over the accumulated micro-batches and does not divide it
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(**inputs)
+        return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+
+ARGS = TrainingArguments(output_dir="trainer_output", report_to="none", per_device_train_batch_size=2,
+                         gradient_accumulation_steps=2, learning_rate=1e-3, max_grad_norm=MAX_GRAD_NORM, fp16=True,
+                         save_strategy="no", disable_tqdm=True)
+pytest_precision.register("llama_trainer", trainer_spec(model, ARGS, examples(), steps=2, trainer_cls=TRAINER),
+                          kind="train_step")
+"""
+
+
+def conftest(trainer="Trainer", max_grad_norm=1.0):
+    return CONFTEST.replace("TRAINER", trainer).replace("MAX_GRAD_NORM", repr(max_grad_norm))
+
+
+ARGS = ("--precision-suite", "-p", "no:cacheprovider", "-k", "train_step and not ddp",
+        "--precision-configs=fp32,amp-bf16,amp-fp16")
+
+
+def test_trainer_spec_passes_fp32_amp_bf16_and_amp_fp16(pytester):
+    pytester.makeconftest(conftest())
+    pytester.runpytest(*ARGS, "--precision-update-baselines")
+    result = pytester.runpytest(*ARGS)
+    result.assert_outcomes(passed=4)
+    for config in ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale"):
+        result.stdout.fnmatch_lines([f"| llama_trainer *| {config} *| *2 |*| pass *|"])
+
+
+def test_clipping_inside_training_step_fails_amp_fp16_only(pytester):
+    pytester.makeconftest(conftest("ClipInStep", max_grad_norm=0.0))
+    result = pytester.runpytest(*ARGS, "--precision-update-baselines")
+    result.stdout.fnmatch_lines(["*train_step[[]llama_trainer-amp-fp16-trajectory[]]: FAIL accuracy*gradient norm *"
+                                 "clipped to norm 1 before scaler.unscale_(optimizer)*clip after unscale_*"])
+    for config in ("fp32", "amp-bf16"):
+        result.stdout.fnmatch_lines([f"| llama_trainer *| {config} *| *2 |*| pass *|"])
+
+
+def test_compute_loss_dropping_num_items_moves_the_fp32_reference(pytester):
+    # max_grad_norm=0: clipping to 1 would hide the doubled gradient (both runs clipped to norm 1),
+    # leaving "loss 2.00 x" without a reading
+    pytester.makeconftest(conftest(max_grad_norm=0.0))
+    pytester.runpytest(*ARGS, "--precision-update-baselines")
+    pytester.makeconftest(conftest("OwnLoss", max_grad_norm=0.0))
+    result = pytester.runpytest(*ARGS)
+    result.stdout.fnmatch_lines(["*train_step[[]llama_trainer-fp32-trajectory[]]: FAIL regression (golden: the fp32 "
+                                 "reference moved*loss 2.00 x*2 micro-batches*no longer divided by the number of "
+                                 "micro-batches*"])
