@@ -98,3 +98,35 @@ def test_compute_loss_dropping_num_items_moves_the_fp32_reference(pytester):
     result.stdout.fnmatch_lines(["*train_step[[]llama_trainer-fp32-trajectory[]]: FAIL regression (golden: the fp32 "
                                  "reference moved*loss 2.00 x*2 micro-batches*no longer divided by the number of "
                                  "micro-batches*"])
+
+
+def test_trainer_spec_steps_as_trainer_train(tmp_path):
+    """Two steps of trainer_spec (2 micro-batches, clipping, warmup) leave the parameters bit for bit
+    where Trainer.train() leaves them on the same batches, in fp32 and in fp16 with its GradScaler
+    (on a CPU both given the autocast and scaler accelerate builds on a GPU)."""
+    def model_fn():
+        return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=2, max_position_embeddings=64))
+    g = torch.Generator().manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 256, (8, 16), generator=g)]
+
+    class InOrder(Trainer):  # Trainer.train() on the batches trainer_spec gives: in order
+        def _get_train_sampler(self, *a, **k):
+            return SequentialSampler(self.train_dataset)
+
+        def create_accelerator_and_postprocess(self):
+            super().create_accelerator_and_postprocess()
+            if self.args.fp16 and not self.accelerator.native_amp:
+                self.accelerator.native_amp, self.accelerator.scaler = True, torch.amp.GradScaler("cpu")
+
+    for config, fp16 in (("fp32", False), ("amp-fp16", True)):
+        args = TrainingArguments(output_dir=str(tmp_path), report_to="none", per_device_train_batch_size=2,
+                                 gradient_accumulation_steps=2, max_grad_norm=0.5, learning_rate=1e-3, warmup_steps=1,
+                                 max_steps=2, save_strategy="no", disable_tqdm=True, use_cpu=True, fp16=fp16)
+        t = run_training(trainer_spec(model_fn, args, data, steps=2), TRAIN_CONFIGS[config], "cpu")
+        assert t.backward_passes == [2, 2] and t.skipped == []
+        torch.manual_seed(0)
+        model = model_fn()
+        InOrder(model=model, args=args, train_dataset=data).train()
+        for n, p in model.named_parameters():
+            assert torch.equal(p.detach(), t.final[n]), (config, n)
