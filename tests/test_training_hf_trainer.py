@@ -83,7 +83,8 @@ def test_clipping_inside_training_step_fails_amp_fp16_only(pytester):
     pytester.makeconftest(conftest("ClipInStep", max_grad_norm=0.0))
     result = pytester.runpytest(*ARGS, "--precision-update-baselines")
     result.stdout.fnmatch_lines(["*train_step[[]llama_trainer-amp-fp16-trajectory[]]: FAIL accuracy*gradient norm *"
-                                 "clipped to norm 1 before scaler.unscale_(optimizer)*clip after unscale_*"])
+                                 "a cosine of 0.6* with fp32's and norm 1 / the loss scale*clipped to norm 1 before "
+                                 "scaler.unscale_(optimizer)*clip after unscale_*"])
     for config in ("fp32", "amp-bf16"):
         result.stdout.fnmatch_lines([f"| llama_trainer *| {config} *| *2 |*| pass *|"])
 
@@ -102,7 +103,7 @@ def test_compute_loss_dropping_num_items_moves_the_fp32_reference(pytester):
 
 def test_trainer_spec_steps_as_trainer_train(tmp_path):
     """Two steps of trainer_spec (2 micro-batches, clipping, warmup) leave the parameters bit for bit
-    where Trainer.train() leaves them on the same batches, in fp32 and in fp16 with its GradScaler
+    where Trainer.train() leaves them on the same batches, in fp32, bf16 and fp16 with its GradScaler
     (on a CPU both given the autocast and scaler accelerate builds on a GPU)."""
     def model_fn():
         return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -119,10 +120,11 @@ def test_trainer_spec_steps_as_trainer_train(tmp_path):
             if self.args.fp16 and not self.accelerator.native_amp:
                 self.accelerator.native_amp, self.accelerator.scaler = True, torch.amp.GradScaler("cpu")
 
-    for config, fp16 in (("fp32", False), ("amp-fp16", True)):
+    for config, fp16 in (("fp32", False), ("amp-bf16", False), ("amp-fp16", True)):
         args = TrainingArguments(output_dir=str(tmp_path), report_to="none", per_device_train_batch_size=2,
                                  gradient_accumulation_steps=2, max_grad_norm=0.5, learning_rate=1e-3, warmup_steps=1,
-                                 max_steps=2, save_strategy="no", disable_tqdm=True, use_cpu=True, fp16=fp16)
+                                 max_steps=2, save_strategy="no", disable_tqdm=True, use_cpu=True, fp16=fp16,
+                                 bf16=config == "amp-bf16")
         t = run_training(trainer_spec(model_fn, args, data, steps=2), TRAIN_CONFIGS[config], "cpu")
         assert t.backward_passes == [2, 2] and t.skipped == []
         torch.manual_seed(0)
