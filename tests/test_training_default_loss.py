@@ -50,6 +50,17 @@ def test_hf_causal_lm_pair_is_its_next_token_loss():
     assert torch.equal(compute_loss(model, {"input_ids": x, "labels": x}), model(input_ids=x, labels=x).loss)
 
 
+def test_hf_gpt2_pair_is_its_next_token_loss():
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed (pip install -e '.[hf]')")
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
+        vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        bos_token_id=0, eos_token_id=0))
+    x, y = MarkovText(vocab_size=64, batch_size=2, block_size=16)(0)
+    expected = F.cross_entropy(model(x).logits.float().flatten(0, 1), y.flatten())
+    assert torch.equal(compute_loss(model, (x, y)), expected)
+
+
 def test_hf_output_without_labels_names_the_fix():
     model = tiny_llama()
     x, _ = MarkovText(vocab_size=64, batch_size=2, block_size=16)(0)
