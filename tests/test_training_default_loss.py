@@ -7,7 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pytest_precision.training import TRAIN_CONFIGS, LossContractError, MarkovText, TrainSpec, compute_loss, run_training
+from pytest_precision.training import (TRAIN_CONFIGS, LossContractError, MarkovText, TrainSpec, compute_loss,
+                                       run_training)
 
 
 class LogitsAndLoss(nn.Module):

@@ -9,7 +9,7 @@ pytest.importorskip("accelerate", reason="accelerate is not installed (pip insta
 
 import torch  # noqa: E402
 from torch.utils.data import SequentialSampler  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 
 from pytest_precision.training import TRAIN_CONFIGS, run_training  # noqa: E402
 from pytest_precision.training.hf_trainer import trainer_spec  # noqa: E402
@@ -104,7 +104,8 @@ def test_compute_loss_dropping_num_items_moves_the_fp32_reference(pytester):
 def test_trainer_spec_steps_as_trainer_train(tmp_path):
     """Two steps of trainer_spec (2 micro-batches, clipping, warmup) leave the parameters bit for bit
     where Trainer.train() leaves them on the same batches, in fp32, bf16 and fp16 with its GradScaler
-    (on a CPU both given the autocast and scaler accelerate builds on a GPU)."""
+    (on a CPU both given the autocast and scaler accelerate builds on a GPU), with a callback that
+    halves the gradients before the optimizer step."""
     def model_fn():
         return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                             num_attention_heads=2, max_position_embeddings=64))
@@ -120,15 +121,20 @@ def test_trainer_spec_steps_as_trainer_train(tmp_path):
             if self.args.fp16 and not self.accelerator.native_amp:
                 self.accelerator.native_amp, self.accelerator.scaler = True, torch.amp.GradScaler("cpu")
 
+    class Halve(TrainerCallback):  # a callback that changes the gradients before the optimizer step
+        def on_pre_optimizer_step(self, args, state, control, **kwargs):
+            for p in kwargs["model"].parameters():
+                p.grad.mul_(0.5)
+
     for config, fp16 in (("fp32", False), ("amp-bf16", False), ("amp-fp16", True)):
         args = TrainingArguments(output_dir=str(tmp_path), report_to="none", per_device_train_batch_size=2,
                                  gradient_accumulation_steps=2, max_grad_norm=0.5, learning_rate=1e-3, warmup_steps=1,
                                  max_steps=2, save_strategy="no", disable_tqdm=True, use_cpu=True, fp16=fp16,
                                  bf16=config == "amp-bf16")
-        t = run_training(trainer_spec(model_fn, args, data, steps=2), TRAIN_CONFIGS[config], "cpu")
+        t = run_training(trainer_spec(model_fn, args, data, steps=2, callbacks=[Halve()]), TRAIN_CONFIGS[config], "cpu")
         assert t.backward_passes == [2, 2] and t.skipped == []
         torch.manual_seed(0)
         model = model_fn()
-        InOrder(model=model, args=args, train_dataset=data).train()
+        InOrder(model=model, args=args, train_dataset=data, callbacks=[Halve()]).train()
         for n, p in model.named_parameters():
             assert torch.equal(p.detach(), t.final[n]), (config, n)

@@ -15,7 +15,9 @@ GradScaler), then ``_clip_grad_norm`` (``accelerator.clip_grad_norm_``: unscale,
 and update), the learning-rate scheduler unless the scaler skipped the step, ``zero_grad``. The
 optimizer and scheduler are the Trainer's (``create_optimizer``, ``create_scheduler`` from the
 arguments, over ``steps``); a Trainer subclass (``trainer_cls``) runs its own ``compute_loss`` and
-``training_step``. TrainerCallbacks (logging, saving, evaluation) are not called. The harness
+``training_step``. Of the TrainerCallbacks, the two around the optimizer step run
+(``on_pre_optimizer_step``, ``on_optimizer_step``: a callback may change the gradients there); the
+others (logging, saving, evaluation, progress) are not called. The harness
 watches the torch optimizer inside ``AcceleratedOptimizer`` (its step pre-hook sees the gradients
 after unscaling and clipping: the applied ones) and the scaler's ``scale`` calls.
 
@@ -58,7 +60,8 @@ def _require_transformers():
         import transformers  # noqa: F401
         import accelerate  # noqa: F401
     except ImportError as e:
-        raise ImportError(f"trainer_spec needs transformers and accelerate (pip install 'pytest-precision[hf]'): {e}") from e
+        raise ImportError(f"trainer_spec needs transformers and accelerate (pip install 'pytest-precision[hf]'): "
+                          f"{e}") from e
     return transformers
 
 
@@ -124,6 +127,8 @@ class _TrainerRun:
         self.model, trainer.optimizer = accelerator.prepare(model, optimizer)
         trainer.model_wrapped = self.model
         trainer.create_scheduler(num_training_steps=self.steps, optimizer=trainer.optimizer)
+        for attr in ("model", "optimizer", "lr_scheduler"):  # as Trainer._prepare_for_training hands them on
+            setattr(trainer.callback_handler, attr, getattr(trainer, attr))
         self.trainer = trainer
 
     def step(self, model, optimizer, scaler, batch, autocast):
@@ -141,7 +146,10 @@ class _TrainerRun:
             loss = part if loss is None else loss + part
         if trainer.args.max_grad_norm is not None and trainer.args.max_grad_norm > 0:
             trainer._clip_grad_norm(model)
+        handler = trainer.callback_handler
+        trainer.control = handler.on_pre_optimizer_step(trainer.args, trainer.state, trainer.control)
         trainer.optimizer.step()
+        trainer.control = handler.on_optimizer_step(trainer.args, trainer.state, trainer.control)
         if not trainer.accelerator.optimizer_step_was_skipped:
             trainer.lr_scheduler.step()
         model.zero_grad()

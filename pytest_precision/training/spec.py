@@ -116,12 +116,13 @@ def compute_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = (f" of {len(out)} ({', '.join(type(o).__name__ for o in out)})"
                  if isinstance(out, (tuple, list)) else "")
-        raise LossContractError(f"the model returned {type(out).__name__}{shape}, not a scalar loss tensor (or an output with "
-                                ".loss); give the TrainSpec a loss_fn(model, batch) that returns the loss: for a model "
-                                "returning (logits, loss) (nanoGPT): def loss_fn(model, batch): return model(*batch)[1]; "
-                                "for a Hugging Face model, pass the targets as labels and take .loss: def loss_fn(model, "
-                                "batch): return model(input_ids=batch[0], labels=batch[1]).loss (a causal LM shifts "
-                                "labels itself: give it the input_ids, or the next tokens as shift_labels)")
+        raise LossContractError(f"the model returned {type(out).__name__}{shape}, not a scalar loss tensor (or an "
+                                "output with .loss); give the TrainSpec a loss_fn(model, batch) that returns the loss: "
+                                "for a model returning (logits, loss) (nanoGPT): def loss_fn(model, batch): return "
+                                "model(*batch)[1]; for a Hugging Face model, pass the targets as labels and take "
+                                ".loss: def loss_fn(model, batch): return model(input_ids=batch[0], "
+                                "labels=batch[1]).loss (a causal LM shifts labels itself: give it the input_ids, or "
+                                "the next tokens as shift_labels)")
     return loss.reshape(())
 
 
