@@ -138,3 +138,18 @@ def test_trainer_spec_steps_as_trainer_train(tmp_path):
         InOrder(model=model, args=args, train_dataset=data, callbacks=[Halve()]).train()
         for n, p in model.named_parameters():
             assert torch.equal(p.detach(), t.final[n]), (config, n)
+
+
+def test_trainer_spec_names_bad_arguments(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    data = [{"input_ids": torch.arange(8), "labels": torch.arange(8)}]
+    with pytest.raises(TypeError, match="training_args must be a transformers.TrainingArguments, got dict"):
+        trainer_spec(LlamaForCausalLM, {"bf16": True}, data)
+    with pytest.raises(TypeError, match="trainer_cls must be transformers.Trainer or a subclass"):
+        trainer_spec(LlamaForCausalLM, args, data, trainer_cls=object)
+    with pytest.raises(TypeError, match="train_dataset must support len.. and indexing.*got generator"):
+        trainer_spec(LlamaForCausalLM, args, (d for d in data))
+    with pytest.raises(ValueError, match="train_dataset is empty"):
+        trainer_spec(LlamaForCausalLM, args, [])
+    with pytest.raises(TypeError, match="optimizers are set by trainer_spec, not through trainer_kwargs"):
+        trainer_spec(LlamaForCausalLM, args, data, optimizers=(None, None))

@@ -174,7 +174,8 @@ def trainer_spec(model_fn: Callable[[], nn.Module], training_args: Any, train_da
         raise TypeError(f"trainer_spec: trainer_cls must be transformers.Trainer or a subclass, got {trainer_cls!r}")
     try:
         size = len(train_dataset)
-        train_dataset[0]
+        if size:
+            train_dataset[0]
     except Exception as e:
         raise TypeError(f"trainer_spec: train_dataset must support len() and indexing (a list of examples, a "
                         f"datasets.Dataset), got {type(train_dataset).__name__} ({e})") from e
