@@ -70,13 +70,21 @@ ARGS = ("--precision-suite", "-p", "no:cacheprovider", "-k", "train_step and not
         "--precision-configs=fp32,amp-bf16,amp-fp16")
 
 
-def test_trainer_spec_passes_fp32_amp_bf16_and_amp_fp16(pytester):
+def test_trainer_spec_passes_and_catches_a_compute_loss_dropping_num_items(pytester):
     pytester.makeconftest(conftest())
     pytester.runpytest(*ARGS, "--precision-update-baselines")
     result = pytester.runpytest(*ARGS)
     result.assert_outcomes(passed=4)
     for config in ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale"):
         result.stdout.fnmatch_lines([f"| llama_trainer *| {config} *| *2 |*| pass *|"])
+    # the same Trainer with a compute_loss of its own that drops num_items_in_batch: its loss is no
+    # longer divided by the 2 micro-batches; max_grad_norm=1 clips both runs' gradients to norm 1
+    pytester.makeconftest(conftest("OwnLoss"))
+    result = pytester.runpytest(*ARGS)
+    result.stdout.fnmatch_lines(["*train_step[[]llama_trainer-fp32-trajectory[]]: FAIL regression (golden: the fp32 "
+                                 "reference moved*first-step gradient norm 1.00 x the golden's, loss 2.00 x: the loss "
+                                 "exactly the 2 micro-batches a step accumulates and the applied gradient unchanged*"
+                                 "no longer divided by the number of micro-batches*clip_grad_norm_ clips both*"])
 
 
 def test_clipping_inside_training_step_fails_amp_fp16_only(pytester):
@@ -87,18 +95,6 @@ def test_clipping_inside_training_step_fails_amp_fp16_only(pytester):
                                  "scaler.unscale_(optimizer)*clip after unscale_*"])
     for config in ("fp32", "amp-bf16"):
         result.stdout.fnmatch_lines([f"| llama_trainer *| {config} *| *2 |*| pass *|"])
-
-
-def test_compute_loss_dropping_num_items_moves_the_fp32_reference(pytester):
-    # max_grad_norm=0: clipping to 1 would hide the doubled gradient (both runs clipped to norm 1),
-    # leaving "loss 2.00 x" without a reading
-    pytester.makeconftest(conftest(max_grad_norm=0.0))
-    pytester.runpytest(*ARGS, "--precision-update-baselines")
-    pytester.makeconftest(conftest("OwnLoss", max_grad_norm=0.0))
-    result = pytester.runpytest(*ARGS)
-    result.stdout.fnmatch_lines(["*train_step[[]llama_trainer-fp32-trajectory[]]: FAIL regression (golden: the fp32 "
-                                 "reference moved*loss 2.00 x*2 micro-batches*no longer divided by the number of "
-                                 "micro-batches*"])
 
 
 def test_trainer_spec_steps_as_trainer_train(tmp_path):
