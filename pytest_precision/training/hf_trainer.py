@@ -19,7 +19,10 @@ arguments, over ``steps``); a Trainer subclass (``trainer_cls``) runs its own ``
 (``on_pre_optimizer_step``, ``on_optimizer_step``: a callback may change the gradients there); the
 others (logging, saving, evaluation, progress) are not called. The harness
 watches the torch optimizer inside ``AcceleratedOptimizer`` (its step pre-hook sees the gradients
-after unscaling and clipping: the applied ones) and the scaler's ``scale`` calls.
+after unscaling and clipping: the applied ones; the Trainer's default fused AdamW, stepped without an
+``unscale_`` where nothing clips, unscales inside its step, and ``run`` records grad / grad_scale)
+and the scaler's ``scale`` calls. The float64 step the rates are judged against runs the same
+Trainer code in float64; the DDP cases run forward and loss only (``microbatch_loss``).
 
 **The harness's config decides the precision; the arguments decide everything else.** Each config
 runs a Trainer built from a copy of the arguments with ``bf16``/``fp16`` set from the config: fp32
