@@ -99,7 +99,10 @@ def _clip_cause(m: TrainMetrics, ratio: float) -> str:
     scale = next(s for s in m.scales_used if s)
     same = len(scaled) > 1 and max(scaled) <= 1.01 * min(scaled)
     if same:  # clip_grad_norm_ on the scaled gradients leaves norm c; unscale_ then divides by the scale
-        return (f": the applied gradients have fp32's direction (cosine {m.grad_cosine:.4f}) and norm "
+        # clipped per micro-batch (inside an accumulation loop) the direction moves as well
+        direction = (f"fp32's direction (cosine {m.grad_cosine:.4f})" if m.grad_cosine >= 0.99
+                     else f"a cosine of {m.grad_cosine:.4f} with fp32's")
+        return (f": the applied gradients have {direction} and norm "
                 f"{scaled[0]:.3g} / the loss scale at every step: they were clipped to norm {scaled[0]:.3g} before "
                 "scaler.unscale_(optimizer), which then divided them by the scale; clip after unscale_")
     if _about_one_over(ratio, scale):

@@ -202,6 +202,11 @@ def test_an_accumulation_change_names_what_moved_in_the_fp32_reference(pytester)
     (0.31, 1.0, 1, None),  # no accumulation: nothing to read
     (1.37, 1.37, 1, "loss and gradient by the same factor: the loss is multiplied by 1.37"),
     (1.004, 0.99998, 1, None),  # a model change: the ratios alone
+    # the undivided loss of 2 micro-batches whose gradients clip_grad_norm_ brings back to max_norm
+    (1.0, 2.0, 2, "the loss exactly the 2 micro-batches a step accumulates and the applied gradient unchanged: the "
+                  "loss is no longer divided by the number of micro-batches, and clip_grad_norm_ clips both runs' "
+                  "gradients to its max_norm"),
+    (1.0, 2.0, 1, None),  # no accumulation: nothing to read
 ])
 def test_first_step_ratios_read_as_a_loop_change(grad, loss, micro, reading):
     from pytest_precision.training.moved import ratio_reading

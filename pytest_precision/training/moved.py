@@ -11,7 +11,9 @@ where they are unrelated), with the first step's loss unchanged (the forward doe
 gradients); a loss multiplied by a constant moves loss and gradient by the same factor. The
 gradients recorded are the ones the optimizer applies, after any clipping, so a newly added
 ``clip_grad_norm_`` whose max_norm is below the gradients' norm also shrinks the gradient with the
-loss unchanged: a reading that fits it names it as the other cause. So the
+loss unchanged: a reading that fits it names it as the other cause; a loss exactly N x with the
+applied gradient unchanged is the undivided loss of N micro-batches whose gradients the clipping
+brings back to its max_norm in both runs (the Hugging Face Trainer clips to 1 by default). So the
 sentence gives the first step's gradient-norm and loss ratios against the golden's and reads the
 factor where it is one of these. N is what the session's fp32 run did: the most backward passes
 one parameter accumulated in its first step (``loop_watch``).
@@ -125,4 +127,8 @@ def ratio_reading(grad: float, loss: float, micro_batches: int = 1) -> str | Non
                 "gradients now clipped (clip_grad_norm_ with a max_norm below their norm)")
     if not _exactly(loss, 1.0) and _exactly(grad / loss, 1.0):
         return f"loss and gradient by the same factor: the loss is multiplied by {loss:.4g}"
+    if n > 1 and _exactly(loss, n) and _exactly(grad, 1.0):  # both runs' gradients clipped to max_norm
+        return (f"the loss exactly the {n} micro-batches a step accumulates and the applied gradient unchanged: the "
+                "loss is no longer divided by the number of micro-batches, and clip_grad_norm_ clips both runs' "
+                "gradients to its max_norm")
     return None

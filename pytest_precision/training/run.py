@@ -4,7 +4,10 @@ scales, skipped steps, the first non-finite value, step times, the optimizer's p
 
 The harness watches the optimizer: the gradients it records are the ones ``optimizer.step()``
 sees (unscaled, clipped: what is applied), through a step pre-hook, and a step whose
-``optimizer.step()`` never ran is a step the GradScaler skipped. The loss scale a step ran with is
+``optimizer.step()`` never ran is a step the GradScaler skipped. A fused optimizer that a GradScaler
+steps without an ``unscale_`` before gets the gradients scaled, with ``grad_scale`` and
+``found_inf`` to apply itself: the harness records grad / grad_scale, and a step with ``found_inf``
+as skipped. The loss scale a step ran with is
 the one the GradScaler that scaled its loss applied, the step's own scaler where it used one
 (``loop_watch``); under a config that scales the loss, a step that no enabled GradScaler scaled
 (``loss.backward()`` without ``scaler.scale``) ran at 1 and is listed in ``Trajectory.unscaled``,
@@ -316,7 +319,15 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
     seen: dict = {}
 
     def watch(opt, args, kwargs):  # registered first: sees the grads before the SR hook casts them
-        grads = {names[p]: p.grad for g in opt.param_groups for p in g["params"] if p.grad is not None and p in names}
+        # a fused optimizer (AdamW(fused=True), the Hugging Face Trainer's default) stepped by a GradScaler
+        # not unscaled before gets the gradients still scaled, with the scale and the overflow flag to
+        # apply itself: it applies grad / grad_scale, and nothing where found_inf (a skipped step)
+        found_inf = getattr(opt, "found_inf", None)
+        if isinstance(found_inf, torch.Tensor) and bool(found_inf.any()):
+            return
+        scale = getattr(opt, "grad_scale", None)
+        grads = {names[p]: p.grad if scale is None else p.grad / scale.to(p.grad.device)
+                 for g in opt.param_groups for p in g["params"] if p.grad is not None and p in names}
         seen["calls"] = seen.get("calls", 0) + 1
         seen["grads"] = grads
         seen["norm"] = float(torch.linalg.vector_norm(

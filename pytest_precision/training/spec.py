@@ -10,8 +10,9 @@ Contract (kind ``train_step``)::
 parameter is named ``model`` (or annotated ``nn.Module``) gets the model itself, so a model's own
 ``configure_optimizers`` needs no shim. ``batch_fn(i)`` returns batch ``i``, the same on every
 call (``training.MarkovText`` is one). ``loss_fn(model, batch)`` returns the scalar loss; without
-it the loss is ``model(*batch)`` for a tuple or list, ``model(**batch)`` for a dict, and a result's
-``.loss`` (Hugging Face) when it has one. ``step_fn(model, optimizer, scaler, batch, autocast)``
+it the loss is ``model(*batch)`` for a tuple or list (a pair given to a Hugging Face model goes in
+as its ``labels``: ``compute_loss``), ``model(**batch)`` for a dict, and a result's ``.loss``
+(Hugging Face) when it has one. ``step_fn(model, optimizer, scaler, batch, autocast)``
 runs one step and returns the loss; ``autocast()`` enters the config's autocast region (wrap
 forward and loss in it) and ``scaler`` is a ``torch.amp.GradScaler``, enabled only where the config
 scales the loss. ``keep_fp32`` names the modules (fnmatch patterns) the model means in float32
@@ -31,7 +32,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-__all__ = ["TrainSpec", "compute_loss", "standard_step", "takes_model", "LossContractError"]
+__all__ = ["TrainSpec", "compute_loss", "hf_labels", "standard_step", "takes_model", "LossContractError"]
 
 
 class LossContractError(TypeError):
@@ -124,22 +125,64 @@ def _scalar(loss: Any, what: str) -> torch.Tensor:
 
 
 def compute_loss(model: nn.Module, batch: Any) -> torch.Tensor:
-    """The loss of ``batch`` without a ``loss_fn``: ``model(*batch)``, ``model(**batch)`` or
-    ``model(batch)``; a ``.loss`` attribute (Hugging Face outputs) is taken when present."""
+    """The loss of ``batch`` without a ``loss_fn``: ``model(**batch)`` for a dict, ``model(*batch)``
+    for a tuple or list, else ``model(batch)``; an output's ``.loss`` is taken when it has one. A pair
+    (inputs, targets) given to a model whose forward takes ``labels`` (Hugging Face) goes in as
+    ``model(inputs, labels=targets)``: its second positional parameter is ``attention_mask``, not the
+    targets (``hf_labels``)."""
     if isinstance(batch, dict):
         out = model(**batch)
     elif isinstance(batch, (tuple, list)):
-        out = model(*batch)
+        labelled = hf_labels(model, batch)
+        out = model(*batch) if labelled is None else model(batch[0], **labelled)
     else:
         out = model(batch)
     loss = getattr(out, "loss", out)
+    if loss is None and hasattr(out, "loss"):
+        raise LossContractError(f"the model returned {type(out).__name__} whose .loss is None: a Hugging Face model "
+                                "computes its loss only when given labels; put them in the batch (a dict with "
+                                "\"labels\": for a causal LM the input_ids, which it shifts itself) or give the "
+                                "TrainSpec a loss_fn(model, batch) that returns the loss")
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         shape = (f" of {len(out)} ({', '.join(type(o).__name__ for o in out)})"
                  if isinstance(out, (tuple, list)) else "")
-        raise LossContractError(f"the model returned {type(out).__name__}{shape}, not a scalar loss tensor (or an output with "
-                        ".loss); give the TrainSpec a loss_fn(model, batch) that returns the loss, for a model "
-                        "returning (logits, loss): def loss_fn(model, batch): return model(*batch)[1]")
+        raise LossContractError(f"the model returned {type(out).__name__}{shape}, not a scalar loss tensor (or an "
+                                "output with .loss); give the TrainSpec a loss_fn(model, batch) that returns the loss: "
+                                "for a model returning (logits, loss) (nanoGPT): def loss_fn(model, batch): return "
+                                "model(*batch)[1]; for a Hugging Face model, pass the targets as labels and take "
+                                ".loss: def loss_fn(model, batch): return model(input_ids=batch[0], "
+                                "labels=batch[1]).loss (a causal LM shifts labels itself: give it the input_ids, or "
+                                "the next tokens as shift_labels)")
     return loss.reshape(())
+
+
+def hf_labels(model: nn.Module, batch: tuple | list) -> dict | None:
+    """The keyword arguments that give a pair (inputs, targets) to a model whose forward takes
+    ``labels`` (a Hugging Face model), or None for any other model or batch. A causal LM shifts its
+    labels by one itself, so a pair of (tokens, next tokens), as ``MarkovText`` gives, goes in as
+    ``shift_labels`` (the targets as they are; transformers 4.50 and later) with ``labels`` beside it;
+    a pair whose targets equal the inputs is Hugging Face's own convention and goes in as ``labels``."""
+    if len(batch) != 2:
+        return None
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return None
+    if "labels" not in params:
+        return None
+    targets = batch[1]
+    causal = (getattr(model, "loss_type", None) == "ForCausalLM"
+              or type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")))
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if causal and isinstance(targets, torch.Tensor) and getattr(batch[0], "shape", None) == targets.shape:
+        if torch.equal(batch[0], targets):  # Hugging Face's own convention: labels are the input_ids
+            return {"labels": targets}
+        if not takes_kwargs:
+            raise LossContractError(f"{type(model).__name__}.forward takes no shift_labels (transformers before 4.50): "
+                                    "a pair (tokens, next tokens) given as labels would be shifted once more; give the "
+                                    "batch as a dict {\"input_ids\": tokens, \"labels\": tokens} or a loss_fn")
+        return {"labels": targets, "shift_labels": targets}
+    return {"labels": targets}
 
 
 def standard_step(model, optimizer, scaler, batch, autocast, loss_fn=None, accumulate: int = 1,
