@@ -63,7 +63,7 @@ from pytest_precision.training.loss_scale import scale_health, scale_problem
 from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND,
                                               first_step_floor_db, grad_norm_band, later_step_floor_db, limit_sentence)
 
-from . import ddp
+from . import ddp, training_seeds
 from .training_report import TRAINING_TABLE, TrainingEvidence
 
 __all__ = ["TRAIN_STEP", "TrainStepKind", "judge"]
@@ -201,9 +201,12 @@ class TrainStepKind(Kind):
     compiles = False  # a run is the spec's own loop: --precision-compile adds no compiled variant
 
     def regime_names(self, target=None) -> tuple[str, ...]:
-        return (self.REGIME,)
+        seeds = training_seeds.regime_of(target.fn) if target is not None and isinstance(target.fn, TrainSpec) else None
+        return (self.REGIME,) if seeds is None else (self.REGIME, seeds)  # TrainSpec(seeds=N): training_seeds.py
 
     def skip_reason(self, case: Case) -> str | None:
+        if case.config.ddp_hook is not None and training_seeds.seeds_of(case.regime):
+            return f"{case.config.id}: a DDP case compares one all-reduce; the success rate over seeds runs step loops"
         if case.config.ddp_hook is not None:
             reason = ddp_skip_reason(case.device)
             if reason:
@@ -284,6 +287,8 @@ class TrainStepKind(Kind):
         spec = self.check_spec(case)
         if config.ddp_hook is not None:
             return ddp.run_case(self, case, spec, baseline)
+        if training_seeds.seeds_of(case.regime):
+            return training_seeds.run_case(case, spec)
         ref = self._reference(case)
         try:
             run = ref if config.id == "fp32" else run_training(spec, config, case.device, self._where(case.target, config))

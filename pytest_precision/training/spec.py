@@ -2,7 +2,7 @@
 
 Contract (kind ``train_step``)::
 
-    spec = pytest_precision.TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None, loss_fn=None)
+    spec = pytest_precision.TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None, loss_fn=None, seeds=1)
     pytest_precision.register("my_model", spec, kind="train_step")
 
 ``model_fn()`` builds a fresh model (the harness seeds torch before calling it).
@@ -16,6 +16,9 @@ runs one step and returns the loss; ``autocast()`` enters the config's autocast 
 forward and loss in it) and ``scaler`` is a ``torch.amp.GradScaler``, enabled only where the config
 scales the loss. Without a ``step_fn`` the standard loop runs (``standard_step``). The DDP cases
 run only forward and loss, through ``loss_fn`` (or the default above), never the ``step_fn``.
+``seeds=N`` (N > 1) adds a success-rate case per config: N runs from seeds ``seed + k``, each with
+its own initialisation and data order, judged on their failure rate against fp32's
+(``training.success_rate``).
 """
 from __future__ import annotations
 
@@ -44,6 +47,7 @@ class TrainSpec:
     step_fn: Callable | None = None
     seed: int = 0
     loss_fn: Callable[[nn.Module, Any], torch.Tensor] | None = None
+    seeds: int = 1  # > 1: each config also runs from this many seeds, its failure rate judged (success_rate.py)
 
     def __post_init__(self):
         for name in ("model_fn", "optimizer_fn", "batch_fn"):
@@ -54,6 +58,8 @@ class TrainSpec:
                 raise TypeError(f"TrainSpec.{name} must be callable or None, got {getattr(self, name)!r}")
         if not (isinstance(self.steps, int) and self.steps >= 1):
             raise ValueError(f"TrainSpec.steps must be a positive int, got {self.steps!r}")
+        if not (isinstance(self.seeds, int) and not isinstance(self.seeds, bool) and self.seeds >= 1):
+            raise ValueError(f"TrainSpec.seeds must be a positive int (1: one run per config), got {self.seeds!r}")
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """``optimizer_fn`` called with the model or with its parameters (the module docstring)."""
