@@ -200,6 +200,12 @@ class TrainStepKind(Kind):
 
     compiles = False  # a run is the spec's own loop: --precision-compile adds no compiled variant
 
+    def session_target(self, target: Target, state) -> Target:
+        """--precision-train-seeds=N: every spec runs from N seeds (its ``seeds`` replaced)."""
+        if state.train_seeds is None or not isinstance(target.fn, TrainSpec):
+            return target
+        return dataclasses.replace(target, fn=dataclasses.replace(target.fn, seeds=state.train_seeds))
+
     def regime_names(self, target=None) -> tuple[str, ...]:
         seeds = training_seeds.regime_of(target.fn) if target is not None and isinstance(target.fn, TrainSpec) else None
         return (self.REGIME,) if seeds is None else (self.REGIME, seeds)  # TrainSpec(seeds=N): training_seeds.py

@@ -125,9 +125,9 @@ def test_seeds_one_adds_no_case(pytester):
 def test_loss_past_float16_range_without_a_scaler_fails_the_success_rate(pytester):
     """The plant: a loss of about 1e8 (the gradient reaching the output is past 65504): without a
     GradScaler every seed's fp16 gradients are inf and the optimizer applies them; bf16 keeps
-    float32's range and passes on the same spec."""
-    pytester.makeconftest(SEEDED.format(SCALE="1e8", SEEDS=6))
-    result = run_suite(pytester, "--precision-configs=amp-bf16,amp-fp16", "-k",
+    float32's range and passes on the same spec. The seeds come from --precision-train-seeds."""
+    pytester.makeconftest(SEEDED.format(SCALE="1e8", SEEDS=1))  # the option gives the seeds
+    result = run_suite(pytester, "--precision-configs=amp-bf16,amp-fp16", "--precision-train-seeds=6", "-k",
                        "amp-fp16-noscale-seeds6 or amp-bf16-seeds6")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
@@ -147,3 +147,14 @@ def test_ddp_configs_skip_the_success_rate(pytester):
     result = run_suite(pytester, "--precision-configs=fp16", "-k", "seeds2", "-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*ddp-fp16: a DDP case compares one all-reduce; the success rate over seeds runs step loops*"])
+
+
+def test_the_option_overrides_the_spec_and_rejects_a_bad_count(pytester):
+    pytester.makeconftest(SEEDED.format(SCALE="1.0", SEEDS=8))
+    result = run_suite(pytester, "--precision-configs=fp32", "--precision-train-seeds=3", "--collect-only", "-q")
+    result.stdout.fnmatch_lines(["*train_step[[]mlp-fp32-trajectory[]]*", "*train_step[[]mlp-fp32-seeds3[]]*"])
+    assert "seeds8" not in result.stdout.str()
+    result = run_suite(pytester, "--precision-configs=fp32", "--precision-train-seeds=1", "--collect-only", "-q")
+    assert "seeds" not in result.stdout.str()
+    result = run_suite(pytester, "--precision-train-seeds=0")
+    result.stderr.fnmatch_lines(["*--precision-train-seeds=0: give a positive number of seeds (1: one run per config)*"])

@@ -27,6 +27,7 @@ import time
 import torch
 from tabulate import tabulate
 
+from pytest_precision.kinds.registry import get_kind
 from pytest_precision.training import TRAIN_CONFIGS, TrainSpec, run_training
 from pytest_precision.training.success_rate import ALPHA, rates_of, seed_run, seeded_spec
 
@@ -82,6 +83,11 @@ HEADERS = ("spec", "config", "seeds", "non-finite", "past bound", "failed", "fp3
            "fp32 spread", f"p (Fisher, one-sided; fails < {ALPHA:g})", "verdict", "time")
 
 
+def builtin_gpt() -> TrainSpec:
+    """The built-in GPT's spec, as the runner finds it: the train_step kind's default target."""
+    return next(t.fn for t in get_kind("train_step").default_targets() if t.name == "tiny_gpt")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=20)
@@ -92,19 +98,18 @@ def main(argv=None) -> None:
     parser.add_argument("--plant-configs", default="amp-bf16,amp-fp16,amp-fp16-noscale")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    from pytest_precision.suites import tiny_gpt
-
+    gpt = builtin_gpt()
     rows = []
     if args.configs:
-        rows += measure(tiny_gpt.SPEC, args.configs.split(","), args.seeds, "tiny_gpt")
+        rows += measure(gpt, args.configs.split(","), args.seeds, "tiny_gpt")
     plant_configs = args.plant_configs.split(",")
     if args.plant in ("loss", "both"):
         for factor in args.factors.split(","):
-            spec = dataclasses.replace(tiny_gpt.SPEC, loss_fn=ScaledLoss(float(factor)))
+            spec = dataclasses.replace(gpt, loss_fn=ScaledLoss(float(factor)))
             rows += measure(spec, plant_configs, args.seeds, f"loss x {factor}")
     if args.plant in ("lr", "both"):
         for lr in args.lrs.split(","):
-            spec = dataclasses.replace(tiny_gpt.SPEC, optimizer_fn=AdamW(float(lr)))
+            spec = dataclasses.replace(gpt, optimizer_fn=AdamW(float(lr)))
             rows += measure(spec, plant_configs, args.seeds, f"lr {lr}")
     print()
     print(tabulate(rows, headers=HEADERS, tablefmt="github"))
