@@ -2,12 +2,14 @@
 seeds' data order, the final-loss margin) and the suite's ``seedsN`` cases end to end (pytester):
 a correct spec passes with its rates shown, a loss multiplied past float16's range without a
 GradScaler fails naming the rate and the test, while amp-bf16 on the same spec passes."""
+import json
 import math
 
 import pytest
 import torch
 from training_helpers import HEADER, run_suite
 
+from pytest_precision.reporting.report import REPORT_SCHEMA
 from pytest_precision.training import TrainSpec
 from pytest_precision.training.success_rate import (SeedBatches, SeedRun, fisher_exact_greater, least_failing_count,
                                                     loss_margin, rates_of, seed_order, seeded_spec)
@@ -128,7 +130,7 @@ def test_loss_past_float16_range_without_a_scaler_fails_the_success_rate(pyteste
     float32's range and passes on the same spec. The seeds come from --precision-train-seeds."""
     pytester.makeconftest(SEEDED.format(SCALE="1e8", SEEDS=1))  # the option gives the seeds
     result = run_suite(pytester, "--precision-configs=amp-bf16,amp-fp16", "--precision-train-seeds=6", "-k",
-                       "amp-fp16-noscale-seeds6 or amp-bf16-seeds6")
+                       "amp-fp16-noscale-seeds6 or amp-bf16-seeds6", "--precision-report=report.json")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([
         "*train_step[[]mlp-amp-fp16-noscale-seeds6[]]: FAIL success_rate (failure rate 6/6 (100 %) against fp32's "
@@ -140,6 +142,13 @@ def test_loss_past_float16_range_without_a_scaler_fails_the_success_rate(pyteste
         "| mlp *| amp-bf16 *| 6 *| 0/6 (0 %) *|*| pass *|",
         "| mlp *| amp-fp16-noscale *| 6 *| 6/6 (100 %) *|*| 6/6 (100 %) *| 0/6 (0 %) *|*| 0.0011 *| FAIL success_rate *|",
     ])
+    # the JSON report carries the counts, valid against its schema (non-finite losses as "nan")
+    report = json.loads((pytester.path / "report.json").read_text())
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(report, REPORT_SCHEMA)
+    case = next(c for c in report["cases"] if c["config"] == "amp-fp16-noscale")
+    assert (case["success_rate"]["nonfinite"], case["success_rate"]["fp32_failed"]) == (6, 0)
+    assert case["success_rate"]["final_losses"] == ["nan"] * 6
 
 
 def test_ddp_configs_skip_the_success_rate(pytester):
