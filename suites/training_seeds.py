@@ -136,5 +136,17 @@ def render_rates(records: list[dict]) -> str:
         rows.append((r["target"], r["config"], str(n), _rate(s["nonfinite"], n), _rate(s["past_bound"], n),
                      _rate(s["failed"], n), _rate(s["fp32_failed"], n), skips, f"{s['p_value']:.2g}",
                      "pass" if r["passed"] else "FAIL " + ",".join(r["categories"])))
-    return ("success rate over seeds (each config against the fp32 runs from the same seeds):\n"
-            + tabulate(rows, headers=HEADERS, tablefmt="github", disable_numparse=True))
+    table = ("success rate over seeds (each config against the fp32 runs from the same seeds):\n"
+             + tabulate(rows, headers=HEADERS, tablefmt="github", disable_numparse=True))
+    # too few seeds for any count to reach p < ALPHA: said, since such a case passes whatever fails
+    few = sorted({s["seeds"] for r in records if (s := r.get("success_rate"))
+                  and least_failing_count(s["seeds"], s["fp32_failed"], s["seeds"]) is None})
+    for n in few:
+        table += (f"\n{n} seeds cannot fail a config at p < {ALPHA:g} ({TEST_NAME}); against no fp32 failure it "
+                  f"takes {_fewest_seeds()} seeds or more")
+    return table
+
+
+def _fewest_seeds() -> int:
+    """The fewest seeds with which a config can fail against no fp32 failure (every run failed)."""
+    return next(n for n in range(1, 100) if least_failing_count(n, 0, n) is not None)

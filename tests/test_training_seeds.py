@@ -151,11 +151,13 @@ def test_loss_past_float16_range_without_a_scaler_fails_the_success_rate(pyteste
     assert case["success_rate"]["final_losses"] == ["nan"] * 6
 
 
-def test_ddp_configs_skip_the_success_rate(pytester):
+def test_ddp_configs_skip_the_success_rate_and_too_few_seeds_are_said(pytester):
     pytester.makeconftest(SEEDED.format(SCALE="1.0", SEEDS=2))
-    result = run_suite(pytester, "--precision-configs=fp16", "-k", "seeds2", "-rs")
-    result.assert_outcomes(skipped=1)
-    result.stdout.fnmatch_lines(["*ddp-fp16: a DDP case compares one all-reduce; the success rate over seeds runs step loops*"])
+    result = run_suite(pytester, "--precision-configs=fp16,fp32", "-k", "seeds2", "-rs")
+    result.assert_outcomes(passed=1, skipped=1)
+    result.stdout.fnmatch_lines(["*ddp-fp16: a DDP case compares one all-reduce; the success rate over seeds runs step loops*",
+                                 "2 seeds cannot fail a config at p < 0.01 (Fisher's exact test, one-sided); against no "
+                                 "fp32 failure it takes 5 seeds or more"])
 
 
 def test_the_option_overrides_the_spec_and_rejects_a_bad_count(pytester):

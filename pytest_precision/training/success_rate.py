@@ -25,8 +25,9 @@ more than the margin.
 **A config fails** when its failure count is higher than fp32's beyond chance: Fisher's exact test,
 one-sided (``fisher_exact_greater``), p below ``ALPHA`` (0.01). It needs the counts to differ by
 much at small N: with 8 seeds and no fp32 failure, 6 failures of 8 (p 0.0035) fail, 5 (p 0.013)
-do not; at 20 seeds, 7 (p 0.0042). A rare blow-up (5 % of runs) needs hundreds of seeds to show.
-Everything here is ``math`` only: no scipy.
+do not; from 20 seeds on, 7 (p 0.0042 at 20). A rare blow-up shows only from 7 failures against
+none: 5 of 100 is p = 0.030, and a 5 % rate needs about 200 seeds. The statistics are ``math``
+only (no scipy).
 """
 from __future__ import annotations
 
