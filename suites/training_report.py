@@ -140,7 +140,8 @@ class TrainingTable(SummaryTable):
                "grad underflow", "update lost", "skipped", "step time", "vs fp32", "verdict")
 
     def render(self, records: list[dict], config_order: list[str] | None = None) -> str:
-        seeds = [r for r in records if seeds_of(r.get("regime", ""))]  # TrainSpec(seeds=N)'s cases: a table of their own
+        # TrainSpec(seeds=N)'s cases: a table of their own
+        seeds = [r for r in records if seeds_of(r.get("regime", ""))]
         records = [r for r in records if not seeds_of(r.get("regime", ""))]
         order = {c: i for i, c in enumerate(TRAIN_CONFIGS)}
         rows = []

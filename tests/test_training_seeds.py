@@ -140,7 +140,8 @@ def test_loss_past_float16_range_without_a_scaler_fails_the_success_rate(pyteste
         "*Fisher's exact test, one-sided: p = 0.0011 for 6 failed runs of 6 against fp32's 0 of 6; a config fails "
         "below p = 0.01, here from 5 failed runs",
         "| mlp *| amp-bf16 *| 6 *| 0/6 (0 %) *|*| pass *|",
-        "| mlp *| amp-fp16-noscale *| 6 *| 6/6 (100 %) *|*| 6/6 (100 %) *| 0/6 (0 %) *|*| 0.0011 *| FAIL success_rate *|",
+        "| mlp *| amp-fp16-noscale *| 6 *| 6/6 (100 %) *|*| 6/6 (100 %) *| 0/6 (0 %) *|*| 0.0011 *| "
+        "FAIL success_rate *|",
     ])
     # the JSON report carries the counts, valid against its schema (non-finite losses as "nan")
     report = json.loads((pytester.path / "report.json").read_text())
@@ -155,9 +156,10 @@ def test_ddp_configs_skip_the_success_rate_and_too_few_seeds_are_said(pytester):
     pytester.makeconftest(SEEDED.format(SCALE="1.0", SEEDS=2))
     result = run_suite(pytester, "--precision-configs=fp16,fp32", "-k", "seeds2", "-rs")
     result.assert_outcomes(passed=1, skipped=1)
-    result.stdout.fnmatch_lines(["*ddp-fp16: a DDP case compares one all-reduce; the success rate over seeds runs step loops*",
-                                 "2 seeds cannot fail a config at p < 0.01 (Fisher's exact test, one-sided); against no "
-                                 "fp32 failure it takes 5 seeds or more"])
+    result.stdout.fnmatch_lines([
+        "*ddp-fp16: a DDP case compares one all-reduce; the success rate over seeds runs step loops*",
+        "2 seeds cannot fail a config at p < 0.01 (Fisher's exact test, one-sided); against no fp32 failure it takes "
+        "5 seeds or more"])
 
 
 def test_the_option_overrides_the_spec_and_rejects_a_bad_count(pytester):
@@ -168,4 +170,5 @@ def test_the_option_overrides_the_spec_and_rejects_a_bad_count(pytester):
     result = run_suite(pytester, "--precision-configs=fp32", "--precision-train-seeds=1", "--collect-only", "-q")
     assert "seeds" not in result.stdout.str()
     result = run_suite(pytester, "--precision-train-seeds=0")
-    result.stderr.fnmatch_lines(["*--precision-train-seeds=0: give a positive number of seeds (1: one run per config)*"])
+    result.stderr.fnmatch_lines(
+        ["*--precision-train-seeds=0: give a positive number of seeds (1: one run per config)*"])

@@ -14,9 +14,13 @@ Plants (``--plant``), each a sweep of the built-in GPT's spec:
 - ``loss``: the loss multiplied by M before the backward (AdamW is blind to the gradients' scale, so
   fp32 trains as before; float16 gradients overflow past 65504, and without a GradScaler the
   optimizer applies them);
-- ``lr``: AdamW's learning rate raised (large weights: attention scores and logits past float16's range).
+- ``lr``: AdamW's learning rate raised: the weights grow until float16's forward overflows (a NaN
+  loss); a GradScaler skips the steps whose scaled gradients overflow, so its weights grow less
+  (measured: it keeps 19 runs of 20 finite at lr 1, none at lr 3).
 
-It takes minutes (about 1 s per 8-step run on one core): ``--seeds 8`` is faster.
+Measured with 20 seeds on a 2-core CPU machine (README, Training verdicts): every config of the
+unplanted GPT 0 of 20; without a GradScaler, loss x 5e5 3 of 20 (p 0.12), x 1e6 20 of 20. It takes
+minutes (1 to 5 s per 8-step run on one busy core): ``--seeds 8`` is faster.
 """
 from __future__ import annotations
 
@@ -93,8 +97,8 @@ def main(argv=None) -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--plant", choices=("loss", "lr", "none", "both"), default="both")
-    parser.add_argument("--factors", default="1e3,1e4,1e5,1e6", help="loss multipliers of the loss plant")
-    parser.add_argument("--lrs", default="3e-2,1e-1,3e-1", help="learning rates of the lr plant")
+    parser.add_argument("--factors", default="1e5,3e5,5e5,7e5,1e6", help="loss multipliers of the loss plant")
+    parser.add_argument("--lrs", default="1,3", help="learning rates of the lr plant")
     parser.add_argument("--plant-configs", default="amp-bf16,amp-fp16,amp-fp16-noscale")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -180,7 +180,8 @@ class SeedRates:
 
     def as_dict(self) -> dict:
         """The record's fields (the summary table's row, the report)."""
-        return {"seeds": self.n, "nonfinite": self.count(self.runs, "nonfinite"), "past_bound": self.count(self.runs, "past"),
+        return {"seeds": self.n, "nonfinite": self.count(self.runs, "nonfinite"),
+                "past_bound": self.count(self.runs, "past"),
                 "failed": self.failed, "fp32_failed": self.fp32_failed, "p_value": self.p_value,
                 "margin": self.margin,
                 "skipped_steps": self.skipped_steps, "final_losses": [r.final_loss for r in self.runs],
