@@ -39,6 +39,9 @@ same step in float64, and names the first op that lost the value (explain.faults
 both re-runs start from the random state the run had at that step, so dropout draws the run's
 masks. A model_fn that builds its model in another dtype than float32 is said once per target (a
 ``ModelDtypeWarning``), under the table and in each failing case's message.
+
+A spec with ``seeds=N`` (N > 1; ``--precision-train-seeds`` sets it for every spec) has one more
+case per config, regime ``seedsN``: its failure rate over N seeds against fp32's (training_seeds.py).
 """
 from __future__ import annotations
 
