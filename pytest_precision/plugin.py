@@ -36,7 +36,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[OPTIONS_KEY] = options
     config.stash[RECORDS_KEY] = []
     # what the cases learn for later ones, dropped with the session; the fresh seed of the run
-    config.stash[RUN_STATE_KEY] = RunState(fresh_seed=options.fresh_seed)
+    config.stash[RUN_STATE_KEY] = RunState(fresh_seed=options.fresh_seed, train_seeds=options.train_seeds)
     if options.device.startswith("cuda"):
         _install_fused_statistics()
     config.pluginmanager.register(RunOutputs(config), "precision-outputs")

@@ -58,8 +58,10 @@ class TinyGPT(nn.Module):
         self.head = nn.Linear(WIDTH, VOCAB, bias=False)
         # GPT-2's init, N(0, 0.02) with the residual projections scaled down, drawn in float64 from
         # a CPU generator: nn.init.normal_ fills float32 in a vectorised order that differs by CPU
-        # ISA, and the golden's fp32 trajectory should be the same run on every machine
-        g = torch.Generator().manual_seed(INIT_SEED)
+        # ISA, and the golden's fp32 trajectory should be the same run on every machine. Offset by the
+        # seed the harness gave torch (TrainSpec.seed, 0 by default: the goldens' init), so each seed of
+        # a success-rate case (TrainSpec.seeds) starts from another initialisation
+        g = torch.Generator().manual_seed(INIT_SEED + torch.initial_seed())
         with torch.no_grad():
             for name, p in self.named_parameters():
                 if p.dim() == 2:

@@ -43,6 +43,9 @@ same step in float64, and names the first op that lost the value (explain.faults
 both re-runs start from the random state the run had at that step, so dropout draws the run's
 masks. A model_fn that builds its model in another dtype than float32 is said once per target (a
 ``ModelDtypeWarning``), under the table and in each failing case's message.
+
+A spec with ``seeds=N`` (N > 1; ``--precision-train-seeds`` sets it for every spec) has one more
+case per config, regime ``seedsN``: its failure rate over N seeds against fp32's (training_seeds.py).
 """
 from __future__ import annotations
 
@@ -69,7 +72,7 @@ from pytest_precision.training.checkpointing import judge_checkpoint
 from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND,
                                               first_step_floor_db, grad_norm_band, later_step_floor_db, limit_sentence)
 
-from . import ddp
+from . import ddp, training_seeds
 from .training_report import TRAINING_TABLE, TrainingEvidence
 
 __all__ = ["TRAIN_STEP", "TrainStepKind", "judge"]
@@ -211,10 +214,19 @@ class TrainStepKind(Kind):
 
     compiles = False  # a run is the spec's own loop: --precision-compile adds no compiled variant
 
+    def session_target(self, target: Target, state) -> Target:
+        """--precision-train-seeds=N: every spec runs from N seeds (its ``seeds`` replaced)."""
+        if state.train_seeds is None or not isinstance(target.fn, TrainSpec):
+            return target
+        return dataclasses.replace(target, fn=dataclasses.replace(target.fn, seeds=state.train_seeds))
+
     def regime_names(self, target=None) -> tuple[str, ...]:
-        return (self.REGIME,)
+        seeds = training_seeds.regime_of(target.fn) if target is not None and isinstance(target.fn, TrainSpec) else None
+        return (self.REGIME,) if seeds is None else (self.REGIME, seeds)  # TrainSpec(seeds=N): training_seeds.py
 
     def skip_reason(self, case: Case) -> str | None:
+        if case.config.ddp_hook is not None and training_seeds.seeds_of(case.regime):
+            return f"{case.config.id}: a DDP case compares one all-reduce; the success rate over seeds runs step loops"
         if case.config.ddp_hook is not None:
             reason = ddp_skip_reason(case.device)
             if reason:
@@ -295,6 +307,8 @@ class TrainStepKind(Kind):
         spec = self.check_spec(case)
         if config.ddp_hook is not None:
             return ddp.run_case(self, case, spec, baseline)
+        if training_seeds.seeds_of(case.regime):
+            return training_seeds.run_case(case, spec)
         ref = self._reference(case)
         try:
             run = ref if config.id == "fp32" else run_training(spec, config, case.device, self._where(case.target, config))

@@ -17,6 +17,8 @@ from pytest_precision.training.loss_scale import ScaleHealth, history_text
 from pytest_precision.training.limits import first_step_floor_db, later_step_floor_db, percent
 from pytest_precision.training.run import built_dtype_note
 
+from .training_seeds import render_rates, seeds_of
+
 __all__ = ["TrainingEvidence", "TrainingTable", "TRAINING_TABLE"]
 
 
@@ -138,6 +140,9 @@ class TrainingTable(SummaryTable):
                "grad underflow", "update lost", "skipped", "step time", "vs fp32", "verdict")
 
     def render(self, records: list[dict], config_order: list[str] | None = None) -> str:
+        # TrainSpec(seeds=N)'s cases: a table of their own
+        seeds = [r for r in records if seeds_of(r.get("regime", ""))]
+        records = [r for r in records if not seeds_of(r.get("regime", ""))]
         order = {c: i for i, c in enumerate(TRAIN_CONFIGS)}
         rows = []
         for r in sorted(records, key=lambda r: (r["target"], order.get(r["config"], len(order)), r["config"])):
@@ -165,7 +170,9 @@ class TrainingTable(SummaryTable):
         for target, dtypes in built:  # said where a passing run is read too (the message says it in full)
             table += (f"\n{target}: model_fn() built parameters in {dtypes}; every config started from them cast to "
                       "float32 master weights (see the warning; return a float32 model to start from yours)")
-        return table
+        if not seeds:
+            return table
+        return render_rates(seeds) if not records else f"{table}\n\n{render_rates(seeds)}"
 
 
 TRAINING_TABLE = TrainingTable()

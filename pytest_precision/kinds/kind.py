@@ -159,6 +159,11 @@ class Kind(ABC):
         first = next(iter(self.regimes_for(target).values()), None)
         return None if first is None else reseeded(first, seed)
 
+    def session_target(self, target: Target, state) -> Target:
+        """``target`` as this session runs it: the run's options a kind reads from ``state`` (a
+        ``RunState``) may change it (the training kind's ``--precision-train-seeds``); default as it is."""
+        return target
+
     def regime_names(self, target: Target | None = None) -> tuple[str, ...]:
         """The regimes' names: the kind's, or ``target``'s (the fresh regime's last, where there is one)."""
         regimes, drawn = (self.regimes, self.drawn) if target is None else (self.regimes_for(target),

@@ -66,6 +66,7 @@ class CaseRecord:
     eager_max_abs: float = _field()
     # training kinds: the run against the fp32 run from the same seed (the training table's metrics)
     training: dict = _field("case")
+    success_rate: dict = _field("case")  # a train_step seedsN case: its seeds' failures against fp32's (training_seeds)
     # the golden
     baseline_update: str | None = _field("case")  # under the update flag: the "old -> new" line of the write
     baseline_refused: str | None = _field("case")  # under the update flag: the golden not written, and why

@@ -14,10 +14,11 @@ class RunState:
     found unable to launch, and the memos kinds keep across their cases (``memo``: the train_step
     kind's fp32 runs and float64 steps, the DDP comparisons, the op kind's regimes seen to repeat)."""
 
-    def __init__(self, fresh_seed: int | None = None):
+    def __init__(self, fresh_seed: int | None = None, train_seeds: int | None = None):
         self._launch_failures: dict[str, str] = {}  # target name -> the case that reported it
         # the seed of the fresh regime's inputs (kinds.fresh): the controller's, chosen once per run
         self.fresh_seed = fresh_seed
+        self.train_seeds = train_seeds  # --precision-train-seeds: the seeds every TrainSpec runs from (None: its own)
         self._memos: dict[str, dict] = {}
 
     def first_launch_failure(self, target: str, case: str) -> str | None:

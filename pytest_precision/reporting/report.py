@@ -141,6 +141,15 @@ REPORT_SCHEMA: dict = {
                                  "step_time_s": _NUMBER_OR_NULL, "fp32_step_time_s": _NUMBER_OR_NULL,
                                  "step_time_spread": _NUMBER_OR_NULL, "fp32_step_time_spread": _NUMBER_OR_NULL,
                                  "ddp": {"type": "object", "description": "DDP cases: the hook's gradients against uncompressed DDP"}}},
+                "success_rate": {"type": "object", "description": "a train_step seedsN case: the config's runs from N seeds "
+                                 "against the fp32 runs from the same seeds (Fisher's exact test, one-sided)",
+                                 "required": ["seeds", "nonfinite", "past_bound", "failed", "fp32_failed", "p_value"],
+                                 "properties": {
+                                     "seeds": _COUNT, "nonfinite": _COUNT, "past_bound": _COUNT, "failed": _COUNT,
+                                     "fp32_failed": _COUNT, "p_value": _NUMBER, "margin": _NUMBER,
+                                     "skipped_steps": {"type": "array", "items": _COUNT},
+                                     "final_losses": {"type": "array", "items": _NUMBER},
+                                     "fp32_final_losses": {"type": "array", "items": _NUMBER}}},
                 "training_detail": {"type": "object", "description": "per-step losses, deviations, gradient norms, loss scales; per-parameter rates"},
                 "error_by_magnitude": {"anyOf": [{"type": "null"}, {
                     "type": "object", "required": ["counts", "max_ulp"],

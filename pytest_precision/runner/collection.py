@@ -81,6 +81,7 @@ class SuiteCollector(pytest.Collector):
                 raise self.CollectError(problem)
             for target in targets:
                 kind = by_name[target.kind]
+                target = kind.session_target(target, state)
                 try:
                     regimes = kind.regime_names(target)
                 except ValueError as e:  # an op target without inputs= (an ini line)

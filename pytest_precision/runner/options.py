@@ -21,7 +21,7 @@ from ..platform.devices import fingerprint
 from ..speed.gate import DEFAULT_THRESHOLD
 from .exits import IMPORT_ADVICE, TargetEnded, refuse_process_exits
 from .option_table import (AUDIT, BASELINE_DIR, BUILTINS, COMPILE, CONFIGS, DEVICE, FRESH_SEED, KINDS, NO_SPEED,
-                           OUTPUT_OPTIONS, SPEED_THRESHOLD, STRICT_BUDGETS, SUITE, TARGETS, TIMEOUT, TRACE,
+                           OUTPUT_OPTIONS, SPEED_THRESHOLD, STRICT_BUDGETS, SUITE, TARGETS, TIMEOUT, TRACE, TRAIN_SEEDS,
                            UPDATE_BASELINES, IniKey)
 from .timelimit import DEFAULT_TIMEOUT, NO_LIMIT_ABOVE
 
@@ -53,6 +53,7 @@ class RunOptions:
     details: bool = False
     # the fresh regime's seed (kinds.fresh): --precision-fresh-seed, else the xdist controller's, else a new one
     fresh_seed: int = 0
+    train_seeds: int | None = None  # --precision-train-seeds: every TrainSpec's seeds (None: each spec's own)
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "RunOptions":
@@ -99,7 +100,7 @@ class RunOptions:
                    strict_budgets=bool(STRICT_BUDGETS.value(config)), audit=bool(AUDIT.value(config)),
                    parallel=_parallel(config), timeout=timeout, builtins=bool(BUILTINS.value(config)),
                    compile=bool(COMPILE.value(config)), details=any(o.value(config) for o in OUTPUT_OPTIONS),
-                   fresh_seed=fresh_seed)
+                   fresh_seed=fresh_seed, train_seeds=_train_seeds(config))
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -158,6 +159,15 @@ def _fresh_seed(config: pytest.Config) -> int:
             raise pytest.UsageError(str(e)) from None
     handed = getattr(config, "workerinput", {}).get(FRESH_SEED_KEY)
     return new_seed() if handed is None else int(handed)
+
+
+def _train_seeds(config: pytest.Config) -> int | None:
+    raw = TRAIN_SEEDS.value(config)
+    if raw is None:
+        return None
+    if not (str(raw).strip().isdigit() and int(raw) >= 1):
+        raise pytest.UsageError(f"{TRAIN_SEEDS.name}={raw}: give a positive number of seeds (1: one run per config)")
+    return int(raw)
 
 
 def _parallel(config: pytest.Config) -> str | None:

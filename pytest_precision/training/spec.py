@@ -2,7 +2,7 @@
 
 Contract (kind ``train_step``)::
 
-    spec = pytest_precision.TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None, loss_fn=None)
+    spec = pytest_precision.TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None, loss_fn=None, seeds=1)
     pytest_precision.register("my_model", spec, kind="train_step")
 
 ``model_fn()`` builds a fresh model (the harness seeds torch before calling it).
@@ -22,6 +22,9 @@ run only forward and loss, through ``loss_fn`` (or the default above), never the
 ``step_fn`` with an ``accumulate`` parameter is given N), judged by ``training.accumulation``.
 ``checkpoint``: how activation checkpointing is turned on in a built model, judged by
 ``training.checkpointing`` against the same step without it.
+``seeds=N`` (N > 1) adds a success-rate case per config: N runs from seeds ``seed + k``, each with
+its own initialisation and data order, judged on their failure rate against fp32's
+(``training.success_rate``).
 """
 from __future__ import annotations
 
@@ -55,6 +58,7 @@ class TrainSpec:
     # activation checkpointing in a built model (``training.checkpointing``)
     accumulate: int = 1
     checkpoint: bool | str | Callable[[nn.Module], Any] | None = None
+    seeds: int = 1  # > 1: each config also runs from this many seeds, its failure rate judged (success_rate.py)
 
     def __post_init__(self):
         keep = (self.keep_fp32,) if isinstance(self.keep_fp32, str) else self.keep_fp32
@@ -76,6 +80,8 @@ class TrainSpec:
         if not (self.checkpoint is None or isinstance(self.checkpoint, (bool, str)) or callable(self.checkpoint)):
             raise TypeError(f"TrainSpec.checkpoint must be True, the name of the model's block list, a callable(model) "
                             f"or None, got {self.checkpoint!r}")
+        if not (isinstance(self.seeds, int) and not isinstance(self.seeds, bool) and self.seeds >= 1):
+            raise ValueError(f"TrainSpec.seeds must be a positive int (1: one run per config), got {self.seeds!r}")
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """``optimizer_fn`` called with the model or with its parameters (the module docstring)."""
