@@ -59,6 +59,7 @@ from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainC
 from pytest_precision.training.baseline import TrajectoryEntry
 from pytest_precision.training.run import GlobalStateError, ModelDtypeWarning, RngState, built_dtype_note, judged_state
 from pytest_precision.training.distributed import ddp_skip_reason
+from pytest_precision.training.fp8 import fp8_problem
 from pytest_precision.training.loss_scale import scale_health, scale_problem
 from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND,
                                               first_step_floor_db, grad_norm_band, later_step_floor_db, limit_sentence)
@@ -140,6 +141,9 @@ def judge(outcome: Outcome) -> None:
         sentence = limit_sentence(word, rates, elements, limit)
         if sentence:
             shown_or_failed(key, cat, sentence, f"the {100 * limit:g} % limit")
+    if ev.fp8 is not None:  # a float8 recipe's casts (training.fp8)
+        for category, sentence in fp8_problem(ev.fp8):
+            add("oracle", category, sentence)
     sentence = scale_problem(ev.scale)
     if sentence:
         shown_or_failed("underflow", "underflow", sentence, f"the {100 * UNDERFLOW_LIMIT:g} % limit")
@@ -306,7 +310,7 @@ class TrainStepKind(Kind):
         scale = scale_health(config, run.scales_used, run.first_step, run.skipped, truth,
                              "float64" if isinstance(exact, ExactStep) else "fp32", run.unscaled)
         outcome = Outcome(self.suite, self.name, case.target.name, config.id, case.regime,
-                          TrainingEvidence(config, metrics, scale), result)
+                          TrainingEvidence(config, metrics, scale, run.fp8), result)
         judge(outcome)
         if any(p.category in ("overflow", "nan", "underflow") for p in outcome.problems):
             try:  # both re-runs draw the random numbers the run drew at its first step (dropout masks)

@@ -48,6 +48,7 @@ from ..numerics.rng import RngState, forked_rng
 from ..speed.timing import synchronized_perf_counter
 from .configs import FLOAT64, TrainConfig
 from .loop_watch import watch_loop
+from .fp8 import Fp8Counts, float8_linears
 from .recipes import fp8_linears, stochastic_rounding_updates
 from .spec import TrainSpec, takes_model
 
@@ -82,6 +83,7 @@ class Trajectory:
     rng_states: list["RngState"] = field(repr=False, default_factory=list)  # torch's generators at each step's start
     built_dtypes: dict[str, list[str]] = field(default_factory=dict)  # dtype -> parameters model_fn built not in float32
     unscaled: list[int] = field(default_factory=list)  # steps of a loss-scaling config no GradScaler scaled
+    fp8: Fp8Counts | None = None  # a float8 recipe's saturated and underflowed elements per Linear and role
 
 
 class TrainingError(Exception):
@@ -325,7 +327,11 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
             loop = stack.enter_context(watch_loop(model))
             if config.stochastic_rounding:
                 stack.enter_context(stochastic_rounding_updates(optimizer, spec.seed + 1))
-            if config.fp8:
+            if config.float8 is not None:
+                t.fp8 = stack.enter_context(float8_linears(model, config.float8))
+                if not t.fp8.linears:
+                    raise TrainingError(f"{where}: the model has no nn.Linear layer for {config.id} to run in fp8")
+            elif config.fp8:
                 if stack.enter_context(fp8_linears(model)) == 0:
                     raise TrainingError(f"{where}: the model has no nn.Linear layer for the fp8 emulation to replace")
             if device == "cuda":
