@@ -16,9 +16,11 @@ without power-of-two rounding), the amax chosen by the recipe's scaling:
   own amax (torchao initialised its history so).
 
 **Counts.** Per Linear and role (``input``, ``weight``, ``grad``), over a run: the elements cast,
-the nonzero ones, the *saturated* ones (the clamp changed their fp8 value: ``|x s|`` past the max
-by more than half the top binade's spacing, 464 in e4m3, 61440 in e5m2) and the *underflowed*
-ones (nonzero, 0 in fp8). ``Fp8Counts`` holds them; ``fp8_problem`` judges them.
+the *significant* ones (above 2^-24 of the tensor's amax, ``compare.NOISE_FLOOR``: below it a
+value is the rounding noise of a sum that cancels, as an exactly-0 gradient's), the *saturated*
+ones (the clamp changed their fp8 value: ``|x s|`` past the max by more than half the top
+binade's spacing, 464 in e4m3, 61440 in e5m2) and the *underflowed* ones (significant, 0 in
+fp8). ``Fp8Counts`` holds them; ``fp8_problem`` judges them.
 
 The operand layouts are those CUDA's kernels require (the first operand row-major, the second
 column-major); the CPU accepts any (measured, torch 2.13: e4m3 and e5m2 in either position,
