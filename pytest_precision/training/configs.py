@@ -80,6 +80,9 @@ class TrainConfig:
     def skip_reason(self, device: str) -> str | None:
         """Why the matrix config this recipe belongs to cannot run on ``device``, or None (the
         training kind adds the DDP cases' own reasons)."""
+        if self.float8 is not None and device.startswith("cuda") and torch.cuda.is_available() and \
+                torch.cuda.get_device_capability(device) < (8, 9):
+            return f"{self.id}: torch._scaled_mm needs fp8 tensor cores on CUDA (compute capability 8.9 or newer)"
         return CONFIGS[self.base].skip_reason(device)
 
     def autocast(self, device: str) -> Callable[[], contextlib.AbstractContextManager]:
