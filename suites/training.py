@@ -4,7 +4,8 @@ compared with the fp32 run from the same seed (``pytest_precision.training`` has
 Configs (``training.TRAIN_CONFIGS``; ``--precision-configs`` selects them by their matrix config:
 ``amp-fp16`` runs both amp-fp16 recipes, ``bf16`` both pure-bf16 ones and the bf16 DDP case):
 fp32, tf32 (CUDA), amp-bf16, amp-fp16 with a GradScaler, amp-fp16 without one, pure bf16, pure
-bf16 with stochastic rounding, fp8 Linear emulation; and ``ddp-fp16``, ``ddp-bf16``, DDP's
+bf16 with stochastic rounding, fp8 Linear emulation, fp8 Linears on ``torch._scaled_mm`` with
+current and delayed scaling; and ``ddp-fp16``, ``ddp-bf16``, DDP's
 gradient-compression hooks against uncompressed DDP (ddp.py has their verdicts).
 
 Before anything runs, ``model_fn`` and every ``batch_fn(i)`` are called twice and compared: a spec
@@ -31,6 +32,9 @@ from the compute format's mantissa bits):
   spread between machines: ``training.limits.limit_count``), except in the configs that exist to
   show that (amp-fp16 without a scaler shows underflow and what follows from it, pure bf16 lost
   updates): those report it, and the regression budget holds it where it was accepted;
+- under an fp8 recipe on ``torch._scaled_mm``, more than 2 % of one Linear's input, weight or
+  output gradient saturated at the format's max, or more than 0.1 % of its significant values
+  lost to 0, over the run (``training.fp8.fp8_problem``);
 - and against the golden (training/baseline.py): the fp32 reference moved, or a metric grew past
   its accepted budget.
 

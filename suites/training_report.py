@@ -196,7 +196,8 @@ class TrainingTable(SummaryTable):
         table = tabulate(rows, headers=self.HEADERS, tablefmt="github")
         built = sorted({(r["target"], ", ".join(r["training"]["model_dtypes"])) for r in records
                         if "training" in r and r["training"].get("model_dtypes")})
-        for r in records:  # a float8 recipe's casts: what saturated and what was lost (training.fp8)
+        for r in sorted(records, key=lambda r: (r["target"], order.get(r["config"], len(order)), r["config"])):
+            # a float8 recipe's casts, in the table's order: what saturated and what was lost (training.fp8)
             fp8 = r.get("training", {}).get("fp8")
             if fp8:
                 table += "\n" + _fp8_note(r["target"], r["config"], fp8)

@@ -47,5 +47,5 @@ def test_parallel_update_writes_what_serial_writes(pytester):
     assert out.count("precision summary (device cpu, budgets keyed cpu-") == 1
     assert out.count("| torch.softmax ") == 3 and out.count("| torch.log_softmax ") == 3
     assert out.count("| torch.sdpa ") == 6
-    assert "precision baselines written: 35" in out
-    assert out.count("precision training summary") == 1 and out.count("| tiny_gpt ") == 5
+    assert "precision baselines written: 37" in out
+    assert out.count("precision training summary") == 1 and out.count("| tiny_gpt ") == 7
