@@ -120,7 +120,8 @@ def _fp8_lines(counts: Fp8Counts) -> list[str]:
     lines = [f"    fp8 casts ({r.scaling} scaling{history}; inputs and weights {fwd}, output gradients {grad}) over "
              f"{len(counts.linears)} Linears: saturated {counts.total('saturated')} of {counts.total('elements')} "
              f"elements (worst {worst_text(counts, 'saturated')}), significant values lost to 0 "
-             f"{counts.total('underflowed')} of {counts.total('significant')} (worst {worst_text(counts, 'underflowed')})"]
+             f"{counts.total('underflowed')} of {counts.total('significant')} "
+             f"(worst {worst_text(counts, 'underflowed')})"]
     # the tensors with the most saturated, then lost, elements for their size
     worst = sorted(((max(c.saturated / c.elements, c.underflowed / max(1, c.significant)), n, role, c)
                     for (n, role), c in counts.tensors.items() if c.saturated or c.underflowed), reverse=True)
@@ -216,7 +217,8 @@ def _fp8_note(target: str, config: str, fp8: dict) -> str:
         total = sum(c[total_of] for c in tensors.values())
         worst = max(((c[what] / c[total_of], name) for name, c in tensors.items() if c[total_of] and c[what]),
                     default=None)
-        parts.append(f"{word} {count} of {total}" + ("" if worst is None else f" (worst {percent(worst[0])} {worst[1]})"))
+        worst_part = "" if worst is None else f" (worst {percent(worst[0])} {worst[1]})"
+        parts.append(f"{word} {count} of {total}{worst_part}")
     return f"{target} {config}: fp8 casts {', '.join(parts)}"
 
 

@@ -141,7 +141,8 @@ REPORT_SCHEMA: dict = {
                                  "step_time_s": _NUMBER_OR_NULL, "fp32_step_time_s": _NUMBER_OR_NULL,
                                  "step_time_spread": _NUMBER_OR_NULL, "fp32_step_time_spread": _NUMBER_OR_NULL,
                                  "ddp": {"type": "object", "description": "DDP cases: the hook's gradients against uncompressed DDP"},
-                                 "fp8": {"type": "object", "description": "float8 recipes: per Linear and role, the elements cast, saturated and lost to 0"}}},
+                                 "fp8": {"type": "object", "description": "float8 recipes: per Linear and role, "
+                                         "the elements cast, saturated and lost to 0"}}},
                 "training_detail": {"type": "object", "description": "per-step losses, deviations, gradient norms, loss scales; per-parameter rates"},
                 "error_by_magnitude": {"anyOf": [{"type": "null"}, {
                     "type": "object", "required": ["counts", "max_ulp"],

@@ -110,10 +110,11 @@ TRAIN_CONFIGS: dict[str, TrainConfig] = {c.id: c for c in (
                 1e-1, param_dtype=torch.bfloat16, stochastic_rounding=True, shows=("update_lost", "update_size")),
     TrainConfig("fp8-e4m3", "fp8-e4m3", "nn.Linear in emulated fp8: e4m3 forward, e5m2 gradients, per-tensor current scaling",
                 1e-1, fp8=True),
-    TrainConfig("fp8-tensorwise", "fp8-e4m3", "nn.Linear in fp8 through torch._scaled_mm: e4m3 forward, e5m2 gradients, "
-                "per-tensor current scaling", 1e-1, fp8=True, float8=Float8Recipe("tensorwise")),
+    TrainConfig("fp8-tensorwise", "fp8-e4m3", "nn.Linear in fp8 through torch._scaled_mm: e4m3 forward, e5m2 "
+                "gradients, per-tensor current scaling", 1e-1, fp8=True, float8=Float8Recipe("tensorwise")),
     TrainConfig("fp8-delayed", "fp8-e4m3", "nn.Linear in fp8 through torch._scaled_mm: e4m3 forward, e5m2 gradients, "
-                "per-tensor delayed scaling (amax history of 16 calls)", 1e-1, fp8=True, float8=Float8Recipe("delayed", 16)),
+                "per-tensor delayed scaling (amax history of 16 calls)", 1e-1, fp8=True,
+                float8=Float8Recipe("delayed", 16)),
     TrainConfig("ddp-fp16", "fp16", "DDP on 2 processes, gradients all-reduced through fp16_compress_hook, against "
                 "uncompressed DDP", 0.0, ddp_hook="fp16"),
     TrainConfig("ddp-bf16", "bf16", "DDP on 2 processes, gradients all-reduced through bf16_compress_hook, against "

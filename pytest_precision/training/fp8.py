@@ -201,7 +201,8 @@ class _ScaledLinear(torch.autograd.Function):
 def scaled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cast: Float8Cast) -> torch.Tensor:
     """``F.linear`` in fp8 through ``torch._scaled_mm``; the bias added after, in x's dtype."""
     if x.is_cuda:  # CUDA's fp8 GEMMs take dimensions in multiples of 16 (the backward's too: the rows)
-        dims = {"in_features": x.shape[-1], "out_features": weight.shape[0], "rows of the input": x.numel() // x.shape[-1]}
+        dims = {"in_features": x.shape[-1], "out_features": weight.shape[0],
+                "rows of the input": x.numel() // x.shape[-1]}
         odd = {k: v for k, v in dims.items() if v % 16}
         if odd:
             raise ValueError(f"Linear {cast.name!r}: torch._scaled_mm on CUDA needs dimensions in multiples of 16, got "
