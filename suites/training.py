@@ -4,7 +4,8 @@ compared with the fp32 run from the same seed (``pytest_precision.training`` has
 Configs (``training.TRAIN_CONFIGS``; ``--precision-configs`` selects them by their matrix config:
 ``amp-fp16`` runs both amp-fp16 recipes, ``bf16`` both pure-bf16 ones and the bf16 DDP case):
 fp32, tf32 (CUDA), amp-bf16, amp-fp16 with a GradScaler, amp-fp16 without one, pure bf16, pure
-bf16 with stochastic rounding, fp8 Linear emulation; and ``ddp-fp16``, ``ddp-bf16``, DDP's
+bf16 with stochastic rounding, fp8 Linear emulation, fp8 Linears on ``torch._scaled_mm`` with
+current and delayed scaling; and ``ddp-fp16``, ``ddp-bf16``, DDP's
 gradient-compression hooks against uncompressed DDP (ddp.py has their verdicts).
 
 Before anything runs, ``model_fn`` and every ``batch_fn(i)`` are called twice and compared: a spec
@@ -35,6 +36,9 @@ from the compute format's mantissa bits):
   gradient of the whole batch's mean loss, or its step ran optimizer.step, unscale_ or backward
   another number of times (training.accumulation); a spec with a ``checkpoint``: its checkpointed
   first step's gradients differ from the same step's without checkpointing (training.checkpointing);
+- under an fp8 recipe on ``torch._scaled_mm``, more than 2 % of one Linear's input, weight or
+  output gradient saturated at the format's max, or more than 0.1 % of its significant values
+  lost to 0, over the run (``training.fp8.fp8_problem``);
 - and against the golden (training/baseline.py): the fp32 reference moved, or a metric grew past
   its accepted budget.
 
@@ -66,6 +70,7 @@ from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainC
 from pytest_precision.training.baseline import TrajectoryEntry
 from pytest_precision.training.run import GlobalStateError, ModelDtypeWarning, RngState, built_dtype_note, judged_state
 from pytest_precision.training.distributed import ddp_skip_reason
+from pytest_precision.training.fp8 import fp8_problem
 from pytest_precision.training.loss_scale import scale_health, scale_problem
 from pytest_precision.training.accumulation import exact_batch_gradients, judge_accumulation
 from pytest_precision.training.checkpointing import judge_checkpoint
@@ -153,6 +158,9 @@ def judge(outcome: Outcome) -> None:
         sentence = limit_sentence(word, rates, elements, limit)
         if sentence:
             shown_or_failed(key, cat, sentence, f"the {100 * limit:g} % limit")
+    if ev.fp8 is not None:  # a float8 recipe's casts (training.fp8)
+        for category, sentence in fp8_problem(ev.fp8):
+            add("oracle", category, sentence)
     sentence = scale_problem(ev.scale)
     if sentence:
         shown_or_failed("underflow", "underflow", sentence, f"the {100 * UNDERFLOW_LIMIT:g} % limit")
@@ -331,7 +339,7 @@ class TrainStepKind(Kind):
         scale = scale_health(config, run.scales_used, run.first_step, run.skipped, truth,
                              "float64" if isinstance(exact, ExactStep) else "fp32", run.unscaled)
         outcome = Outcome(self.suite, self.name, case.target.name, config.id, case.regime,
-                          TrainingEvidence(config, metrics, scale), result)
+                          TrainingEvidence(config, metrics, scale, run.fp8), result)
         judge(outcome)
         for sentence in run.module_failures:  # where its modules ran against what was meant (module_dtypes)
             outcome.add("oracle", "dtype", sentence)

@@ -12,6 +12,7 @@ from pytest_precision.kinds.tables import SummaryTable, fmt
 from pytest_precision.speed.timing import format_seconds
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainMetrics
 from pytest_precision.training.baseline import rates_line
+from pytest_precision.training.fp8 import Fp8Counts, worst_text
 from pytest_precision.training.compare import speedup_text
 from pytest_precision.training.loss_scale import ScaleHealth, history_text
 from pytest_precision.training.limits import first_step_floor_db, later_step_floor_db, percent
@@ -33,8 +34,10 @@ def _g(v) -> str:
 class TrainingEvidence(Evidence):
     """A training run against the fp32 run from the same seed."""
 
-    def __init__(self, config: TrainConfig, metrics: TrainMetrics, scale: ScaleHealth | None = None):
+    def __init__(self, config: TrainConfig, metrics: TrainMetrics, scale: ScaleHealth | None = None,
+                 fp8: Fp8Counts | None = None):
         self.config, self.metrics, self.scale = config, metrics, scale  # scale: the float16 loss scale's health
+        self.fp8 = fp8  # a float8 recipe's saturated and underflowed elements per Linear and role
 
     def summary(self) -> dict:
         m = self.metrics
@@ -51,7 +54,8 @@ class TrainingEvidence(Evidence):
                 "skipped_steps": list(m.skipped), "first_nonfinite": list(m.first_nonfinite) if m.first_nonfinite else None,
                 "step_time_s": m.step_time_s, "fp32_step_time_s": m.fp32_step_time_s,
                 "step_time_spread": _finite_or_none(m.step_time_spread),
-                "fp32_step_time_spread": _finite_or_none(m.fp32_step_time_spread)}
+                "fp32_step_time_spread": _finite_or_none(m.fp32_step_time_spread),
+                **({"fp8": self.fp8.as_dict()} if self.fp8 is not None else {})}
 
     def record_fields(self, outcome) -> dict:
         return {"training": self.summary()}
@@ -104,7 +108,38 @@ class TrainingEvidence(Evidence):
         note = built_dtype_note(m.built_dtypes, sum(len(names) for names in m.groups.values()) or None)
         if note:
             lines.append(f"    {note}")
+        if self.fp8 is not None:
+            lines += _fp8_lines(self.fp8)
         return lines
+
+
+def _fp8_lines(counts: Fp8Counts) -> list[str]:
+    """The float8 casts of a run: the totals, then each tensor that saturated or lost values."""
+    r = counts.recipe
+    names = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+    fwd, grad = (names[str(d).replace("torch.", "")] for d in (r.forward_dtype, r.grad_dtype))
+    history = f", amax history of {r.history} calls" if r.scaling == "delayed" else ""
+    lines = [f"    fp8 casts ({r.scaling} scaling{history}; inputs and weights {fwd}, output gradients {grad}) over "
+             f"{len(counts.linears)} Linears: saturated {counts.total('saturated')} of {counts.total('elements')} "
+             f"elements (worst {worst_text(counts, 'saturated')}), significant values lost to 0 "
+             f"{counts.total('underflowed')} of {counts.total('significant')} "
+             f"(worst {worst_text(counts, 'underflowed')})"]
+    # the tensors with the most saturated, then lost, elements for their size
+    worst = sorted(((max(c.saturated / c.elements, c.underflowed / max(1, c.significant)), n, role, c)
+                    for (n, role), c in counts.tensors.items() if c.saturated or c.underflowed), reverse=True)
+    rows = [(f"{n} {role}", c.calls, c.elements, c.saturated, "-" if c.first_saturated_call is None else
+             c.first_saturated_call, c.significant, c.underflowed) for _, n, role, c in worst[:FP8_ROWS]]
+    if rows:
+        table = tabulate(rows, headers=("tensor", "calls", "elements", "saturated", "from call", "significant",
+                                        "lost to 0"), tablefmt="plain")
+        lines += ["      " + row for row in table.splitlines()]
+        if len(worst) > FP8_ROWS:
+            lines.append(f"      and {len(worst) - FP8_ROWS} more tensors with a saturated or lost element (the report "
+                         "has every tensor)")
+    return lines
+
+
+FP8_ROWS = 5  # tensors a message lists
 
 
 def _finite_or_none(v: float) -> float | None:
@@ -167,12 +202,31 @@ class TrainingTable(SummaryTable):
         table = tabulate(rows, headers=self.HEADERS, tablefmt="github")
         built = sorted({(r["target"], ", ".join(r["training"]["model_dtypes"])) for r in records
                         if "training" in r and r["training"].get("model_dtypes")})
+        for r in sorted(records, key=lambda r: (r["target"], order.get(r["config"], len(order)), r["config"])):
+            # a float8 recipe's casts, in the table's order: what saturated and what was lost (training.fp8)
+            fp8 = r.get("training", {}).get("fp8")
+            if fp8:
+                table += "\n" + _fp8_note(r["target"], r["config"], fp8)
         for target, dtypes in built:  # said where a passing run is read too (the message says it in full)
             table += (f"\n{target}: model_fn() built parameters in {dtypes}; every config started from them cast to "
                       "float32 master weights (see the warning; return a float32 model to start from yours)")
         if not seeds:
             return table
         return render_rates(seeds) if not records else f"{table}\n\n{render_rates(seeds)}"
+
+
+def _fp8_note(target: str, config: str, fp8: dict) -> str:
+    """Under the table, a float8 recipe's run: its saturated and lost elements, with the worst tensor."""
+    parts = []
+    for what, total_of, word in (("saturated", "elements", "saturated"), ("underflowed", "significant", "lost to 0")):
+        tensors = fp8["tensors"]
+        count = sum(c[what] for c in tensors.values())
+        total = sum(c[total_of] for c in tensors.values())
+        worst = max(((c[what] / c[total_of], name) for name, c in tensors.items() if c[total_of] and c[what]),
+                    default=None)
+        worst_part = "" if worst is None else f" (worst {percent(worst[0])} {worst[1]})"
+        parts.append(f"{word} {count} of {total}{worst_part}")
+    return f"{target} {config}: fp8 casts {', '.join(parts)}"
 
 
 TRAINING_TABLE = TrainingTable()

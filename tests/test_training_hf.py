@@ -39,6 +39,7 @@ def test_tiny_hf_llama_runs_through_the_training_suite(pytester):
     pytester.runpytest(*args, "--precision-update-baselines")
     result = pytester.runpytest(*args)
     tf32 = "tf32" in configs_run()  # CUDA with compute capability 8.0 or newer
-    result.assert_outcomes(passed=7 + tf32, skipped=1 - tf32)
-    for config in ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3"):
+    result.assert_outcomes(passed=9 + tf32, skipped=1 - tf32)
+    for config in ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3", "fp8-tensorwise",
+                   "fp8-delayed"):
         result.stdout.fnmatch_lines([f"| hf_llama *| {config} *| 4 *|*| pass *|"])

@@ -25,8 +25,9 @@ def test_builtin_gpt_passes_every_config(pytester):
     root = pathlib.Path(__file__).resolve().parents[1]
     pytester.makeini(f"[pytest]\nprecision_baseline_dir = {root / 'baselines'}\n")
     result = run_suite(pytester, "-rs", *ON_CPU)  # the committed goldens hold the CPU machines' budgets
-    result.assert_outcomes(passed=9, skipped=1)  # tf32 is CUDA only
-    for config in ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3"):
+    result.assert_outcomes(passed=11, skipped=1)  # tf32 is CUDA only
+    for config in ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3", "fp8-tensorwise",
+                   "fp8-delayed"):
         result.stdout.fnmatch_lines([f"| tiny_gpt *| {config} *| 8 *| pass *|"])
     for config in ("ddp-fp16", "ddp-bf16"):
         result.stdout.fnmatch_lines([f"| tiny_gpt *| {config} *| 1 *| pass *|"])
@@ -123,7 +124,8 @@ CLIP_NORM = "torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)"
 CORRECT = dict(SCALE="", LOSS_SCALE="1.0", BACKWARD="scaler.scale(loss).backward()", FIRST=UNSCALE, SECOND=CLIP_NORM,
                STEP="scaler.step(optimizer); scaler.update()", BATCH="MarkovText(vocab_size=32, batch_size=4, block_size=16)")
 OPTIMIZERS = ("sgd", "adam", "adamw")
-SINGLE_PROCESS = ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3")
+SINGLE_PROCESS = ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3", "fp8-tensorwise",
+                  "fp8-delayed")
 
 
 def _attention(pytester, opt, **planted):
@@ -135,10 +137,10 @@ def test_correct_loop_passes_every_config_twice_with_goldens_recorded_once(pytes
     key bias's exactly-zero gradient included (the DDP cases below run the same model)."""
     _attention(pytester, "adamw")
     args = ("--precision-configs=fp32,amp-bf16,amp-fp16,bf16,fp8-e4m3", "-k", "not ddp")
-    run_suite(pytester, "--precision-update-baselines", *args).assert_outcomes(passed=7)
+    run_suite(pytester, "--precision-update-baselines", *args).assert_outcomes(passed=9)
     for _ in range(2):
         result = run_suite(pytester, *args)
-        result.assert_outcomes(passed=7)
+        result.assert_outcomes(passed=9)
         for config in SINGLE_PROCESS:
             result.stdout.fnmatch_lines([f"| attn *| {config} *| *4 |*| pass *|"])
 

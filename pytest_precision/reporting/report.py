@@ -140,7 +140,9 @@ REPORT_SCHEMA: dict = {
                                  "first_nonfinite": {"anyOf": [{"type": "null"}, {"type": "array"}]},
                                  "step_time_s": _NUMBER_OR_NULL, "fp32_step_time_s": _NUMBER_OR_NULL,
                                  "step_time_spread": _NUMBER_OR_NULL, "fp32_step_time_spread": _NUMBER_OR_NULL,
-                                 "ddp": {"type": "object", "description": "DDP cases: the hook's gradients against uncompressed DDP"}}},
+                                 "ddp": {"type": "object", "description": "DDP cases: the hook's gradients against uncompressed DDP"},
+                                 "fp8": {"type": "object", "description": "float8 recipes: per Linear and role, "
+                                         "the elements cast, saturated and lost to 0"}}},
                 "success_rate": {"type": "object", "description": "a train_step seedsN case: the config's runs from N seeds "
                                  "against the fp32 runs from the same seeds (Fisher's exact test, one-sided)",
                                  "required": ["seeds", "nonfinite", "past_bound", "failed", "fp32_failed", "p_value"],

@@ -1,6 +1,7 @@
 """Training steps under precision configs: the ``train_step`` contract (``spec``), learnable
 synthetic data (``data``), the training configs (``configs``), pure-bf16 stochastic rounding and
-fp8 Linear emulation (``recipes``), the loss scale and backward passes a step used
+fp8 Linear emulation (``recipes``), fp8 Linears on ``torch._scaled_mm`` with current or delayed
+scaling and what their casts saturate and lose (``fp8``), the loss scale and backward passes a step used
 (``loop_watch``), where each module ran (``module_dtypes``), a run of a few steps and the float64 first step (``run``), its comparison with
 the fp32 run (``compare``), the float16 loss scale's health (``loss_scale``), the floors and
 spreads the verdicts use (``limits``), DDP gradient compression on the real engine

@@ -11,6 +11,7 @@ import torch
 
 from ..numerics.configs import CONFIGS
 from ..numerics.formats import format_of
+from .fp8 import Float8Recipe
 
 __all__ = ["TrainConfig", "TRAIN_CONFIGS", "FLOAT64", "GRAD_SCALER_INIT_SCALE"]
 
@@ -24,7 +25,8 @@ class TrainConfig:
     selects by it). ``autocast_dtype``: autocast region dtype. ``loss_scaling``: a GradScaler.
     ``param_dtype``: params, grads and optimizer state in that dtype (pure low precision).
     ``stochastic_rounding``: the weight update is computed in fp32 and stored with stochastic
-    rounding. ``fp8``: nn.Linear layers emulated in fp8 (e4m3 forward, e5m2 gradients).
+    rounding. ``fp8``: nn.Linear layers emulated in fp8 (e4m3 forward, e5m2 gradients), or, with a
+    ``float8`` recipe, computed in fp8 by ``torch._scaled_mm`` (``training.fp8``).
     ``shows``: what this config exists to show, reported rather than held to the absolute limits:
     ``underflow`` (gradient underflow), ``update_lost`` and ``update_size`` (the lost updates that
     follow from it, or from rounding the update away).
@@ -39,6 +41,7 @@ class TrainConfig:
     param_dtype: torch.dtype = torch.float32
     stochastic_rounding: bool = False
     fp8: bool = False
+    float8: Float8Recipe | None = None
     tf32: bool = False
     shows: tuple[str, ...] = ()
     ddp_hook: str | None = None  # a DDP gradient-compression comparison (distributed.py), not a run
@@ -51,7 +54,7 @@ class TrainConfig:
         if self.ddp_hook is not None:
             return {"fp16": torch.float16, "bf16": torch.bfloat16}[self.ddp_hook]
         if self.fp8:
-            return torch.float8_e5m2
+            return self.float8.grad_dtype if self.float8 is not None else torch.float8_e5m2
         return self.autocast_dtype or self.param_dtype
 
     @property
@@ -77,6 +80,9 @@ class TrainConfig:
     def skip_reason(self, device: str) -> str | None:
         """Why the matrix config this recipe belongs to cannot run on ``device``, or None (the
         training kind adds the DDP cases' own reasons)."""
+        if self.float8 is not None and device.startswith("cuda") and torch.cuda.is_available() and \
+                torch.cuda.get_device_capability(device) < (8, 9):
+            return f"{self.id}: torch._scaled_mm needs fp8 tensor cores on CUDA (compute capability 8.9 or newer)"
         return CONFIGS[self.base].skip_reason(device)
 
     def autocast(self, device: str) -> Callable[[], contextlib.AbstractContextManager]:
@@ -104,6 +110,11 @@ TRAIN_CONFIGS: dict[str, TrainConfig] = {c.id: c for c in (
                 1e-1, param_dtype=torch.bfloat16, stochastic_rounding=True, shows=("update_lost", "update_size")),
     TrainConfig("fp8-e4m3", "fp8-e4m3", "nn.Linear in emulated fp8: e4m3 forward, e5m2 gradients, per-tensor current scaling",
                 1e-1, fp8=True),
+    TrainConfig("fp8-tensorwise", "fp8-e4m3", "nn.Linear in fp8 through torch._scaled_mm: e4m3 forward, e5m2 "
+                "gradients, per-tensor current scaling", 1e-1, fp8=True, float8=Float8Recipe("tensorwise")),
+    TrainConfig("fp8-delayed", "fp8-e4m3", "nn.Linear in fp8 through torch._scaled_mm: e4m3 forward, e5m2 gradients, "
+                "per-tensor delayed scaling (amax history of 16 calls)", 1e-1, fp8=True,
+                float8=Float8Recipe("delayed", 16)),
     TrainConfig("ddp-fp16", "fp16", "DDP on 2 processes, gradients all-reduced through fp16_compress_hook, against "
                 "uncompressed DDP", 0.0, ddp_hook="fp16"),
     TrainConfig("ddp-bf16", "bf16", "DDP on 2 processes, gradients all-reduced through bf16_compress_hook, against "

@@ -52,6 +52,7 @@ from ..speed.timing import synchronized_perf_counter
 from .configs import FLOAT64, TrainConfig
 from .loop_watch import watch_loop
 from .module_dtypes import keep_fp32_params, module_flags, module_rows, record_module_dtypes
+from .fp8 import Fp8Counts, float8_linears
 from .recipes import fp8_linears, stochastic_rounding_updates
 from .spec import TrainSpec, takes_model
 
@@ -100,6 +101,7 @@ class Trajectory:
     unscales: list[int] = field(default_factory=list)
     scalers: list[int] = field(default_factory=list)
     clips: list[list[float]] = field(default_factory=list)
+    fp8: Fp8Counts | None = None  # a float8 recipe's saturated and underflowed elements per Linear and role
 
 
 class TrainingError(Exception):
@@ -354,7 +356,11 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
             loop = stack.enter_context(watch_loop(model))
             if config.stochastic_rounding:
                 stack.enter_context(stochastic_rounding_updates(optimizer, spec.seed + 1))
-            if config.fp8:
+            if config.float8 is not None:
+                t.fp8 = stack.enter_context(float8_linears(model, config.float8))
+                if not t.fp8.linears:
+                    raise TrainingError(f"{where}: the model has no nn.Linear layer for {config.id} to run in fp8")
+            elif config.fp8:
                 if stack.enter_context(fp8_linears(model)) == 0:
                     raise TrainingError(f"{where}: the model has no nn.Linear layer for the fp8 emulation to replace")
             if device == "cuda":

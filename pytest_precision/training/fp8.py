@@ -1,0 +1,268 @@
+"""Float8 training on ``torch._scaled_mm``: every ``nn.Linear`` of a model computes y = x W^T with x
+and W cast to e4m3 and, in the backward, grad_input = g W and grad_weight = g^T x with the output
+gradient g cast to e5m2, each at a per-tensor scale, as torchao's ``Float8Linear`` and
+TransformerEngine train. The products run in ``torch._scaled_mm`` (on the CPU too, torch 2.13),
+its outputs in float32; the bias is added outside, in the input's dtype.
+
+**Scales.** A tensor is cast as ``clamp(x * s, -max, max).to(fp8)`` and ``_scaled_mm`` is handed
+``1 / s`` to dequantise. ``s = max / amax`` in float32 (torchao's ``amax_to_scale``, its default
+without power-of-two rounding), the amax chosen by the recipe's scaling:
+
+- ``tensorwise`` (current scaling): the amax of the tensor being cast, at every call;
+- ``delayed``: the largest amax in a history of the last ``history`` calls of that Linear and role
+  (TransformerEngine's ``DelayedScaling(amax_history_len=16, amax_compute_algo="max")``, torchao's
+  former delayed scaling): the tensor's own amax is recorded only after it is cast, so a tensor
+  larger than every recorded one saturates. The first call, with an empty history, scales by its
+  own amax (torchao initialised its history so).
+
+**Counts.** Per Linear and role (``input``, ``weight``, ``grad``), over a run: the elements cast,
+the *significant* ones (above 2^-24 of the tensor's amax, ``compare.NOISE_FLOOR``: below it a
+value is the rounding noise of a sum that cancels, as an exactly-0 gradient's), the *saturated*
+ones (the clamp changed their fp8 value: ``|x s|`` past the max by more than half the top
+binade's spacing, 464 in e4m3, 61440 in e5m2) and the *underflowed* ones (significant, 0 in
+fp8). ``Fp8Counts`` holds them; ``fp8_problem`` judges them.
+
+The operand layouts are those CUDA's kernels require (the first operand row-major, the second
+column-major); the CPU accepts any (measured, torch 2.13: e4m3 and e5m2 in either position,
+float32 scales of shape (), (1,) or (1, 1), row-wise scales, out_dtype float32, bfloat16 or
+float16; a float64 scale is refused, and so is a 3-d operand).
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from ..numerics.formats import format_of
+from .limits import count_text, limit_count, percent
+
+__all__ = ["Float8Recipe", "TensorCounts", "Fp8Counts", "float8_linears", "Float8Cast", "scaled_linear",
+           "fp8_problem", "worst_text", "SATURATION_LIMIT", "UNDERFLOW_LIMIT", "ROLES"]
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+ROLES = ("input", "weight", "grad")
+AMAX_EPS = 1e-12  # torchao's floor on an amax: an all-zero tensor gets a finite scale
+NOISE_FLOOR = 2.0 ** -24  # compare.NOISE_FLOOR (compare imports the configs, which import this module)
+
+# A run fails where more than these fractions of one Linear's tensor of one role (its elements over
+# the run's calls) saturated, or of its significant elements were lost to 0; a count past one as
+# limits.limit_count has it (the limit and a count's spread). Measured (torch 2.13, CPU): correct
+# delayed scaling saturates the values that outgrow the history's amax at the call they appear,
+# 0.39 % of the built-in GPT's blocks.1.proj input over 8 steps and 0.66 % of a 2-layer MLP's
+# input growing 1.3 x a step, a history that is never updated 5.4 % and 21 %; correct e4m3 inputs
+# and weights lose at most 2e-5 of their values to 0, e5m2 gradients none, e4m3 gradients 0.4 % of
+# the GPT's q/k/v output gradient (current scaling) and 2.5 % (delayed)
+SATURATION_LIMIT = 0.02
+UNDERFLOW_LIMIT = 1e-3
+
+
+@dataclass(frozen=True)
+class Float8Recipe:
+    """How the Linears are cast: ``scaling`` ``"tensorwise"`` (current amax) or ``"delayed"``
+    (max of an amax history of ``history`` calls); ``forward_dtype`` for inputs and weights,
+    ``grad_dtype`` for the output gradient."""
+
+    scaling: str = "tensorwise"
+    history: int = 16
+    forward_dtype: torch.dtype = E4M3
+    grad_dtype: torch.dtype = E5M2
+
+    def __post_init__(self):
+        if self.scaling not in ("tensorwise", "delayed"):
+            raise ValueError(f"Float8Recipe.scaling must be 'tensorwise' or 'delayed', got {self.scaling!r}")
+        if not (isinstance(self.history, int) and self.history >= 1):
+            raise ValueError(f"Float8Recipe.history must be a positive int, got {self.history!r}")
+        for name in ("forward_dtype", "grad_dtype"):
+            if getattr(self, name) not in (E4M3, E5M2):
+                raise ValueError(f"Float8Recipe.{name} must be torch.float8_e4m3fn or torch.float8_e5m2, "
+                                 f"got {getattr(self, name)!r}")
+
+    def dtype(self, role: str) -> torch.dtype:
+        return self.grad_dtype if role == "grad" else self.forward_dtype
+
+
+@dataclass
+class TensorCounts:
+    """One Linear's tensor of one role, over a run's calls."""
+
+    calls: int = 0
+    elements: int = 0
+    significant: int = 0  # above the tensor's rounding noise (compare.NOISE_FLOOR of its amax)
+    saturated: int = 0
+    underflowed: int = 0
+    first_saturated_call: int | None = None  # the call (0-based) that first saturated an element
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Fp8Counts:
+    """Per Linear (its name in the model) and role, what the casts of a run saturated and lost."""
+
+    recipe: Float8Recipe
+    linears: list[str] = field(default_factory=list)  # the Linears run in fp8, by name
+    tensors: dict[tuple[str, str], TensorCounts] = field(default_factory=dict)
+
+    def of(self, linear: str, role: str) -> TensorCounts:
+        return self.tensors.setdefault((linear, role), TensorCounts())
+
+    def total(self, what: str) -> int:
+        return sum(getattr(c, what) for c in self.tensors.values())
+
+    def as_dict(self) -> dict:
+        """JSON-ready: ``{"recipe": ..., "tensors": {"blocks.0.up input": {...}}}``."""
+        r = self.recipe
+        return {"recipe": {"scaling": r.scaling, "history": r.history, "forward_dtype": str(r.forward_dtype),
+                           "grad_dtype": str(r.grad_dtype)},
+                "tensors": {f"{n} {role}": c.as_dict() for (n, role), c in self.tensors.items()}}
+
+
+class Float8Cast:
+    """The cast of one Linear's tensors: the scales (current, or from each role's amax history) and
+    the counts of what each cast saturated and lost."""
+
+    def __init__(self, name: str, recipe: Float8Recipe, counts: Fp8Counts):
+        self.name, self.recipe, self.counts = name, recipe, counts
+        self.history: dict[str, list[torch.Tensor]] = {role: [] for role in ROLES}
+
+    def amax(self, role: str, x: torch.Tensor) -> torch.Tensor:
+        """The amax the scale of ``x`` is drawn from under the recipe."""
+        history = self.history[role]
+        if self.recipe.scaling == "delayed" and history:
+            return torch.stack(history).max()
+        return x.detach().abs().max().float()
+
+    def record(self, role: str, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> None:
+        """After ``x`` was cast to ``q`` at ``scale``: x's amax enters the role's history (delayed
+        scaling). Not q's: a clamped tensor's amax never exceeds the history's."""
+        if self.recipe.scaling == "delayed":
+            history = self.history[role]
+            history.append(x.detach().abs().max().float())
+            del history[:-self.recipe.history]
+
+    def __call__(self, role: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x`` cast to the role's fp8 format: (the fp8 tensor, the float32 dequantisation scale 1/s)."""
+        dtype = self.recipe.dtype(role)
+        fmt = format_of(dtype)
+        scale = (fmt.max / torch.clamp(self.amax(role, x), min=AMAX_EPS)).to(torch.float32)
+        scaled = x.detach().float() * scale
+        q = scaled.clamp(-fmt.max, fmt.max).to(dtype)
+        self.record(role, x, q, scale)
+        c = self.counts.of(self.name, role)
+        past = fmt.max + 2.0 ** (fmt.emax - fmt.mantissa_bits) / 2  # where rounding alone leaves the range
+        saturated = int((scaled.abs() > past).sum())
+        if saturated and c.first_saturated_call is None:
+            c.first_saturated_call = c.calls
+        # an element counts as lost where it is above the rounding noise of the sum that gave it
+        # (NOISE_FLOOR of the tensor's amax): the noise of an exactly-0 gradient is not a value
+        magnitude = scaled.abs()
+        significant = magnitude > NOISE_FLOOR * magnitude.max()
+        c.calls += 1
+        c.elements += x.numel()
+        c.significant += int(significant.sum())
+        c.saturated += saturated
+        c.underflowed += int(((q.float() == 0) & significant).sum())
+        return q, scale.reciprocal()
+
+
+def _column_major(t: torch.Tensor) -> torch.Tensor:
+    """The same matrix stored column-major (what ``_scaled_mm`` wants of its second operand on CUDA)."""
+    return t.t().contiguous().t()
+
+
+class _ScaledLinear(torch.autograd.Function):
+    """y = x W^T in fp8 (``Float8Cast`` casts), grad_input = g W and grad_weight = g^T x with g in
+    the gradient format; every product in ``torch._scaled_mm``, float32 out."""
+
+    @staticmethod
+    def forward(ctx, x, weight, cast):
+        x2 = x.reshape(-1, x.shape[-1])
+        xq, x_inv = cast("input", x2)
+        wq, w_inv = cast("weight", weight)
+        y = torch._scaled_mm(xq, wq.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=torch.float32)
+        ctx.save_for_backward(xq, x_inv, wq, w_inv)
+        ctx.cast, ctx.shape, ctx.dtypes = cast, x.shape, (x.dtype, weight.dtype)
+        return y.reshape(*x.shape[:-1], weight.shape[0]).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        xq, x_inv, wq, w_inv = ctx.saved_tensors
+        gq, g_inv = ctx.cast("grad", grad.reshape(-1, grad.shape[-1]))
+        grad_x = torch._scaled_mm(gq, _column_major(wq), scale_a=g_inv, scale_b=w_inv, out_dtype=torch.float32)
+        grad_w = torch._scaled_mm(gq.t().contiguous(), _column_major(xq), scale_a=g_inv, scale_b=x_inv,
+                                  out_dtype=torch.float32)
+        return grad_x.reshape(ctx.shape).to(ctx.dtypes[0]), grad_w.to(ctx.dtypes[1]), None
+
+
+def scaled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, cast: Float8Cast) -> torch.Tensor:
+    """``F.linear`` in fp8 through ``torch._scaled_mm``; the bias added after, in x's dtype."""
+    if x.is_cuda:  # CUDA's fp8 GEMMs take dimensions in multiples of 16 (the backward's too: the rows)
+        dims = {"in_features": x.shape[-1], "out_features": weight.shape[0],
+                "rows of the input": x.numel() // x.shape[-1]}
+        odd = {k: v for k, v in dims.items() if v % 16}
+        if odd:
+            raise ValueError(f"Linear {cast.name!r}: torch._scaled_mm on CUDA needs dimensions in multiples of 16, got "
+                             + ", ".join(f"{k} {v}" for k, v in odd.items()))
+    y = _ScaledLinear.apply(x, weight, cast)
+    return y if bias is None else y + bias.to(y.dtype)
+
+
+@contextlib.contextmanager
+def float8_linears(model: nn.Module, recipe: Float8Recipe, counts: Fp8Counts | None = None) -> Iterator[Fp8Counts]:
+    """Every nn.Linear of ``model`` runs through ``scaled_linear`` inside the block, each with its
+    own casts (and amax histories, fresh for the block); yields the counts, filled as it runs."""
+    counts = counts if counts is not None else Fp8Counts(recipe)
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    counts.linears = [n for n, _ in linears]
+
+    def fp8_forward(m, cast):
+        return lambda x: scaled_linear(x, m.weight, m.bias, cast)
+    for n, m in linears:
+        m.forward = fp8_forward(m, Float8Cast(n, recipe, counts))
+    try:
+        yield counts
+    finally:
+        for _, m in linears:
+            del m.forward
+
+
+def fp8_problem(counts: Fp8Counts) -> list[tuple[str, str]]:
+    """The fp8 verdict, as (category, sentence): the tensor (Linear and role) furthest past
+    ``SATURATION_LIMIT`` of its elements saturated (``overflow``), and the one furthest past
+    ``UNDERFLOW_LIMIT`` of its significant elements lost to 0 (``underflow``), in counts
+    (``limits.limit_count``: the limit and a count's spread)."""
+    out = []
+    for what, limit, total_of, category, word in (
+            ("saturated", SATURATION_LIMIT, "elements", "overflow", "saturated at the format's max"),
+            ("underflowed", UNDERFLOW_LIMIT, "significant", "underflow", "lost to 0 (significant values)")):
+        bad = []
+        for (name, role), c in counts.tensors.items():
+            count, total = getattr(c, what), getattr(c, total_of)
+            if total and count > limit_count(limit, total):
+                bad.append((count / total, name, role, count, total, c))
+        if not bad:
+            continue
+        rate, name, role, count, total, c = max(bad, key=lambda b: (b[0], b[1], b[2]))
+        dtype = str(counts.recipe.dtype(role)).replace("torch.", "")
+        since = (f", from call {c.first_saturated_call} of {c.calls}" if what == "saturated" and
+                 c.first_saturated_call is not None else "")
+        more = f"; {len(bad) - 1} more tensors past it" if len(bad) > 1 else ""
+        out.append((category, f"fp8 {word}: {count_text(count, total)} of {name}'s {role} in {dtype}{since} > "
+                              f"{percent(limit)} allowed (up to {limit_count(limit, total)} elements){more}"))
+    return out
+
+
+def worst_text(counts: Fp8Counts, what: str) -> str:
+    """``"1028 of 262144 (0.392 %) blocks.1.proj input"``: a run's tensor with the largest rate of
+    ``what`` (``saturated`` or ``underflowed``), or ``"0"``."""
+    total_of = "elements" if what == "saturated" else "significant"
+    rates = [(getattr(c, what) / getattr(c, total_of), n, role, c) for (n, role), c in counts.tensors.items()
+             if getattr(c, total_of) and getattr(c, what)]
+    if not rates:
+        return "0"
+    rate, n, role, c = max(rates, key=lambda r: (r[0], r[1], r[2]))
+    return f"{getattr(c, what)} of {getattr(c, total_of)} ({percent(rate)}) {n} {role}"
