@@ -87,8 +87,8 @@ class FSDPEvidence(Evidence):
         floor = first_step_floor_db(c.compute_dtype)
         groups = ", ".join(f"{name} {_g(v)} dB" for name, v in r.group_grad_sqnr_db.items())
         lines = [f"  {c.id}: {c.description}, each rank on half of batch_fn(0), one step:",
-                 f"    gradients: SQNR {groups} (floor {floor:.3g} dB for {r.param_dtype}), {_g(r.exact_grad_sqnr_db)} dB "
-                 f"against float64; max rel {_g(g.max_rel)}, overflow {g.overflow}, norm {_g(g.grad_norm)} vs "
+                 f"    gradients: SQNR {groups} (floor {floor:.3g} dB for {r.param_dtype}), "
+                 f"{_g(r.exact_grad_sqnr_db)} dB against float64; max rel {_g(g.max_rel)}, overflow {g.overflow}, norm {_g(g.grad_norm)} vs "
                  f"{_g(g.ref_grad_norm)} fp32",
                  f"    loss (the ranks' mean) {_g(r.loss)} vs {_g(r.ref_loss)} fp32: deviation {r.loss_deviation:.3g} "
                  f"(limit {c.loss_rtol:g})",

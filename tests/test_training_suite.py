@@ -311,7 +311,8 @@ def test_master_weights_rounded_to_bf16_lose_updates(pytester):
 
 def test_update_lost_regression_is_caught(pytester):
     pytester.makeconftest(PURE_BF16.format(LR="1.0"))  # updates of about 1 ULP: kept
-    run_suite(pytester, "--precision-update-baselines", "--precision-configs=fp32,bf16", "-k", "bf16-trajectory and not ddp and not fsdp")
+    run_suite(pytester, "--precision-update-baselines", "--precision-configs=fp32,bf16",
+              "-k", "bf16-trajectory and not ddp and not fsdp")
     pytester.makeconftest(PURE_BF16.format(LR="0.1"))
     result = run_suite(pytester, "--precision-configs=fp32,bf16", "-k", "bf16-trajectory and not ddp and not fsdp")
     result.assert_outcomes(failed=1)

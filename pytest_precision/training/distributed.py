@@ -251,9 +251,9 @@ def rank_imports(spec: TrainSpec) -> tuple[str, str | None]:
         try:
             paths.append(_import_path(fn))
         except Exception as e:
-            raise TypeError(f"TrainSpec.{name} ({fn!r}) cannot be imported by name ({e}): the DDP and FSDP comparisons' "
-                            "spawned processes import model_fn and loss_fn, so they must be module-level functions "
-                            "(a conftest's are)") from None
+            raise TypeError(f"TrainSpec.{name} ({fn!r}) cannot be imported by name ({e}): the DDP and FSDP "
+                            "comparisons' spawned processes import model_fn and loss_fn, so they must be module-level "
+                            "functions (a conftest's are)") from None
     return paths[0], paths[1]
 
 

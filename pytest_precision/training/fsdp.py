@@ -22,12 +22,13 @@ the single-process configs judge. Metrics: those of the DDP comparison (``distri
 ``below_range_underflow`` below it, ``overflow``), the SQNR per optimizer parameter group, the
 SQNR against float64, and the loss (the ranks' mean) against the fp32 loss.
 
-What nccl changes on GPUs: the ranks' collectives run on the GPU, reduce-scatter averages with
-``ReduceOp.AVG`` in one pass where gloo sums and divides (FSDP2 divides by the world size before
-and after a 16-bit sum on gloo, to keep fp16 in range), the sum order follows NCCL's ring or tree,
-and the matmuls run on tensor cores (fp32 accumulation, as the CPU's 16-bit matmuls): the figures
-move by summation order, not by format. CUDA with fewer GPUs than ranks runs gloo; without CUDA
-the cuda path is skipped with the reason (``fsdp_skip_reason``).
+What nccl changes on GPUs: FSDP2 reduces the same way on both backends (torch 2.13: fp32 and bf16
+with ``ReduceOp.AVG``, fp16 divided by about sqrt(world size) before the sum and by the rest after,
+to stay in range); on nccl the average runs inside NCCL's kernels, the partial sums follow its
+ring or tree order, rounded to the 16-bit dtype at each hop, and the matmuls run on tensor cores
+(fp32 accumulation, as the CPU's 16-bit matmuls): the figures move by summation order, not by
+format. CUDA with fewer GPUs than ranks runs gloo; without CUDA the cuda path is skipped with the
+reason (``fsdp_skip_reason``).
 """
 from __future__ import annotations
 
