@@ -4,7 +4,8 @@ model passes every FSDP2 config (its per-group SQNR shown), the plant (float16 g
 float16 with no loss scaling, on a loss scaled far down or up) fails naming what it lost while
 bfloat16 with a float32 reduce passes on the same model; specs the ranks cannot run and devices
 that cannot run them skip with the reason, before any process is spawned. Each session that runs
-FSDP2 spawns one process group for all its configs (about 10 to 25 s on this 2-core machine)."""
+FSDP2 spawns one process group for all its configs (30 to 40 s a session on this 2-core machine
+shared with other work; the DDP cases' group takes as long)."""
 import multiprocessing
 import time
 
