@@ -113,9 +113,18 @@ def test_an_unavailable_backend_or_fsdp2_is_refused_with_the_reason(monkeypatch)
     spec = TrainSpec(_net, lambda p: torch.optim.SGD(p, lr=0.1), lambda i: (torch.zeros(2, 4),), steps=1)
     policies = {"fsdp-bf16": (torch.bfloat16, torch.float32)}
     if not torch.cuda.is_available():  # the cuda path: skipped, as the DDP cases are
+        from types import SimpleNamespace
+
+        from pytest_precision.suites.training import TRAIN_STEP
+        from pytest_precision.training import TRAIN_CONFIGS
+
         assert fsdp_skip_reason("cuda") == "device 'cuda' requested but CUDA is not available"
         with pytest.raises(ValueError, match="compare_fsdp: device 'cuda' requested but CUDA is not available"):
             compare_fsdp(spec, policies, device="cuda")
+        # the case's skip reason (a session cannot ask for cuda here: --precision-device refuses it)
+        case = SimpleNamespace(config=TRAIN_CONFIGS["fsdp-bf16-reduce-bf16"], device="cuda")
+        assert TRAIN_STEP.skip_reason(case) == ("fsdp-bf16-reduce-bf16: device 'cuda' requested but CUDA is not "
+                                                "available")
     assert fsdp_skip_reason("cpu", world_size=1) == "an FSDP2 comparison needs world_size >= 2, got 1"
     monkeypatch.setattr(torch.distributed, "is_gloo_available", lambda: False)
     assert fsdp_skip_reason("cpu") == "the gloo backend is not available in this torch build"
