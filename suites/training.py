@@ -5,8 +5,9 @@ Configs (``training.TRAIN_CONFIGS``; ``--precision-configs`` selects them by the
 ``amp-fp16`` runs both amp-fp16 recipes, ``bf16`` both pure-bf16 ones and the bf16 DDP case):
 fp32, tf32 (CUDA), amp-bf16, amp-fp16 with a GradScaler, amp-fp16 without one, pure bf16, pure
 bf16 with stochastic rounding, fp8 Linear emulation, fp8 Linears on ``torch._scaled_mm`` with
-current and delayed scaling; and ``ddp-fp16``, ``ddp-bf16``, DDP's
-gradient-compression hooks against uncompressed DDP (ddp.py has their verdicts).
+current and delayed scaling; ``ddp-fp16``, ``ddp-bf16``, DDP's gradient-compression hooks against
+uncompressed DDP (ddp.py has their verdicts); and ``fsdp-bf16``, ``fsdp-bf16-reduce-bf16``,
+``fsdp-fp16-reduce-fp16``, FSDP2 mixed precision against single-process fp32 (fsdp.py).
 
 Before anything runs, ``model_fn`` and every ``batch_fn(i)`` are called twice and compared: a spec
 that does not repeat itself is an error of the target, and nothing is written. Every call of the
@@ -71,13 +72,14 @@ from pytest_precision.training.baseline import TrajectoryEntry
 from pytest_precision.training.run import GlobalStateError, ModelDtypeWarning, RngState, built_dtype_note, judged_state
 from pytest_precision.training.distributed import ddp_skip_reason
 from pytest_precision.training.fp8 import fp8_problem
+from pytest_precision.training.fsdp import fsdp_skip_reason
 from pytest_precision.training.loss_scale import scale_health, scale_problem
 from pytest_precision.training.accumulation import exact_batch_gradients, judge_accumulation
 from pytest_precision.training.checkpointing import judge_checkpoint
 from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND,
                                               first_step_floor_db, grad_norm_band, later_step_floor_db, limit_sentence)
 
-from . import ddp, training_seeds
+from . import ddp, fsdp, training_seeds
 from .training_report import TRAINING_TABLE, TrainingEvidence
 
 __all__ = ["TRAIN_STEP", "TrainStepKind", "judge"]
@@ -233,10 +235,15 @@ class TrainStepKind(Kind):
         return (self.REGIME,) if seeds is None else (self.REGIME, seeds)  # TrainSpec(seeds=N): training_seeds.py
 
     def skip_reason(self, case: Case) -> str | None:
-        if case.config.ddp_hook is not None and training_seeds.seeds_of(case.regime):
-            return f"{case.config.id}: a DDP case compares one all-reduce; the success rate over seeds runs step loops"
+        if (case.config.ddp_hook is not None or case.config.fsdp is not None) and training_seeds.seeds_of(case.regime):
+            what = "a DDP case compares one all-reduce" if case.config.ddp_hook else "an FSDP2 case compares one step"
+            return f"{case.config.id}: {what}; the success rate over seeds runs step loops"
         if case.config.ddp_hook is not None:
             reason = ddp_skip_reason(case.device)
+            if reason:
+                return f"{case.config.id}: {reason}"
+        if case.config.fsdp is not None:
+            reason = fsdp_skip_reason(case.device)
             if reason:
                 return f"{case.config.id}: {reason}"
         return super().skip_reason(case)
@@ -317,6 +324,8 @@ class TrainStepKind(Kind):
             return ddp.run_case(self, case, spec, baseline)
         if training_seeds.seeds_of(case.regime):
             return training_seeds.run_case(case, spec)
+        if config.fsdp is not None:
+            return fsdp.run_case(self, case, spec, baseline)
         ref = self._reference(case)
         try:
             run = ref if config.id == "fp32" else run_training(spec, config, case.device, self._where(case.target, config))
@@ -402,8 +411,8 @@ class TrainStepKind(Kind):
 
     def trace_call(self, case: Case):
         """--precision-trace and --precision-audit: the first step under the config."""
-        if case.config.ddp_hook is not None:
-            return None  # the DDP cases run in other processes
+        if case.config.ddp_hook is not None or case.config.fsdp is not None:
+            return None  # the DDP and FSDP2 cases run in other processes
         return self._step_call(self._spec(case.target), case.config, case.device)
 
 

@@ -389,8 +389,10 @@ def test_a_training_step_with_a_bf16_kernel_is_judged_as_on_a_gpu(pytester, monk
     _session(pytester, monkeypatch, TRAINED_KERNEL)
     result = pytester.runpytest(*ARGS, "-k", "train_step", "--precision-configs=fp32,bf16,amp-bf16",
                                 "--precision-update-baselines")
-    result.assert_outcomes(passed=5)  # fp32, amp-bf16, bf16, and with them bf16-sr and ddp-bf16
-    result.stdout.fnmatch_lines(["| squared *| bf16 *|*| pass *|"])
+    # fp32, amp-bf16, bf16, and with them bf16-sr, ddp-bf16 and the FSDP2 bf16 pair, whose spawned ranks run
+    # the kernel in bf16 under the same emulation (without it the bit-pattern products fail them)
+    result.assert_outcomes(passed=7)
+    result.stdout.fnmatch_lines(["| squared *| bf16 *|*| pass *|", "| squared *| fsdp-bf16 *|*| pass *|"])
 
 
 @needs_defects

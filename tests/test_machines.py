@@ -172,7 +172,7 @@ def step(model, optimizer, scaler, batch, autocast):
 pytest_precision.register("gpt", dataclasses.replace(tiny_gpt.SPEC, step_fn=step), kind="train_step")
 """
 TRAINING_ARGS = ["--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider", "-q",
-                 "--precision-configs=amp-bf16,amp-fp16,bf16", "-k", "train_step and not ddp"]
+                 "--precision-configs=amp-bf16,amp-fp16,bf16", "-k", "train_step and not ddp and not fsdp"]
 TRAINING_REASON = ("a training session of the built-in GPT takes about a minute on a 2-core runner: "
                    "PRECISION_MACHINE_MATRIX=all runs it (tests/test_training.py judges the measured counts in CI)")
 

@@ -25,11 +25,11 @@ def test_builtin_gpt_passes_every_config(pytester):
     root = pathlib.Path(__file__).resolve().parents[1]
     pytester.makeini(f"[pytest]\nprecision_baseline_dir = {root / 'baselines'}\n")
     result = run_suite(pytester, "-rs", *ON_CPU)  # the committed goldens hold the CPU machines' budgets
-    result.assert_outcomes(passed=11, skipped=1)  # tf32 is CUDA only
+    result.assert_outcomes(passed=14, skipped=1)  # tf32 is CUDA only
     for config in ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3", "fp8-tensorwise",
                    "fp8-delayed"):
         result.stdout.fnmatch_lines([f"| tiny_gpt *| {config} *| 8 *| pass *|"])
-    for config in ("ddp-fp16", "ddp-bf16"):
+    for config in ("ddp-fp16", "ddp-bf16", "fsdp-bf16", "fsdp-bf16-reduce-bf16", "fsdp-fp16-reduce-fp16"):
         result.stdout.fnmatch_lines([f"| tiny_gpt *| {config} *| 1 *| pass *|"])
 
 
@@ -136,7 +136,7 @@ def test_correct_loop_passes_every_config_twice_with_goldens_recorded_once(pytes
     """nanoGPT's optimizer (AdamW with two parameter groups): every single-process config, the
     key bias's exactly-zero gradient included (the DDP cases below run the same model)."""
     _attention(pytester, "adamw")
-    args = ("--precision-configs=fp32,amp-bf16,amp-fp16,bf16,fp8-e4m3", "-k", "not ddp")
+    args = ("--precision-configs=fp32,amp-bf16,amp-fp16,bf16,fp8-e4m3", "-k", "not ddp and not fsdp")
     run_suite(pytester, "--precision-update-baselines", *args).assert_outcomes(passed=9)
     for _ in range(2):
         result = run_suite(pytester, *args)
@@ -275,7 +275,7 @@ pytest_precision.register("ones", pytest_precision.TrainSpec(
 
 def test_pure_bf16_small_lr_loses_updates_and_stochastic_rounding_keeps_some(pytester):
     pytester.makeconftest(PURE_BF16.format(LR="0.1"))  # updates of about 0.1 ULP at 1.0
-    result = accept_then_run(pytester, "--precision-configs=fp32,bf16", "-k", "not ddp")
+    result = accept_then_run(pytester, "--precision-configs=fp32,bf16", "-k", "not ddp and not fsdp")
     result.assert_outcomes(passed=3)
     # weights at 1.0 in bf16 ignore any change below 2^-8: round to nearest loses every update,
     # stochastic rounding keeps them in expectation
@@ -313,9 +313,10 @@ def test_master_weights_rounded_to_bf16_lose_updates(pytester):
 
 def test_update_lost_regression_is_caught(pytester):
     pytester.makeconftest(PURE_BF16.format(LR="1.0"))  # updates of about 1 ULP: kept
-    run_suite(pytester, "--precision-update-baselines", "--precision-configs=fp32,bf16", "-k", "bf16-trajectory and not ddp")
+    run_suite(pytester, "--precision-update-baselines", "--precision-configs=fp32,bf16",
+              "-k", "bf16-trajectory and not ddp and not fsdp")
     pytester.makeconftest(PURE_BF16.format(LR="0.1"))
-    result = run_suite(pytester, "--precision-configs=fp32,bf16", "-k", "bf16-trajectory and not ddp")
+    result = run_suite(pytester, "--precision-configs=fp32,bf16", "-k", "bf16-trajectory and not ddp and not fsdp")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*ones-bf16-trajectory*FAIL *golden: update-lost rate 256 of 256 elements (100 %) in w > budget 13 elements (5.08 %)*"])
 
@@ -533,7 +534,7 @@ def test_a_model_built_in_bf16_is_said_and_its_goldens_hold(pytester):
     """Cast to float32 master weights, the same start in every config: said in a warning and
     under the table, and its goldens pass twice in a row."""
     pytester.makeconftest(BUILT_IN_BF16.format(BF16=True))
-    args = ("--precision-configs=fp32,bf16", "-k", "not ddp")
+    args = ("--precision-configs=fp32,bf16", "-k", "not ddp and not fsdp")
     run_suite(pytester, "--precision-update-baselines", *args).assert_outcomes(passed=3, warnings=1)
     result = run_suite(pytester, *args)
     result.assert_outcomes(passed=3, warnings=1)

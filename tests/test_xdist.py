@@ -35,17 +35,18 @@ def test_parallel_update_writes_what_serial_writes(pytester):
                            "and (unit or masked or hypothesis or causal-leftpad or train_step)")
     serial = pytester.runpytest_subprocess(*args, "--override-ini=precision_baseline_dir=serial")
     # softmax 2 targets x 3 configs x (unit, masked, fully-masked, hypothesis), attention 3 configs x
-    # 2 backends x (unit, causal-leftpad), training fp32, bf16, bf16-sr, fp8-e4m3, fp8-tensorwise, fp8-delayed, ddp-bf16
-    serial.assert_outcomes(passed=24 + 12 + 7)
+    # 2 backends x (unit, causal-leftpad), training fp32, bf16, bf16-sr, fp8-e4m3, fp8-tensorwise, fp8-delayed,
+    # ddp-bf16, fsdp-bf16, fsdp-bf16-reduce-bf16
+    serial.assert_outcomes(passed=24 + 12 + 9)
     parallel = pytester.runpytest_subprocess(*args, "-n", "2", "--override-ini=precision_baseline_dir=parallel")
-    parallel.assert_outcomes(passed=24 + 12 + 7)
+    parallel.assert_outcomes(passed=24 + 12 + 9)
     a, b = _snapshot(pytester.path / "serial"), _snapshot(pytester.path / "parallel")
-    assert len(a) == 2 * 37  # the hypothesis regime keeps no golden  # one .npz and one .json per case, none lost
+    assert len(a) == 2 * 39  # the hypothesis regime keeps no golden  # one .npz and one .json per case, none lost
     assert a == b
     # one table from the controller, with every row
     out = parallel.stdout.str()
     assert out.count("precision summary (device cpu, budgets keyed cpu-") == 1
     assert out.count("| torch.softmax ") == 3 and out.count("| torch.log_softmax ") == 3
     assert out.count("| torch.sdpa ") == 6
-    assert "precision baselines written: 37" in out
-    assert out.count("precision training summary") == 1 and out.count("| tiny_gpt ") == 7
+    assert "precision baselines written: 39" in out
+    assert out.count("precision training summary") == 1 and out.count("| tiny_gpt ") == 9

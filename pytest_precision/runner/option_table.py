@@ -67,7 +67,8 @@ UPDATE_BASELINES = Option("--precision-update-baselines",
 CONFIGS = Option("--precision-configs",
                  "configs to run: fp32,tf32,fp16,bf16,amp-fp16,amp-bf16,fp8-e4m3 (default: all the device runs); the "
                  "training suite runs the recipes of each (amp-fp16: with and without a GradScaler; bf16: pure bf16, "
-                 "with stochastic rounding, DDP's bf16 hook; fp16: DDP's fp16 hook)", metavar="ID,ID")
+                 "with stochastic rounding, DDP's bf16 hook, FSDP2 in bf16; fp16: DDP's fp16 hook, FSDP2 in fp16)",
+                 metavar="ID,ID")
 DEVICE = Option("--precision-device", "device to run on (default: cuda when available, else cpu)",
                 choices=("cpu", "cuda"))
 NO_SPEED = Option("--precision-no-speed",

@@ -1,6 +1,6 @@
 """The training configs: each a recipe of the training suite (autocast, loss scaling, pure low
-precision, stochastic rounding, fp8 Linear emulation, DDP gradient compression), named and
-selected by the matrix config it belongs to."""
+precision, stochastic rounding, fp8 Linear emulation, DDP gradient compression, FSDP2 mixed
+precision), named and selected by the matrix config it belongs to."""
 from __future__ import annotations
 
 import contextlib
@@ -45,6 +45,7 @@ class TrainConfig:
     tf32: bool = False
     shows: tuple[str, ...] = ()
     ddp_hook: str | None = None  # a DDP gradient-compression comparison (distributed.py), not a run
+    fsdp: tuple[torch.dtype, torch.dtype] | None = None  # an FSDP2 (param_dtype, reduce_dtype) comparison (fsdp.py)
 
 
     @property
@@ -53,6 +54,8 @@ class TrainConfig:
         a DDP comparison, the dtype gradients are communicated in."""
         if self.ddp_hook is not None:
             return {"fp16": torch.float16, "bf16": torch.bfloat16}[self.ddp_hook]
+        if self.fsdp is not None:
+            return self.fsdp[0]
         if self.fp8:
             return self.float8.grad_dtype if self.float8 is not None else torch.float8_e5m2
         return self.autocast_dtype or self.param_dtype
@@ -119,6 +122,15 @@ TRAIN_CONFIGS: dict[str, TrainConfig] = {c.id: c for c in (
                 "uncompressed DDP", 0.0, ddp_hook="fp16"),
     TrainConfig("ddp-bf16", "bf16", "DDP on 2 processes, gradients all-reduced through bf16_compress_hook, against "
                 "uncompressed DDP", 0.0, ddp_hook="bf16"),
+    # FSDP2 (fsdp.py): one step on 2 processes against single-process fp32; loss_rtol as autocast's
+    TrainConfig("fsdp-bf16", "bf16", "FSDP2 fully_shard on 2 processes, bfloat16 params and compute, gradients "
+                "reduce-scattered in float32, against single-process fp32", 2e-2, fsdp=(torch.bfloat16, torch.float32)),
+    TrainConfig("fsdp-bf16-reduce-bf16", "bf16", "FSDP2 fully_shard on 2 processes, bfloat16 params and compute, "
+                "gradients reduce-scattered in bfloat16, against single-process fp32", 2e-2,
+                fsdp=(torch.bfloat16, torch.bfloat16)),
+    TrainConfig("fsdp-fp16-reduce-fp16", "fp16", "FSDP2 fully_shard on 2 processes, float16 params and compute, "
+                "gradients reduce-scattered in float16, no loss scaling, against single-process fp32", 5e-3,
+                fsdp=(torch.float16, torch.float16)),
 )}
 
 # the first step in float64, no autocast: the exact gradients and update the rates are judged

@@ -20,7 +20,9 @@ Metrics (hook run against the uncompressed run, both fp32 models, no autocast):
 - ``grad_sqnr_db``: 20 log10(||ref|| / ||out - ref||) over all gradients together; inf when equal,
   -inf when a hooked gradient is not finite;
 - ``max_rel``: max |out - ref| / |ref| over elements with |ref| >= the hook dtype's smallest normal
-  (below it the format cannot hold the value to relative precision, which ``underflow_rate`` shows);
+  (below it the format cannot hold the value to relative precision, which ``underflow_rate`` shows)
+  whose exact value is significant (``compare.significant``: not the rounding noise of a sum that
+  cancels, such as the key part of an attention bias, 1.6e6 relative in bf16 otherwise);
 - ``underflow_rate``: per parameter, the fraction of its significant elements within the hook
   dtype's normal range that are 0 with the hook, judged against the exact all-reduced gradient
   (the ranks' float64 gradients averaged, computed here): an element whose exact gradient is 0
@@ -51,12 +53,12 @@ import torch.distributed as dist
 import torch.multiprocessing
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from .compare import tensors_sqnr_db, underflow_rates
+from .compare import significant, tensors_sqnr_db, underflow_rates
 from .run import GlobalStateError, judged_state
 from .spec import LossContractError, TrainSpec
 
 __all__ = ["HOOKS", "HookComparison", "DDPComparisonError", "ddp_skip_reason", "compare_ddp_hooks", "exact_gradients",
-           "rank_imports"]
+           "rank_imports", "run_ranks", "RankStage", "averaged_gradients", "compare_gradients"]
 
 HOOKS = ("fp16", "bf16")
 _HOOK_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -162,41 +164,55 @@ def _join_process_group(rank: int, world_size: int, port: int, device: str, back
     return dev
 
 
-def _rank_main(rank, world_size, port, device, backend, fns, seed, hooks, workdir, timeout_s):
-    """One rank: the uncompressed run, then one run per hook; rank 0 saves the gradients."""
+class RankStage:
+    """What a rank is doing, for the error it reports if that raises."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+
+def _ddp_body(rank: int, dev: torch.device, backend: str, spec: TrainSpec, batch, hooks, at: RankStage) -> dict:
+    """One DDP rank's work: the uncompressed run, then one run per hook; the gradients it holds."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
+    grads = {}
+    for name in ("none", *hooks):
+        at.text = "model_fn()"
+        torch.manual_seed(spec.seed)
+        model = spec.model_fn().to(dev, torch.float32)
+        at.text = f"forward/backward under DDP (hook {name})"
+        ddp = DDP(model, device_ids=[dev.index] if backend == "nccl" else None)
+        if name != "none":
+            ddp.register_comm_hook(None, _HOOK_FNS[name])
+        spec.loss(ddp, batch).backward()
+        grads[name] = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+    return grads
+
+
+def _rank_main(rank, world_size, port, device, backend, fns, seed, payload, workdir, timeout_s, body=_ddp_body):
+    """One rank: joins the group, loads its batch, runs ``body`` (a module-level function, pickled by
+    name); rank 0 saves what ``body`` returns. A failure is written where the parent reads it."""
     torch.set_num_threads(1)  # N ranks on a few cores: OpenMP threads per rank would oversubscribe
-    stage = "importing model_fn/loss_fn"
+    at = RankStage("importing model_fn/loss_fn")
     try:
         model_fn, loss_fn = (_resolve(path) if path else None for path in fns)
         # the parent's spec minus what the ranks do not run: the loss is computed as the spec computes it
         spec = TrainSpec(model_fn, lambda p: None, lambda i: None, steps=1, seed=seed, loss_fn=loss_fn)
-        stage = f"init_process_group({backend})"
+        at.text = f"init_process_group({backend})"
         dev = _join_process_group(rank, world_size, port, device, backend, timeout_s)
-        stage = f"loading batch_fn({rank})'s batch"
+        at.text = f"loading rank {rank}'s batch"
         batch = _to_device(torch.load(os.path.join(workdir, f"batch{rank}.pt"), weights_only=True), dev)
-        grads = {}
-        for name in ("none", *hooks):
-            stage = "model_fn()"
-            torch.manual_seed(seed)
-            model = model_fn().to(dev, torch.float32)
-            stage = f"forward/backward under DDP (hook {name})"
-            ddp = DDP(model, device_ids=[dev.index] if backend == "nccl" else None)
-            if name != "none":
-                ddp.register_comm_hook(None, _HOOK_FNS[name])
-            spec.loss(ddp, batch).backward()
-            grads[name] = {n: p.grad.detach().cpu() for n, p in model.named_parameters() if p.grad is not None}
+        result = body(rank, dev, backend, spec, batch, payload, at)
         if rank == 0:
-            torch.save(grads, os.path.join(workdir, "grads.pt"))
+            torch.save(result, os.path.join(workdir, "result.pt"))
         dist.destroy_process_group()
         code = 0
     except BaseException as e:
         with open(os.path.join(workdir, f"error{rank}.txt"), "w") as f:
-            f.write(f"{stage} raised {''.join(traceback.format_exception_only(type(e), e)).strip()}")
+            f.write(f"{at.text} raised {''.join(traceback.format_exception_only(type(e), e)).strip()}")
         traceback.print_exc()
         code = 1
-    # DDP imported torch._dynamo and sympy: tearing that interpreter down takes seconds, for nothing
+    # DDP and FSDP import torch._dynamo and sympy: tearing that interpreter down takes seconds, for nothing
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -235,21 +251,26 @@ def rank_imports(spec: TrainSpec) -> tuple[str, str | None]:
         try:
             paths.append(_import_path(fn))
         except Exception as e:
-            raise TypeError(f"TrainSpec.{name} ({fn!r}) cannot be imported by name ({e}): the DDP comparison's "
-                            "spawned processes import model_fn and loss_fn, so they must be module-level functions "
-                            "(a conftest's are)") from None
+            raise TypeError(f"TrainSpec.{name} ({fn!r}) cannot be imported by name ({e}): the DDP and FSDP "
+                            "comparisons' spawned processes import model_fn and loss_fn, so they must be module-level "
+                            "functions (a conftest's are)") from None
     return paths[0], paths[1]
 
 
-def _run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, hooks, timeout_s: float) -> dict:
+def run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, payload, timeout_s: float,
+              body=_ddp_body, what: str = "DDP comparison"):
+    """``body(rank, device, backend, spec, batch, payload, stage)`` on ``world_size`` spawned ranks
+    (rank r on ``batches[r]``), in one process group; what rank 0's returned. ``what`` names the
+    work in errors: DDPComparisonError when a rank fails (the first to fail, named) or time runs out
+    (the ranks still running are killed)."""
     fns = rank_imports(spec)
     backend, port = _backend(device, world_size), _free_port()
     ctx = torch.multiprocessing.get_context("spawn")  # not fork: torch's OpenMP threads are not fork-safe
-    with tempfile.TemporaryDirectory(prefix="precision-ddp-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="precision-ranks-") as workdir:
         for rank, batch in enumerate(batches):
             torch.save(batch, os.path.join(workdir, f"batch{rank}.pt"))
         procs = [ctx.Process(target=_rank_main, daemon=True, args=(
-            rank, world_size, port, device, backend, fns, spec.seed, tuple(hooks), workdir, timeout_s))
+            rank, world_size, port, device, backend, fns, spec.seed, payload, workdir, timeout_s, body))
             for rank in range(world_size)]
         deadline = time.monotonic() + timeout_s
         try:
@@ -258,14 +279,14 @@ def _run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, hoo
             while True:
                 codes = [p.exitcode for p in procs]  # read once: a rank may exit between two reads
                 if any(c not in (None, 0) for c in codes):
-                    raise DDPComparisonError(f"DDP comparison ({backend}, {world_size} ranks) failed: "
+                    raise DDPComparisonError(f"{what} ({backend}, {world_size} ranks) failed: "
                                              + _first_error(workdir, procs))
                 if all(c == 0 for c in codes):
                     break
                 running = [p for p, c in zip(procs, codes) if c is None]
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise DDPComparisonError(f"DDP comparison ({backend}, {world_size} ranks) timed out after "
+                    raise DDPComparisonError(f"{what} ({backend}, {world_size} ranks) timed out after "
                                              f"{timeout_s:g} s; ranks {[procs.index(p) for p in running]} still running")
                 ready = wait([p.sentinel for p in running], timeout=left)
                 for p in running:
@@ -276,7 +297,7 @@ def _run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, hoo
                 if p.is_alive():
                     p.kill()
                 p.join()
-        return torch.load(os.path.join(workdir, "grads.pt"), weights_only=True)
+        return torch.load(os.path.join(workdir, "result.pt"), weights_only=True)
 
 
 def exact_gradients(spec: TrainSpec, batches: list, device: str = "cpu") -> dict[str, torch.Tensor]:
@@ -284,33 +305,49 @@ def exact_gradients(spec: TrainSpec, batches: list, device: str = "cpu") -> dict
     model (rank r on ``batches[r]``), averaged, on the CPU. Raises what the forward raises (a model
     whose output is not a loss: TypeError), and a GlobalStateError when ``model_fn`` or the forward
     and backward leave torch's process-wide state changed (restored; ``run.judged_state``)."""
+    return averaged_gradients(spec, batches, device)[0]
+
+
+def averaged_gradients(spec: TrainSpec, batches: list, device: str = "cpu",
+                       dtype: torch.dtype = torch.float64) -> tuple[dict[str, torch.Tensor], float]:
+    """What data-parallel training computes, in one process: the gradient of each of ``batches``
+    from the seeded model in ``dtype``, averaged (on the CPU), and the losses' mean; as
+    ``exact_gradients`` says."""
     total: dict[str, torch.Tensor] = {}
+    losses = []
     forward, owner = (("loss_fn(model, batch) and its backward", "loss_fn") if spec.loss_fn is not None
                       else ("the model's forward and backward", "the model"))
     for batch in batches:
         torch.manual_seed(spec.seed)
         with judged_state("model_fn()"):
-            model = spec.model_fn().to(device, torch.float64)
+            model = spec.model_fn().to(device, dtype)
         with judged_state(forward, owner=owner):
-            spec.loss(model, _to_device(batch, device, torch.float64)).backward()
+            loss = spec.loss(model, _to_device(batch, device, dtype))
+            loss.backward()
+        losses.append(float(loss.detach()))
         for n, p in model.named_parameters():
             if p.grad is not None:
                 g = p.grad.detach().cpu()
                 total[n] = total[n] + g if n in total else g
-    return {n: g / len(batches) for n, g in total.items()}
+    return {n: g / len(batches) for n, g in total.items()}, sum(losses) / len(losses)
 
 
-def _compare(hook: str, out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
-             exact: dict[str, torch.Tensor]) -> HookComparison:
+def compare_gradients(label: str, dtype: torch.dtype, out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor],
+                      exact: dict[str, torch.Tensor]) -> HookComparison:
+    """Gradients ``out`` (communicated or computed in ``dtype``) against ``ref``; the underflow rates
+    against ``exact`` (the module docstring's metrics)."""
     names = [n for n in ref if n in out]
     o = torch.cat([out[n].flatten().double() for n in names])
     r = torch.cat([ref[n].flatten().double() for n in names])
     ref_norm = float(torch.linalg.vector_norm(r))
-    normal = r.abs() >= torch.finfo(_HOOK_DTYPES[hook]).smallest_normal
+    # where the exact value is significant (not a sum's rounding noise, compare.significant) and normal
+    sig = torch.cat([(significant(exact[n]) if n in exact else torch.ones_like(ref[n], dtype=torch.bool)).flatten()
+                     for n in names])
+    normal = (r.abs() >= torch.finfo(dtype).smallest_normal) & sig
     rel = ((o - r).abs() / r.abs())[normal].nan_to_num(nan=math.inf)
-    lost = underflow_rates(out, exact, torch.finfo(_HOOK_DTYPES[hook]).smallest_normal)
+    lost = underflow_rates(out, exact, torch.finfo(dtype).smallest_normal)
     return HookComparison(
-        hook=hook, grad_sqnr_db=tensors_sqnr_db(out, ref), max_rel=float(rel.max()) if rel.numel() else 0.0,
+        hook=label, grad_sqnr_db=tensors_sqnr_db(out, ref), max_rel=float(rel.max()) if rel.numel() else 0.0,
         underflow_rate=lost.rate, below_range_underflow=lost.below_range, underflow_elements=lost.elements,
         below_range_elements=lost.below_elements,
         overflow=int((~torch.isfinite(o) & torch.isfinite(r)).sum()),
@@ -345,5 +382,6 @@ def compare_ddp_hooks(spec: TrainSpec, *, device: str = "cpu", world_size: int =
         raise
     except Exception:  # a model that cannot run in float64: the rates are judged against uncompressed DDP
         exact = None
-    grads = _run_ranks(spec, batches, device, world_size, hooks, timeout_s)
-    return {h: _compare(h, grads[h], grads["none"], grads["none"] if exact is None else exact) for h in hooks}
+    grads = run_ranks(spec, batches, device, world_size, tuple(hooks), timeout_s)
+    return {h: compare_gradients(h, _HOOK_DTYPES[h], grads[h], grads["none"], grads["none"] if exact is None else exact)
+            for h in hooks}
