@@ -8,7 +8,9 @@ spreads the verdicts use (``limits``), DDP gradient compression on the real engi
 (``distributed``), what a training golden holds (``baseline``), what moved in its fp32 reference
 (``moved``), its per-parameter rates judged as counts (``rates``), gradient accumulation judged
 against the whole batch's float64 gradient (``accumulation``) and activation checkpointing judged
-against the same step without it (``checkpointing``)."""
+against the same step without it (``checkpointing``), FSDP2 mixed precision (``fsdp``), the success
+rate over seeds (``success_rate``) and the Hugging Face Trainer's own step (``hf_trainer``, imported
+on its own: it needs transformers)."""
 from .compare import (GradientLoss, TrainMetrics, compare_trajectories, mantissa_eps, significant, tensors_sqnr_db,
                       underflow_rates, update_lost_rates)
 from .configs import FLOAT64, TRAIN_CONFIGS, TrainConfig
