@@ -391,7 +391,7 @@ class TrainStepKind(Kind):
                                                "it)")
                     elif accum.problem:
                         outcome.add("oracle", "accuracy", accum.problem)
-            if spec.checkpoint is not None:
+            if spec.checkpoint is not None and run.first_step is not None:
                 check = judge_checkpoint(spec, case.config, run, case.device, where)
                 outcome.details.append(check.detail)
                 if check.problem:

@@ -122,7 +122,7 @@ def test_an_unavailable_backend_or_fsdp2_is_refused_with_the_reason(monkeypatch)
         with pytest.raises(ValueError, match="compare_fsdp: device 'cuda' requested but CUDA is not available"):
             compare_fsdp(spec, policies, device="cuda")
         # the case's skip reason (a session cannot ask for cuda here: --precision-device refuses it)
-        case = SimpleNamespace(config=TRAIN_CONFIGS["fsdp-bf16-reduce-bf16"], device="cuda")
+        case = SimpleNamespace(config=TRAIN_CONFIGS["fsdp-bf16-reduce-bf16"], device="cuda", regime="trajectory")
         assert TRAIN_STEP.skip_reason(case) == ("fsdp-bf16-reduce-bf16: device 'cuda' requested but CUDA is not "
                                                 "available")
     assert fsdp_skip_reason("cpu", world_size=1) == "an FSDP2 comparison needs world_size >= 2, got 1"

@@ -155,9 +155,10 @@ def test_loss_past_float16_range_without_a_scaler_fails_the_success_rate(pyteste
 def test_ddp_configs_skip_the_success_rate_and_too_few_seeds_are_said(pytester):
     pytester.makeconftest(SEEDED.format(SCALE="1.0", SEEDS=2))
     result = run_suite(pytester, "--precision-configs=fp16,fp32", "-k", "seeds2", "-rs")
-    result.assert_outcomes(passed=1, skipped=1)
+    result.assert_outcomes(passed=1, skipped=2)  # ddp-fp16 and fsdp-fp16-reduce-fp16
     result.stdout.fnmatch_lines([
         "*ddp-fp16: a DDP case compares one all-reduce; the success rate over seeds runs step loops*",
+        "*fsdp-fp16-reduce-fp16: an FSDP2 case compares one step; the success rate over seeds runs step loops*",
         "2 seeds cannot fail a config at p < 0.01 (Fisher's exact test, one-sided); against no fp32 failure it takes "
         "5 seeds or more"])
 

@@ -20,9 +20,10 @@ import dataclasses
 import torch
 
 from pytest_precision import standard_step
-from pytest_precision.suites import tiny_gpt
+from pytest_precision.kinds.registry import get_kind
 from pytest_precision.training import TRAIN_CONFIGS, TrainingError, run_training
-from pytest_precision.training.accumulation import exact_batch_gradients, judge_accumulation, split_batch
+from pytest_precision.training import split_batch
+from pytest_precision.training.accumulation import exact_batch_gradients, judge_accumulation
 from pytest_precision.training.checkpointing import checkpoint_blocks, judge_checkpoint
 
 N = 2
@@ -131,7 +132,8 @@ def main(argv=None) -> None:
     parser.add_argument("--device", default="cpu")
     args = parser.parse_args(argv)
     configs = args.configs.split(",")
-    base = dataclasses.replace(tiny_gpt.SPEC, steps=1)
+    gpt = next(t.fn for t in get_kind("train_step").default_targets() if t.name == "tiny_gpt")
+    base = dataclasses.replace(gpt, steps=1)
     print(f"accumulation, {N} micro-batches (the built-in GPT, {args.device}, torch {torch.__version__}):")
     for name, fn in LOOPS.items():
         spec = dataclasses.replace(base, step_fn=fn, accumulate=N)

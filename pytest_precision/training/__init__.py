@@ -18,7 +18,7 @@ from .data import MarkovText
 from .recipes import fp8_linears, stochastic_round
 from .run import ExactStep, TrainingError, Trajectory, check_determinism, exact_first_step, prepare_training, run_training
 from .spec import LossContractError, TrainSpec, compute_loss, standard_step
-from .accumulation import split_batch
+from .batches import split_batch
 from .checkpointing import checkpoint_blocks
 
 __all__ = ["TrainSpec", "TrainConfig", "TRAIN_CONFIGS", "FLOAT64", "Trajectory", "TrainMetrics", "TrainingError",

@@ -32,10 +32,11 @@ from typing import Any
 import torch
 
 from ..numerics.metrics import sqnr_db
+from .batches import split_batch
 from .configs import FLOAT64, TrainConfig
 from .limits import first_step_floor_db
 
-__all__ = ["split_batch", "BatchGradients", "exact_batch_gradients", "AccumulationCheck", "judge_accumulation",
+__all__ = ["BatchGradients", "exact_batch_gradients", "AccumulationCheck", "judge_accumulation",
            "ACCUMULATION_MIN_DB", "ACCUMULATION_MAX_DB", "SEPARABLE_RTOL"]
 
 # the least SQNR a correct accumulated gradient keeps whatever the format (fp8's first-step floor is
@@ -50,42 +51,6 @@ ACCUMULATION_MAX_DB = 100.0
 # float64 sums of the micro-batches' gradients repeat the whole batch's to about 1e-16 relative;
 # past this the whole batch's loss is not the mean of its micro-batches' losses
 SEPARABLE_RTOL = 1e-9
-
-
-def _batch_size(batch: Any) -> set[int]:
-    if isinstance(batch, torch.Tensor):
-        return {batch.shape[0]} if batch.dim() else set()
-    if isinstance(batch, dict):
-        return set().union(*(_batch_size(v) for v in batch.values())) if batch else set()
-    if isinstance(batch, (tuple, list)):
-        return set().union(*(_batch_size(v) for v in batch)) if batch else set()
-    return set()
-
-
-def _part(batch: Any, k: int, size: int) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch[k * size:(k + 1) * size] if batch.dim() else batch
-    if isinstance(batch, dict):
-        return {key: _part(v, k, size) for key, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_part(v, k, size) for v in batch)
-    return batch
-
-
-def split_batch(batch: Any, n: int) -> list[Any]:
-    """``batch`` (a tensor, or tuples, lists and dicts of them) as ``n`` micro-batches of equal size
-    along dim 0; other values are passed to every micro-batch as they are."""
-    if not (isinstance(n, int) and n >= 1):
-        raise ValueError(f"accumulate must be a positive int, got {n!r}")
-    sizes = _batch_size(batch)
-    if len(sizes) != 1:
-        raise ValueError(f"accumulate={n}: the batch's tensors must share their dim-0 size to be split into "
-                         f"micro-batches, got sizes {sorted(sizes) or 'none'}")
-    size = sizes.pop()
-    if size % n:
-        raise ValueError(f"accumulate={n}: the batch's dim-0 size {size} is not a multiple of {n}; micro-batches of "
-                         "equal size keep the mean of their losses the whole batch's mean loss")
-    return [_part(batch, k, size // n) for k in range(n)]
 
 
 @dataclass

@@ -212,11 +212,16 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 @contextlib.contextmanager
-def float8_linears(model: nn.Module, recipe: Float8Recipe, counts: Fp8Counts | None = None) -> Iterator[Fp8Counts]:
+def float8_linears(model: nn.Module, recipe: Float8Recipe, counts: Fp8Counts | None = None,
+                   keep_fp32: tuple[str, ...] = ()) -> Iterator[Fp8Counts]:
     """Every nn.Linear of ``model`` runs through ``scaled_linear`` inside the block, each with its
-    own casts (and amax histories, fresh for the block); yields the counts, filled as it runs."""
+    own casts (and amax histories, fresh for the block), but those declared float32 (``keep_fp32``,
+    as ``module_dtypes.declared_fp32`` reads it); yields the counts, filled as it runs."""
+    from .module_dtypes import declared_fp32
+
     counts = counts if counts is not None else Fp8Counts(recipe)
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    linears = [(n, m) for n, m in model.named_modules()
+               if isinstance(m, nn.Linear) and not declared_fp32(n, keep_fp32)]
     counts.linears = [n for n, _ in linears]
 
     def fp8_forward(m, cast):

@@ -93,9 +93,12 @@ class _Fp8Linear(torch.autograd.Function):
 
 
 @contextlib.contextmanager
-def fp8_linears(model: nn.Module) -> Iterator[int]:
-    """Every nn.Linear of ``model`` runs through the fp8 emulation inside the block; yields how many."""
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+def fp8_linears(model: nn.Module, keep_fp32: tuple[str, ...] = ()) -> Iterator[int]:
+    """Every nn.Linear of ``model`` but those declared float32 (``keep_fp32``) runs through the fp8
+    emulation inside the block; yields how many."""
+    from .module_dtypes import declared_fp32
+
+    linears = [m for n, m in model.named_modules() if isinstance(m, nn.Linear) and not declared_fp32(n, keep_fp32)]
 
     def fp8_forward(m):
         return lambda x: _Fp8Linear.apply(x, m.weight, m.bias)

@@ -273,8 +273,9 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
     every run of the spec starts its first step from), inside ``fork_rng``: each call draws the same
     random numbers, and neither the construction nor the call moves the caller's generators."""
     where = where or f"train_step under {config.id}"
-    if config.ddp_hook is not None:
-        raise ValueError(f"{config.id} is a DDP comparison: distributed.compare_ddp_hooks runs it, not run_training")
+    if config.ddp_hook is not None or config.fsdp is not None:
+        raise ValueError(f"{config.id} is a {'DDP' if config.ddp_hook else 'FSDP2'} comparison (training.distributed, "
+                         "training.fsdp), not a run of run_training")
 
     def call(what, fn, *a, step=False):
         # every call of the user's code: snapshotted inside the harness's contexts (the config's
@@ -357,11 +358,11 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
             if config.stochastic_rounding:
                 stack.enter_context(stochastic_rounding_updates(optimizer, spec.seed + 1))
             if config.float8 is not None:
-                t.fp8 = stack.enter_context(float8_linears(model, config.float8))
+                t.fp8 = stack.enter_context(float8_linears(model, config.float8, keep_fp32=spec.keep_fp32))
                 if not t.fp8.linears:
                     raise TrainingError(f"{where}: the model has no nn.Linear layer for {config.id} to run in fp8")
             elif config.fp8:
-                if stack.enter_context(fp8_linears(model)) == 0:
+                if stack.enter_context(fp8_linears(model, spec.keep_fp32)) == 0:
                     raise TrainingError(f"{where}: the model has no nn.Linear layer for the fp8 emulation to replace")
             if device == "cuda":
                 stack.enter_context(tf32_flags(config.tf32))

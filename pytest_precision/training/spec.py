@@ -35,6 +35,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .batches import split_batch
+
 __all__ = ["TrainSpec", "compute_loss", "hf_labels", "standard_step", "takes_model", "LossContractError"]
 
 
@@ -77,6 +79,8 @@ class TrainSpec:
         if not (isinstance(self.accumulate, int) and not isinstance(self.accumulate, bool) and self.accumulate >= 1):
             raise ValueError(f"TrainSpec.accumulate must be a positive int (micro-batches per step), got "
                              f"{self.accumulate!r}")
+        if self.checkpoint is False:  # no checkpointing, as None
+            object.__setattr__(self, "checkpoint", None)
         if not (self.checkpoint is None or isinstance(self.checkpoint, (bool, str)) or callable(self.checkpoint)):
             raise TypeError(f"TrainSpec.checkpoint must be True, the name of the model's block list, a callable(model) "
                             f"or None, got {self.checkpoint!r}")
@@ -170,6 +174,8 @@ def hf_labels(model: nn.Module, batch: tuple | list) -> dict | None:
     a pair whose targets equal the inputs is Hugging Face's own convention and goes in as ``labels``."""
     if len(batch) != 2:
         return None
+    # the model itself, not a wrapper whose forward takes *inputs (DDP's, in the DDP cases' ranks)
+    model = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
     try:
         params = inspect.signature(model.forward).parameters
     except (TypeError, ValueError):
@@ -198,8 +204,6 @@ def standard_step(model, optimizer, scaler, batch, autocast, loss_fn=None, accum
     :func:`compute_loss`). ``accumulate=N`` splits the batch into N micro-batches along dim 0 and
     backpropagates each one's loss divided by N before the one unscale and step (returns the whole
     batch's loss); ``max_norm`` clips the gradients' norm after ``unscale_``."""
-    from .accumulation import split_batch  # the module judging accumulation builds on this step
-
     optimizer.zero_grad(set_to_none=True)
     total = None
     for micro in (split_batch(batch, accumulate) if accumulate != 1 else [batch]):

@@ -1,0 +1,45 @@
+"""A step's batch split along dim 0 into equal micro-batches: the standard step's accumulation
+(``spec.standard_step``) and its verdict (``accumulation``) split it the same way."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["split_batch"]
+
+
+def _batch_size(batch: Any) -> set[int]:
+    if isinstance(batch, torch.Tensor):
+        return {batch.shape[0]} if batch.dim() else set()
+    if isinstance(batch, dict):
+        return set().union(*(_batch_size(v) for v in batch.values())) if batch else set()
+    if isinstance(batch, (tuple, list)):
+        return set().union(*(_batch_size(v) for v in batch)) if batch else set()
+    return set()
+
+
+def _part(batch: Any, k: int, size: int) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch[k * size:(k + 1) * size] if batch.dim() else batch
+    if isinstance(batch, dict):
+        return {key: _part(v, k, size) for key, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_part(v, k, size) for v in batch)
+    return batch
+
+
+def split_batch(batch: Any, n: int) -> list[Any]:
+    """``batch`` (a tensor, or tuples, lists and dicts of them) as ``n`` micro-batches of equal size
+    along dim 0; other values are passed to every micro-batch as they are."""
+    if not (isinstance(n, int) and n >= 1):
+        raise ValueError(f"accumulate must be a positive int, got {n!r}")
+    sizes = _batch_size(batch)
+    if len(sizes) != 1:
+        raise ValueError(f"accumulate={n}: the batch's tensors must share their dim-0 size to be split into "
+                         f"micro-batches, got sizes {sorted(sizes) or 'none'}")
+    size = sizes.pop()
+    if size % n:
+        raise ValueError(f"accumulate={n}: the batch's dim-0 size {size} is not a multiple of {n}; micro-batches of "
+                         "equal size keep the mean of their losses the whole batch's mean loss")
+    return [_part(batch, k, size // n) for k in range(n)]
