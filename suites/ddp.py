@@ -55,25 +55,32 @@ def _comparisons(case: Case, spec: TrainSpec, where: str) -> dict | str:
     return runs[key]
 
 
+def worst_rate(rates: dict[str, float]) -> tuple[str, float]:
+    """The parameter with the highest underflow rate and the rate, or ("-", 0.0) where none lost any."""
+    name = max(rates, key=lambda n: (rates[n], n)) if rates else None
+    return (name, rates[name]) if name is not None and rates[name] > 0 else ("-", 0.0)
+
+
+def one_step_record(rates: dict[str, float], elements: dict, grad_sqnr_db: float, **fields) -> dict:
+    """The training table's record of a case that judges one distributed step (DDP, FSDP2): no
+    trajectory, its gradients' SQNR and worst underflow rate; ``fields`` adds or overrides."""
+    name, rate = worst_rate(rates)
+    return {"training": {"steps": 1, "max_loss_deviation": None, "grad_sqnr_db": grad_sqnr_db,
+                         "underflow_elements": elements.get(name), "param_sqnr_db": None, "max_underflow_rate": rate,
+                         "underflow_param": name, "max_update_lost_rate": 0.0, "update_lost_param": "-",
+                         "update_ratio": None, "skipped_steps": [], "first_nonfinite": None, "step_time_s": None,
+                         "fp32_step_time_s": None, **fields}}
+
+
 class DDPEvidence(Evidence):
     """A compression hook's all-reduced gradients against uncompressed DDP."""
 
     def __init__(self, config: TrainConfig, result: HookComparison):
         self.config, self.result = config, result
 
-    def worst(self) -> tuple[str, float]:
-        rates = self.result.underflow_rate
-        name = max(rates, key=lambda n: (rates[n], n)) if rates else None
-        return (name, rates[name]) if name is not None and rates[name] > 0 else ("-", 0.0)
-
     def record_fields(self, outcome) -> dict:
-        name, rate = self.worst()
-        return {"training": {"steps": 1, "max_loss_deviation": None, "grad_sqnr_db": self.result.grad_sqnr_db,
-                             "underflow_elements": self.result.underflow_elements.get(name),
-                             "param_sqnr_db": None, "max_underflow_rate": rate, "underflow_param": name,
-                             "max_update_lost_rate": 0.0, "update_lost_param": "-", "update_ratio": None,
-                             "skipped_steps": [], "first_nonfinite": None, "step_time_s": None,
-                             "fp32_step_time_s": None, "ddp": self.result.as_dict()}}
+        r = self.result
+        return one_step_record(r.underflow_rate, r.underflow_elements, r.grad_sqnr_db, ddp=r.as_dict())
 
     def message_lines(self, outcome) -> list[str]:
         r, c = self.result, self.config

@@ -33,6 +33,8 @@ from pytest_precision.training.distributed import DDPComparisonError
 from pytest_precision.training.fsdp import BatchShardError, FSDPComparison, compare_fsdp
 from pytest_precision.training.limits import UNDERFLOW_LIMIT, first_step_floor_db, limit_sentence
 
+from .ddp import one_step_record
+
 __all__ = ["FSDPEvidence", "run_case"]
 
 # the session's memo (Case.state): (spec, device) -> {config id: FSDPComparison} or the reason the
@@ -68,18 +70,10 @@ class FSDPEvidence(Evidence):
         self.config, self.result = config, result
 
     def record_fields(self, outcome) -> dict:
-        g = self.result.gradients
-        rates = g.underflow_rate
-        name = max(rates, key=lambda n: (rates[n], n)) if rates else None
-        name, rate = (name, rates[name]) if name is not None and rates[name] > 0 else ("-", 0.0)
-        groups = self.result.group_grad_sqnr_db
-        return {"training": {"steps": 1, "max_loss_deviation": self.result.loss_deviation,
-                             "grad_sqnr_db": min(groups.values(), default=g.grad_sqnr_db),
-                             "group_grad_sqnr_db": dict(groups), "underflow_elements": g.underflow_elements.get(name),
-                             "param_sqnr_db": None, "max_underflow_rate": rate, "underflow_param": name,
-                             "max_update_lost_rate": 0.0, "update_lost_param": "-", "update_ratio": None,
-                             "skipped_steps": [], "first_nonfinite": None, "step_time_s": None,
-                             "fp32_step_time_s": None, "fsdp": self.result.as_dict()}}
+        g, groups = self.result.gradients, self.result.group_grad_sqnr_db
+        return one_step_record(g.underflow_rate, g.underflow_elements, min(groups.values(), default=g.grad_sqnr_db),
+                               max_loss_deviation=self.result.loss_deviation, group_grad_sqnr_db=dict(groups),
+                               fsdp=self.result.as_dict())
 
     def message_lines(self, outcome) -> list[str]:
         r, c = self.result, self.config
