@@ -18,7 +18,10 @@ for real targets instead:
 The shapes are those of the suites, the kernel tests and ``kernels.bench``: by default a
 representative set (every kernel, every dtype, the head dims 16, 64 and 128, the softmax block
 sizes of one-block and online rows), ``--full`` adds the rest (head dims 32 and 256, masks and
-grouped heads in every dtype, both log modes everywhere). Compiled kernels land in triton's cache
+grouped heads in every dtype, both log modes everywhere), and ``--quick`` keeps of it the launches
+nearest each limit (every kernel; the largest tiles of bf16, IEEE fp32 and TF32; bf16 with masks
+and grouped heads; every softmax block size in bf16, the largest in fp32; the statistics of fp32,
+bf16 and fp8 e4m3), about half its time. Compiled kernels land in triton's cache
 (``TRITON_CACHE_DIR``, default ``~/.triton/cache``), and the ``ptxas -v`` figures beside it, so a
 second run mostly re-reads them.
 
@@ -166,25 +169,33 @@ def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def cases(full: bool = False) -> list[Case]:
-    """The launches to compile: the shapes of the suites, tests and benchmark (module doc)."""
+def cases(full: bool = False, quick: bool = False) -> list[Case]:
+    """The launches to compile: the shapes of the suites, tests and benchmark (module doc);
+    ``quick``: of those, the ones nearest each limit (below)."""
     import torch
 
+    if full and quick:
+        raise ValueError("compile_check.cases: full and quick exclude each other")
     f16, b16, f32 = torch.float16, torch.bfloat16, torch.float32
     out = []
     # softmax: the suites' rows of 256 and 32768 (online, in blocks of 8192), the benchmark's 8192 (one block)
     for dtype in (f16, b16, f32):
         for cols in (256, 8192, 32768):
             for log in ((False, True) if full or cols == 32768 else (False,)):
+                if quick and not (dtype == b16 or (dtype == f32 and cols == 32768)):
+                    continue  # quick: every block size in bf16, the largest blocks in fp32
                 out.append(_softmax_case(dtype, 16, cols, log))
     if full:
         out += [_softmax_case(f32, 16, 1, False), _softmax_case(f32, 8, 1000, True)]
     # attention: head dims of the suites (16, 59 -> 64), the tests (64, 128) and the benchmark (128).
     # Representative: every tile of bf16 (fp16 compiles the same code), the two largest of IEEE fp32
-    # (the most registers), TF32 and fp16 at 128; masks and grouped heads at 64.
+    # (the most registers), TF32 and fp16 at 128; masks and grouped heads at 64. Quick: the largest
+    # tile of bf16, IEEE fp32 and TF32 (the most shared memory and registers), bf16 at 64 with masks.
     if full:
         modes = [(dtype, tf32, D) for dtype, tf32 in ((f16, False), (b16, False), (f32, False), (f32, True))
                  for D in (16, 32, 64, 128, 256)]
+    elif quick:
+        modes = [(b16, False, 64), (b16, False, 128), (f32, False, 128), (f32, True, 128)]
     else:
         modes = [(b16, False, 16), (b16, False, 64), (b16, False, 128), (f16, False, 128), (f32, False, 64),
                  (f32, False, 128), (f32, True, 128)]
@@ -192,13 +203,17 @@ def cases(full: bool = False) -> list[Case]:
         out.append(_attention_case(dtype, 1, 2, 2, 128, 128, D, tf32=tf32))
         if full or D == 64:
             out.append(_attention_case(dtype, 2, 4, 2, 113, 203, D, causal=True, pad=True, tf32=tf32))
-    # the benchmark's shape; and more batch x heads than a grid's y or z dimension holds (shaped as
-    # the bf16 D64 case above in all but the batch, so it compiles nothing new)
-    out.append(_attention_case(b16, 4, 16, 16, 4096, 4096, 128))
+    # the benchmark's shape (not quick: bf16 D128's kernels at other sizes); and more batch x heads
+    # than a grid's y or z dimension holds (shaped as the bf16 D64 case above in all but the batch,
+    # so it compiles nothing new)
+    if not quick:
+        out.append(_attention_case(b16, 4, 16, 16, 4096, 4096, 128))
     out.append(_attention_case(b16, 33000, 2, 2, 128, 128, 64))
     # error statistics: every ULP dtype against a float64 oracle, a float32 golden, log-domain outputs
+    # (quick: fp32, bf16 and one fp8 format)
     for dtype in (f32, f16, b16, torch.float8_e4m3fn, torch.float8_e5m2):
-        out.append(_statistics_case(dtype, 2**28))
+        if not (quick and dtype in (f16, torch.float8_e5m2)):
+            out.append(_statistics_case(dtype, 2**28))
     out.append(_statistics_case(f32, 2**20, ref_dtype=f32, log_domain=True))
     if full:
         out.append(_statistics_case(b16, 2**20, ref_dtype=f32))
@@ -297,7 +312,7 @@ def compile_case(case: Case, arch: Arch) -> list[Result]:
     return out
 
 
-def check(archs=(80, 90), full: bool = False, selected: list[Case] | None = None) -> list[Result]:
+def check(archs=(80, 90), full: bool = False, selected: list[Case] | None = None, quick: bool = False) -> list[Result]:
     """Compile every case for every arch; a Result per launch (module doc)."""
     if "triton" in sys.modules:
         from pytest_precision.kernels.runtime import interpreting
@@ -309,7 +324,7 @@ def check(archs=(80, 90), full: bool = False, selected: list[Case] | None = None
     results = []
     for capability in archs:
         arch = ARCHS[capability]
-        for case in (selected if selected is not None else cases(full)):
+        for case in (selected if selected is not None else cases(full, quick)):
             rs = compile_case(case, arch)
             for r in rs:
                 _judge(r, arch)
@@ -331,7 +346,10 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_precision.kernels.compile_check",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--arch", default="80,90", help="compute capabilities, comma-separated (default: 80,90)")
-    parser.add_argument("--full", action="store_true", help="every head dim, mask and mode, not a representative set")
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument("--full", action="store_true", help="every head dim, mask and mode, not a representative set")
+    scope.add_argument("--quick", action="store_true", help="of the representative set, the launches nearest each "
+                       "limit: every kernel, the largest tiles of bf16, fp32 and TF32, masks")
     parser.add_argument("-k", dest="keyword", default=None, help="only cases whose name contains this text")
     parser.add_argument("--json", dest="json_path", default=None, help="also write the results as JSON")
     args = parser.parse_args(argv)
@@ -342,9 +360,9 @@ def main(argv=None) -> int:
     unknown = [a for a in archs if a not in ARCHS]
     if unknown:
         parser.error(f"--arch: no per-block shared-memory limit known for {unknown}; known: {sorted(ARCHS)}")
-    selected = [c for c in cases(args.full) if args.keyword is None or args.keyword in c.name]
+    selected = [c for c in cases(args.full, args.quick) if args.keyword is None or args.keyword in c.name]
     start = time.perf_counter()
-    results = check(archs, args.full, selected)
+    results = check(archs, args.full, selected, args.quick)
     print(table(results))
     bad = [r for r in results if not r.ok]
     print(f"{len(results)} launches of {len(selected)} cases compiled for {', '.join(f'sm_{a}' for a in archs)} "

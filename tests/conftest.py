@@ -70,6 +70,22 @@ PINNED = f"--precision-fresh-seed={TEST_FRESH_SEED}"
 os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} {PINNED}".strip()
 
 
+# Tests marked ``slow`` run with PRECISION_SLOW=1 and are skipped otherwise, naming what covers their
+# ground in the default run (the README's test command, which CI runs within its time limit):
+# ``@pytest.mark.slow(reason="...")``.
+SLOW = os.environ.get("PRECISION_SLOW", "") not in ("", "0")
+
+
+def pytest_collection_modifyitems(config, items):
+    if SLOW:
+        return
+    for item in items:
+        mark = item.get_closest_marker("slow")
+        if mark is not None:
+            why = mark.kwargs.get("reason", "")
+            item.add_marker(pytest.mark.skip(reason=f"slow: PRECISION_SLOW=1 runs it{'; ' + why if why else ''}"))
+
+
 @pytest.fixture(autouse=True)
 def _pinned_fresh_seed(request, monkeypatch):
     if "pytester" in request.fixturenames:

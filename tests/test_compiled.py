@@ -4,6 +4,8 @@ takes about 30 s on a cold cache, later ones seconds, so each session is one con
 import pytest
 
 pytest_plugins = ["pytester"]
+# about 50 s on 2 cores, most of it Inductor's first C++ compile
+pytestmark = pytest.mark.slow(reason="Inductor compiles C++ for about 30 s before the first case")
 
 SOFTMAX = """
 import torch

@@ -6,7 +6,8 @@ catches each of those defects when one is planted.
 Triton fixes its mode when it is imported, and this test process's triton interprets (conftest.py),
 so the check runs in a subprocess whose triton compiles. Compiled kernels stay in triton's cache
 (~/.triton/cache, or TRITON_CACHE_DIR), so a second run of this file mostly re-reads them. The
-representative set by default; PRECISION_COMPILE_FULL=1 compiles every head dim, mask and mode."""
+quick set by default (the launches nearest each limit), the representative set with
+PRECISION_SLOW=1, and every head dim, mask and mode with PRECISION_COMPILE_FULL=1."""
 import json
 import os
 import subprocess
@@ -41,13 +42,15 @@ def _run(args, tmp_path, timeout=900):
                           text=True, timeout=timeout)
 
 
-# about 2 minutes cold and 10 s warm on 2 cores; the full set about 5 minutes more
+# on 2 cores with a cold cache: quick about 65 s, representative about 2 minutes, full about 5 more
 FULL = os.environ.get("PRECISION_COMPILE_FULL", "") not in ("", "0")
+REPRESENTATIVE = os.environ.get("PRECISION_SLOW", "") not in ("", "0")
+SCOPE = ["--full"] if FULL else [] if REPRESENTATIVE else ["--quick"]
 
 
 def test_every_kernel_compiles_for_a100_and_h100(tmp_path):
     out = tmp_path / "compile.json"
-    args = ["-m", "pytest_precision.kernels.compile_check", "--json", str(out), *(["--full"] if FULL else [])]
+    args = ["-m", "pytest_precision.kernels.compile_check", "--json", str(out), *SCOPE]
     r = _run(args, tmp_path, timeout=1800 if FULL else 900)
     results = json.loads(out.read_text()) if out.exists() else []
     problems = [f"sm_{x['arch']} {x['case']} {x['kernel']}: {'; '.join(x['problems'])}" for x in results if x["problems"]]

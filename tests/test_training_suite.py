@@ -18,6 +18,7 @@ import pytest_precision.training.distributed  # noqa: F401
 pytest_plugins = ["pytester"]
 
 
+@pytest.mark.slow(reason="the main job runs these cases against the same goldens")
 def test_builtin_gpt_passes_every_config(pytester):
     """The built-in target against the committed goldens (the repository's baselines)."""
     import pathlib

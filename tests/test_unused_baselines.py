@@ -70,6 +70,7 @@ def project(tmp_path_factory):
 STALE = ["softmax/mine/removed-regime/fp32", "test_user/test_gone/fp32"]
 
 
+@pytest.mark.slow(reason="three processes start; the other xdist tests cover what workers hand the controller")
 def test_xdist_workers_usage_is_merged(project):
     pytest.importorskip("xdist")
     r = _run(project, "pytest", *ARGS, "-n", "2")
@@ -123,3 +124,28 @@ def test_scope_rules(tmp_path):
     usage.excused_prefixes = {"tests/test_x/test_y"}
     usage.excused = {"softmax/t/b/fp32"}
     assert find_unused(tmp_path, usage, suite_ran=True, kinds={"softmax"}) == []
+
+
+def test_two_workers_usage_merged_equals_one_runs(tmp_path):
+    """The xdist channel without the processes: each worker's usage, handed over as JSON-able data
+    and merged on the controller, finds what one process's usage finds (the slow test above runs
+    the real workers)."""
+    import json
+
+    for name in ("softmax/t/a/fp32", "softmax/t/b/fp32", "softmax/t/gone/fp32", "tests/test_x/test_y/fp32"):
+        (tmp_path / f"{name}.json").parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / f"{name}.json").write_text("{}")
+    one = BaselineUsage(used={"softmax/t/a/fp32", "softmax/t/b/fp32"}, excused={"softmax/t/a/fp32", "softmax/t/b/fp32"},
+                        module_prefixes={"tests/test_x/"})
+    halves = [BaselineUsage(used={"softmax/t/a/fp32"}, excused={"softmax/t/a/fp32"}),
+              BaselineUsage(used={"softmax/t/b/fp32"}, excused={"softmax/t/b/fp32"}, module_prefixes={"tests/test_x/"})]
+    controller = BaselineUsage()
+    for half in halves:
+        controller.merge(json.loads(json.dumps(half.as_workeroutput())))
+    expected = ["softmax/t/gone/fp32", "tests/test_x/test_y/fp32"]
+    assert find_unused(tmp_path, one, suite_ran=True, kinds={"softmax"}) == expected
+    assert find_unused(tmp_path, controller, suite_ran=True, kinds={"softmax"}) == expected
+    # a worker's usage lost (it went down): what only it used is reported, so a lost worker must be named
+    lost = BaselineUsage()
+    lost.merge(halves[0].as_workeroutput())
+    assert "softmax/t/b/fp32" in find_unused(tmp_path, lost, suite_ran=True, kinds={"softmax"})
