@@ -1,10 +1,8 @@
 """One name, one file: target names are checked when they are registered, names that would share
 a baseline file are refused with both names, and every command the suite prints works when
 pasted into a shell."""
-import os
 import re
 import subprocess
-import sys
 
 import pytest
 
@@ -78,11 +76,13 @@ pytest_precision.register("mykernels_softmax", lambda x: torch.softmax(x, -1), k
                                  "baseline files of softmax/mykernels_softmax*"])
 
 
-def _shell(command, cwd):
-    """Run a printed command as a user pastes it: through bash, with this interpreter's pytest."""
-    env = {**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
-    return subprocess.run(["bash", "-c", command + " -p no:cacheprovider --precision-no-speed"], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+def _shell(pytester, command):
+    """Run a printed command as a user pastes it: bash parses it (its quoting and escapes), and the
+    words it hands ``pytest`` run in-process (a pytest process per command took 5 to 7 s)."""
+    assert command.startswith("pytest "), command
+    words = subprocess.run(["bash", "-c", "printf '%s\\0' " + command.removeprefix("pytest ")], capture_output=True,
+                           text=True, check=True).stdout.split("\0")[:-1]
+    return pytester.runpytest(*words, "-p", "no:cacheprovider", "--precision-no-speed")
 
 
 KIND_WITH_A_PREFIX = '''
@@ -133,9 +133,10 @@ def test_printed_update_commands_select_exactly_their_case(pytester):
     assert len(commands) == 2, result.stdout.str()
     for command in commands:
         kind = "safe_softmax" if "k 'safe_softmax" in command else "softmax"
-        fixed = _shell(command + " -v", pytester.path)  # -v names the case it ran (one process, not two)
-        assert fixed.returncode == 0, fixed.stdout[-3000:] + fixed.stderr
-        assert "1 passed" in fixed.stdout and f"precision-suite::{kind}[torch.softmax-fp32-unit] PASSED" in fixed.stdout
+        fixed = _shell(pytester, command + " -v")  # -v names the case it ran (one, not two)
+        assert fixed.ret == 0, fixed.stdout.str()[-3000:]
+        fixed.assert_outcomes(passed=1)
+        assert f"precision-suite::{kind}[torch.softmax-fp32-unit] PASSED" in fixed.stdout.str()
     written = sorted(p.relative_to(pytester.path / "precision_baselines").as_posix()
                      for p in (pytester.path / "precision_baselines").rglob("*.npz"))
     assert written == ["safe_softmax/torch.softmax/unit/fp32.npz", "softmax/torch.softmax/unit/fp32.npz"]
@@ -160,6 +161,7 @@ def test_softmax(precision_config, golden, label):
     commands = list(dict.fromkeys(re.findall(r"write it with: (pytest .*)$", result.stdout.str(), re.MULTILINE)))
     assert len(commands) == 3
     for command in commands:
-        fixed = _shell(command + " --precision-configs=fp32", pytester.path)
-        assert fixed.returncode == 0 and "1 passed" in fixed.stdout, fixed.stdout[-3000:] + fixed.stderr
+        fixed = _shell(pytester, command + " --precision-configs=fp32")
+        assert fixed.ret == 0, fixed.stdout.str()[-3000:]
+        fixed.assert_outcomes(passed=1)
     pytester.runpytest("--precision-configs=fp32", "-p", "no:cacheprovider").assert_outcomes(passed=3)
