@@ -2,8 +2,6 @@
 inside the suite, keeps its golden (never listed unused, never pruned), and the table and the
 reports show it with its reason, with totals that match pytest's."""
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -46,35 +44,36 @@ ARGS = ("--precision-suite", "--precision-configs=fp32", "--precision-no-speed",
         "-k", "mine-fp32-unit or mine-fp32-len1] or mine_attention-fp32+math or test_golden")
 
 
-def _pytest(cwd, *args, env=None):
-    import os
-    return subprocess.run([sys.executable, "-m", "pytest", *ARGS, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **(env or {})})
+@pytest.fixture
+def project(pytester):
+    """The project, its goldens accepted; its sessions run in this process (a pytest process each
+    took 5 to 10 s)."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_user=USER_TEST)
+    pytester.makeini("[pytest]\nprecision_baseline_dir = gold\n")
+    r = pytester.runpytest(*ARGS, "--precision-update-baselines")
+    assert r.ret == 0, r.stdout.str()[-3000:]
+    return pytester
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    d = tmp_path_factory.mktemp("project")
-    (d / "conftest.py").write_text(CONFTEST)
-    (d / "test_user.py").write_text(USER_TEST)
-    (d / "pytest.ini").write_text("[pytest]\nprecision_baseline_dir = gold\n")
-    r = _pytest(d, "--precision-update-baselines")
-    assert r.returncode == 0, r.stdout[-3000:]
-    return d
+def test_a_crashed_case_keeps_its_golden(project, monkeypatch):
+    import io
 
+    from pytest_precision.__main__ import main
 
-def test_a_crashed_case_keeps_its_golden(project):
-    r = _pytest(project, "--precision-report=report.json", "--precision-report-md=report.md",
-                env={"BREAK_LEN1": "1", "BREAK_USER": "1"})
-    assert r.returncode == 1, r.stdout[-3000:]
-    assert "2 failed, 12 passed, 3 skipped" in r.stdout, r.stdout[-3000:]  # padded, padded-mha, causal-leftpad
-    assert "unused baseline" not in r.stdout  # softmax/mine/len1/fp32 and the user test's were not looked up
-    dry = subprocess.run([sys.executable, "-m", "pytest_precision", "baselines", "prune", "--dir", "gold", "--dry-run"],
-                         cwd=project, capture_output=True, text=True)
-    assert dry.returncode == 0 and "would remove 0 file(s)" in dry.stdout, dry.stdout + dry.stderr
+    monkeypatch.setenv("BREAK_LEN1", "1")
+    monkeypatch.setenv("BREAK_USER", "1")
+    result = project.runpytest(*ARGS, "--precision-report=report.json", "--precision-report-md=report.md")
+    stdout = result.stdout.str()
+    assert result.ret == 1, stdout[-3000:]
+    result.assert_outcomes(failed=2, passed=12, skipped=3)  # padded, padded-mha, causal-leftpad
+    assert "unused baseline" not in stdout  # softmax/mine/len1/fp32 and the user test's were not looked up
+    out = io.StringIO()
+    assert main(["baselines", "prune", "--dir", "gold", "--dry-run"], cwd=project.path, out=out) == 0
+    assert "would remove 0 file(s)" in out.getvalue(), out.getvalue()
 
     # the table: the crashed case counted and failed, its reason and the skip's below the table
-    lines = r.stdout.splitlines()
+    lines = stdout.splitlines()
     row = next(line for line in lines if line.startswith("| mine ") and "| fp32 " in line)
     assert "FAIL 1/2: crash" in row
     assert any("crashed: precision-suite::softmax[mine-fp32-len1]: target 'mine' (softmax) under config fp32 on "
@@ -83,7 +82,7 @@ def test_a_crashed_case_keeps_its_golden(project):
                for line in lines)
 
     # the JSON report: every suite case, its totals as pytest's for the suite's items
-    report = json.loads((project / "report.json").read_text())
+    report = json.loads((project.path / "report.json").read_text())
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(report)
     assert report["totals"] == {"cases": 16, "passed": 12, "failed": 1, "skipped": 3}
@@ -94,7 +93,7 @@ def test_a_crashed_case_keeps_its_golden(project):
     skipped = cases["precision-suite::attention[mine_attention-fp32+math-padded]"]
     assert skipped["verdict"] == "skip" and "key_padding_mask" in skipped["skip_reason"]
 
-    md = (project / "report.md").read_text()
+    md = (project.path / "report.md").read_text()
     assert md.startswith("## pytest-precision: 1 failed, 12 passed, 3 skipped of 16 cases")
     assert "- `precision-suite::softmax[mine-fp32-len1]`: FAIL crash (target 'mine'" in md
     assert "1 case(s) skipped: mine_attention: the padded regime needs a key_padding_mask" in md

@@ -441,9 +441,10 @@ pytest_precision.register("log_uniform", lambda x: torch.full_like(x, -math.log(
 
 
 def test_an_all_zeros_or_constant_output_passes_no_case(pytester):
-    # every regime of softmax and log_softmax (11 seeded, the drawn and the fresh one), in the three formats
-    result = _session(pytester, NOTHING, "--precision-configs=fp32,fp16,bf16")
-    result.assert_outcomes(failed=4 * 13 * 3)
+    # every regime of softmax and log_softmax (11 seeded and the fresh one) in the three formats, and
+    # the drawn one in fp32 (its search shrinks each failure: 18 of the 27 s all three took)
+    result = _session(pytester, NOTHING, "--precision-configs=fp32,fp16,bf16", "-k", "not (hypothesis and (fp16 or bf16))")
+    result.assert_outcomes(failed=4 * 12 * 3 + 4)
 
 
 FLUSHED = """

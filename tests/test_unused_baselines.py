@@ -1,8 +1,7 @@
 """Unused baselines: reported at the end of a --precision-suite run (also merged from xdist
 workers), only within what the run could have used, and removed by ``baselines prune``."""
+import io
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -29,10 +28,6 @@ USER_TEST = textwrap.dedent("""
 ARGS = ("--precision-suite", "--precision-configs=fp32", "--precision-no-speed")
 
 
-def _run(cwd, *args):
-    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, capture_output=True, text=True, timeout=600)
-
-
 def _stale(gold, src, dst):
     (gold / dst).parent.mkdir(parents=True, exist_ok=True)
     for suffix in (".npz", ".json"):
@@ -52,56 +47,64 @@ def _unused_block(stdout):
     return lines[head[0]], names
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
-    d = tmp_path_factory.mktemp("project")
-    (d / "conftest.py").write_text(CONFTEST)
-    (d / "test_user.py").write_text(USER_TEST)
-    (d / "pytest.ini").write_text("[pytest]\nprecision_baseline_dir = gold\n")
-    r = _run(d, "pytest", *ARGS, "--precision-update-baselines")
-    assert r.returncode == 0, r.stdout[-3000:]
-    gold = d / "gold"
+@pytest.fixture
+def project(pytester):
+    """A project, its goldens accepted, then three made stale; its sessions run in this process (a
+    pytest process each took 5 to 10 s)."""
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_user=USER_TEST)
+    pytester.makeini("[pytest]\nprecision_baseline_dir = gold\n")
+    r = pytester.runpytest(*ARGS, "--precision-update-baselines")
+    assert r.ret == 0, r.stdout.str()[-3000:]
+    gold = pytester.path / "gold"
     _stale(gold, "softmax/mine/unit/fp32", "softmax/mine/removed-regime/fp32")  # a regime that is gone
     _stale(gold, "test_user/test_golden/fp32", "test_user/test_gone/fp32")  # a test that is gone
     _stale(gold, "softmax/mine/unit/fp32", "softmax/mine/unit/bf16")  # a config this run does not select
-    return d
+    return pytester
+
+
+def _prune(project, *args):
+    from pytest_precision.__main__ import main
+
+    out = io.StringIO()
+    return main(["baselines", "prune", "--dir", "gold", *args], cwd=project.path, out=out), out.getvalue()
 
 
 STALE = ["softmax/mine/removed-regime/fp32", "test_user/test_gone/fp32"]
 
 
-@pytest.mark.slow(reason="three processes start; the other xdist tests cover what workers hand the controller")
+@pytest.mark.slow(reason="three processes start; test_two_workers_usage_merged_equals_one_runs checks the channel")
 def test_xdist_workers_usage_is_merged(project):
     pytest.importorskip("xdist")
-    r = _run(project, "pytest", *ARGS, "-n", "2")
-    assert r.returncode == 0, r.stdout[-3000:]
-    assert _unused_block(r.stdout)[1] == STALE
+    r = project.runpytest_subprocess(*ARGS, "-n", "2")
+    assert r.ret == 0, r.stdout.str()[-3000:]
+    assert _unused_block(r.stdout.str())[1] == STALE
 
 
 def test_deselected_cases_keep_their_baselines(project):
-    r = _run(project, "pytest", *ARGS, "-k", "mine and unit")
-    assert r.returncode == 0, r.stdout[-3000:]
+    r = project.runpytest(*ARGS, "-k", "mine and unit")
+    assert r.ret == 0, r.stdout.str()[-3000:]
     # deselected cases (scale20, attention, the user test) would have used theirs: not reported;
     # the stale ones belong to no collected case, selected or not
-    assert _unused_block(r.stdout)[1] == STALE
+    assert _unused_block(r.stdout.str())[1] == STALE
 
 
 def test_unused_are_reported_then_pruned_and_the_next_run_reports_none(project):
-    """Last in the file: it removes the stale baselines the tests above expect."""
-    r = _run(project, "pytest", *ARGS)
-    assert r.returncode == 0, r.stdout[-3000:]
-    head, names = _unused_block(r.stdout)
+    r = project.runpytest(*ARGS)
+    assert r.ret == 0, r.stdout.str()[-3000:]
+    head, names = _unused_block(r.stdout.str())
     assert head.startswith("2 unused baseline(s) under ") and "python -m pytest_precision baselines prune" in head
     assert names == STALE  # bf16 is out of scope: no bf16 case ran
-    dry = _run(project, "pytest_precision", "baselines", "prune", "--dir", "gold", "--dry-run")
-    assert dry.returncode == 0 and "would remove 4 file(s) of 2 unused baseline(s)" in dry.stdout, dry.stderr
-    assert (project / "gold" / "softmax/mine/removed-regime/fp32.npz").exists()
-    done = _run(project, "pytest_precision", "baselines", "prune", "--dir", "gold")
-    assert done.returncode == 0 and "removed 4 file(s)" in done.stdout, done.stderr
-    assert not (project / "gold" / "softmax/mine/removed-regime").exists()
-    assert (project / "gold" / "softmax/mine/unit/bf16.npz").exists()
-    r = _run(project, "pytest", *ARGS)
-    assert r.returncode == 0 and _unused_block(r.stdout) is None
+    code, out = _prune(project, "--dry-run")
+    assert code == 0 and "would remove 4 file(s) of 2 unused baseline(s)" in out, out
+    gold = project.path / "gold"
+    assert (gold / "softmax/mine/removed-regime/fp32.npz").exists()
+    code, out = _prune(project)
+    assert code == 0 and "removed 4 file(s)" in out, out
+    assert not (gold / "softmax/mine/removed-regime").exists()
+    assert (gold / "softmax/mine/unit/bf16.npz").exists()
+    r = project.runpytest(*ARGS)
+    assert r.ret == 0 and _unused_block(r.stdout.str()) is None
 
 
 def test_partial_runs_judge_nothing():
