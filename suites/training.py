@@ -201,9 +201,8 @@ def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed) -> None:
 class TrainStepKind(Kind):
     name = "train_step"
     suite = "training"
-    contract = ("TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None, loss_fn=None, accumulate=1, "
-                "checkpoint=None) "
-                "(pytest_precision.training)")
+    contract = ("TrainSpec(model_fn, optimizer_fn, batch_fn, steps=8, step_fn=None, seed=0, loss_fn=None, "
+                "keep_fp32=(), accumulate=1, checkpoint=None, seeds=1) (pytest_precision.training)")
     table = TRAINING_TABLE
     audit_regime = "trajectory"
     REGIME = "trajectory"  # no input regimes: a run is the spec's own batches

@@ -16,9 +16,9 @@ from pytest_precision.baselines.entry import BaselineResult
 from pytest_precision.kinds.cases import Case
 from pytest_precision.kinds.outcome import Evidence, Outcome
 from pytest_precision.kinds.target import TargetError
-from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainingError, TrainSpec, run_training
+from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainingError, TrainSpec
 from pytest_precision.training.success_rate import (ALPHA, SeedRates, SeedRun, least_failing_count, rates_of,
-                                                    seed_run, seeded_spec)
+                                                    seed_runs)
 
 __all__ = ["PREFIX", "regime_of", "seeds_of", "run_case", "SeedEvidence", "render_rates", "TEST_NAME"]
 
@@ -39,14 +39,10 @@ def seeds_of(regime: str) -> int | None:
 
 
 def _runs(case: Case, spec: TrainSpec, config: TrainConfig) -> list[SeedRun]:
-    runs = []
-    for k in range(spec.seeds):
-        where = f"target {case.target.name!r} (train_step) under config {config.id}, seed {spec.seed + k}"
-        try:
-            runs.append(seed_run(spec.seed + k, run_training(seeded_spec(spec, k), config, case.device, where)))
-        except TrainingError as e:
-            raise TargetError(str(e)) from e.__cause__
-    return runs
+    try:
+        return seed_runs(spec, config, case.device, f"target {case.target.name!r} (train_step) under config {config.id}")
+    except TrainingError as e:
+        raise TargetError(str(e)) from e.__cause__
 
 
 def run_case(case: Case, spec: TrainSpec) -> Outcome:

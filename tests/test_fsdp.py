@@ -133,3 +133,48 @@ def test_an_unavailable_backend_or_fsdp2_is_refused_with_the_reason(monkeypatch)
 
     monkeypatch.delattr(fsdp_module, "fully_shard")  # a torch before FSDP2
     assert fsdp_skip_reason("cpu") == f"torch.distributed.fsdp.fully_shard (FSDP2) is not in torch {torch.__version__}"
+
+
+# a model whose head asserts what keep_fp32 promises it: float32 inputs (module level: the ranks import it)
+class _Float32Head(torch.nn.Linear):
+    def forward(self, x):
+        if x.dtype != torch.float32:
+            raise TypeError(f"the head declared float32 got {x.dtype} inputs")
+        return super().forward(x)
+
+
+class _KeptHeadNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = torch.nn.Linear(8, 16), _Float32Head(16, 4)
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.head(torch.relu(self.body(x))).float(), y)
+
+
+def kept_head_model():
+    return _KeptHeadNet()
+
+
+def kept_head_optimizer(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def kept_head_batch(i):
+    g = torch.Generator().manual_seed(i)
+    return torch.randn(4, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
+
+
+def test_a_module_declared_float32_is_its_own_float32_unit_under_fsdp2():
+    """keep_fp32 under FSDP2: the declared module sharded on its own with a float32 policy, its
+    inputs cast to float32; without the declaration it gets the bf16 policy's inputs."""
+    import dataclasses
+
+    from pytest_precision.training.distributed import DDPComparisonError
+
+    spec = TrainSpec(kept_head_model, kept_head_optimizer, kept_head_batch, steps=1, keep_fp32=("head",))
+    policy = {"fsdp-bf16": (torch.bfloat16, torch.float32)}
+    result = compare_fsdp(spec, policy)["fsdp-bf16"]
+    assert result.gradients.overflow == 0 and result.loss_deviation < 0.05
+    with pytest.raises(DDPComparisonError, match="the head declared float32 got torch.bfloat16 inputs"):
+        compare_fsdp(dataclasses.replace(spec, keep_fp32=()), policy)

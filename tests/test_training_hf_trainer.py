@@ -149,3 +149,20 @@ def test_trainer_spec_names_bad_arguments(tmp_path):
         trainer_spec(LlamaForCausalLM, args, [])
     with pytest.raises(TypeError, match="optimizers are set by trainer_spec, not through trainer_kwargs"):
         trainer_spec(LlamaForCausalLM, args, data, optimizers=(None, None))
+
+
+def test_trainer_spec_passes_keep_fp32_and_seeds_on(tmp_path):
+    """A head the repository keeps in float32, declared through trainer_spec: under the Trainer's
+    bf16 autocast it ran in bf16, and the run says so."""
+    def model_fn():
+        return LlamaForCausalLM(LlamaConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                            num_attention_heads=2, max_position_embeddings=64))
+    g = torch.Generator().manual_seed(0)
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 256, (4, 16), generator=g)]
+    args = TrainingArguments(output_dir=str(tmp_path), report_to="none", per_device_train_batch_size=2, max_steps=1,
+                             save_strategy="no", disable_tqdm=True, use_cpu=True, bf16=True)
+    spec = trainer_spec(model_fn, args, data, steps=1, keep_fp32="lm_head", seeds=3)
+    assert spec.keep_fp32 == ("lm_head",) and spec.seeds == 3
+    t = run_training(spec, TRAIN_CONFIGS["amp-bf16"], "cpu")
+    assert [f for f in t.module_failures if "lm_head" in f], t.module_failures
+    assert not run_training(spec, TRAIN_CONFIGS["fp32"], "cpu").module_failures

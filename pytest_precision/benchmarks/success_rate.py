@@ -32,8 +32,8 @@ import torch
 from tabulate import tabulate
 
 from pytest_precision.kinds.registry import get_kind
-from pytest_precision.training import TRAIN_CONFIGS, TrainSpec, run_training
-from pytest_precision.training.success_rate import ALPHA, rates_of, seed_run, seeded_spec
+from pytest_precision.training import TRAIN_CONFIGS, TrainSpec
+from pytest_precision.training.success_rate import ALPHA, rates_of, seed_runs
 
 CONFIGS = ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3")
 
@@ -63,8 +63,7 @@ def measure(spec: TrainSpec, configs, seeds: int, label: str) -> list[tuple]:
     spec = dataclasses.replace(spec, seeds=seeds)
 
     def runs(config):
-        return [seed_run(spec.seed + k, run_training(seeded_spec(spec, k), TRAIN_CONFIGS[config], "cpu"))
-                for k in range(seeds)]
+        return seed_runs(spec, TRAIN_CONFIGS[config], "cpu")
 
     fp32 = runs("fp32")
     rows = []

@@ -141,6 +141,11 @@ REPORT_SCHEMA: dict = {
                                  "step_time_s": _NUMBER_OR_NULL, "fp32_step_time_s": _NUMBER_OR_NULL,
                                  "step_time_spread": _NUMBER_OR_NULL, "fp32_step_time_spread": _NUMBER_OR_NULL,
                                  "ddp": {"type": "object", "description": "DDP cases: the hook's gradients against uncompressed DDP"},
+                                 "fsdp": {"type": "object", "description": "FSDP2 cases: the gathered gradients of the "
+                                          "mixed-precision policy against single-process fp32 on the same data"},
+                                 "group_grad_sqnr_db": {"type": "object", "additionalProperties": _NUMBER,
+                                                        "description": "FSDP2 cases: gradient SQNR per optimizer "
+                                                        "parameter group, against fp32"},
                                  "fp8": {"type": "object", "description": "float8 recipes: per Linear and role, "
                                          "the elements cast, saturated and lost to 0"}}},
                 "success_rate": {"type": "object", "description": "a train_step seedsN case: the config's runs from N seeds "

@@ -6,16 +6,17 @@ from typing import Any
 
 import torch
 
-__all__ = ["split_batch"]
+__all__ = ["split_batch", "batch_sizes"]
 
 
-def _batch_size(batch: Any) -> set[int]:
+def batch_sizes(batch: Any) -> set[int]:
+    """The dim-0 sizes of the tensors in ``batch`` (0-dim tensors and other values have none)."""
     if isinstance(batch, torch.Tensor):
         return {batch.shape[0]} if batch.dim() else set()
     if isinstance(batch, dict):
-        return set().union(*(_batch_size(v) for v in batch.values())) if batch else set()
+        return set().union(*(batch_sizes(v) for v in batch.values())) if batch else set()
     if isinstance(batch, (tuple, list)):
-        return set().union(*(_batch_size(v) for v in batch)) if batch else set()
+        return set().union(*(batch_sizes(v) for v in batch)) if batch else set()
     return set()
 
 
@@ -34,7 +35,7 @@ def split_batch(batch: Any, n: int) -> list[Any]:
     along dim 0; other values are passed to every micro-batch as they are."""
     if not (isinstance(n, int) and n >= 1):
         raise ValueError(f"accumulate must be a positive int, got {n!r}")
-    sizes = _batch_size(batch)
+    sizes = batch_sizes(batch)
     if len(sizes) != 1:
         raise ValueError(f"accumulate={n}: the batch's tensors must share their dim-0 size to be split into "
                          f"micro-batches, got sizes {sorted(sizes) or 'none'}")

@@ -189,15 +189,16 @@ def _ddp_body(rank: int, dev: torch.device, backend: str, spec: TrainSpec, batch
     return grads
 
 
-def _rank_main(rank, world_size, port, device, backend, fns, seed, payload, workdir, timeout_s, body=_ddp_body):
+def _rank_main(rank, world_size, port, device, backend, fns, fields, payload, workdir, timeout_s, body=_ddp_body):
     """One rank: joins the group, loads its batch, runs ``body`` (a module-level function, pickled by
     name); rank 0 saves what ``body`` returns. A failure is written where the parent reads it."""
     torch.set_num_threads(1)  # N ranks on a few cores: OpenMP threads per rank would oversubscribe
     at = RankStage("importing model_fn/loss_fn")
     try:
         model_fn, loss_fn = (_resolve(path) if path else None for path in fns)
-        # the parent's spec minus what the ranks do not run: the loss is computed as the spec computes it
-        spec = TrainSpec(model_fn, lambda p: None, lambda i: None, steps=1, seed=seed, loss_fn=loss_fn)
+        # the parent's spec minus what the ranks do not run: the loss is computed as the spec computes
+        # it; ``fields``: its seed and the modules it declares float32
+        spec = TrainSpec(model_fn, lambda p: None, lambda i: None, steps=1, loss_fn=loss_fn, **fields)
         at.text = f"init_process_group({backend})"
         dev = _join_process_group(rank, world_size, port, device, backend, timeout_s)
         at.text = f"loading rank {rank}'s batch"
@@ -270,7 +271,8 @@ def run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, payl
         for rank, batch in enumerate(batches):
             torch.save(batch, os.path.join(workdir, f"batch{rank}.pt"))
         procs = [ctx.Process(target=_rank_main, daemon=True, args=(
-            rank, world_size, port, device, backend, fns, spec.seed, payload, workdir, timeout_s, body))
+            rank, world_size, port, device, backend, fns, {"seed": spec.seed, "keep_fp32": spec.keep_fp32}, payload,
+            workdir, timeout_s, body))
             for rank in range(world_size)]
         deadline = time.monotonic() + timeout_s
         try:

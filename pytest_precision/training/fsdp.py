@@ -40,9 +40,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .batches import batch_sizes, split_batch
 from .compare import group_labels, tensors_sqnr_db
 from .distributed import (HookComparison, RankStage, averaged_gradients, compare_gradients, ddp_skip_reason,
                           rank_imports, run_ranks)
+from .module_dtypes import declared_modules
 from .run import GlobalStateError, judged_state
 from .spec import LossContractError, TrainSpec
 
@@ -86,38 +88,28 @@ def fsdp_skip_reason(device: str = "cpu", world_size: int = 2) -> str | None:
 
 
 def shard_batch(batch, world_size: int) -> list:
-    """``batch`` split into ``world_size`` equal shares along dim 0 of each tensor (the rest kept);
-    BatchShardError when it holds no tensor or its tensors do not split evenly."""
-    sizes = set()
-
-    def rows(b):
-        if isinstance(b, torch.Tensor):
-            sizes.add(b.shape[0] if b.dim() else None)
-        elif isinstance(b, dict):
-            for v in b.values():
-                rows(v)
-        elif isinstance(b, (tuple, list)):
-            for v in b:
-                rows(v)
-
-    rows(batch)
+    """``batch`` split into ``world_size`` equal shares along dim 0 of each tensor, as accumulation
+    splits micro-batches (``batches.split_batch``), each share's tensors copied (a rank receives its
+    share, not a view of the whole batch); BatchShardError when it holds no tensor or its tensors
+    do not split evenly."""
+    sizes = batch_sizes(batch)
     if not sizes:
         raise BatchShardError("batch_fn(0) holds no tensor to split between the ranks")
-    if None in sizes or len(sizes) > 1 or next(iter(sizes)) % world_size:
-        raise BatchShardError(f"batch_fn(0)'s tensors have {sorted(sizes, key=str)} rows along dim 0: the FSDP2 cases "
+    if len(sizes) > 1 or next(iter(sizes)) % world_size:
+        raise BatchShardError(f"batch_fn(0)'s tensors have {sorted(sizes)} rows along dim 0: the FSDP2 cases "
                               f"give each of {world_size} ranks an equal share of one batch, so every tensor needs a "
                               f"number of rows divisible by {world_size}")
+    return [_copied(share) for share in split_batch(batch, world_size)]
 
-    def part(b, r):
-        if isinstance(b, torch.Tensor):
-            return b.chunk(world_size)[r].clone()
-        if isinstance(b, dict):
-            return {k: part(v, r) for k, v in b.items()}
-        if isinstance(b, (tuple, list)):
-            return type(b)(part(v, r) for v in b)
-        return b
 
-    return [part(batch, r) for r in range(world_size)]
+def _copied(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch.clone()
+    if isinstance(batch, dict):
+        return {k: _copied(v) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_copied(v) for v in batch)
+    return batch
 
 
 def _full(grad: torch.Tensor) -> torch.Tensor:
@@ -136,6 +128,12 @@ def _fsdp_body(rank: int, dev: torch.device, backend: str, spec: TrainSpec, batc
         at.text = "model_fn()"
         torch.manual_seed(spec.seed)  # every rank builds the same weights; fully_shard keeps its shard
         model = spec.model_fn().to(dev, torch.float32)
+        # a module declared float32 (keep_fp32) is its own FSDP2 unit with a float32 policy, as a
+        # repository keeping its head in float32 shards it: float32 parameters and reduction, its
+        # forward inputs cast to float32 (the policy's cast_forward_inputs)
+        for name, module in declared_modules(model, spec.keep_fp32):
+            at.text = f"fully_shard({name}, mp_policy=MixedPrecisionPolicy(float32, float32)) (keep_fp32; {config_id})"
+            fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
         at.text = f"fully_shard(model, mp_policy=MixedPrecisionPolicy({param_dtype}, {reduce_dtype})) ({config_id})"
         fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype))
         at.text = f"forward/backward under FSDP2 ({config_id})"

@@ -162,12 +162,14 @@ class _TrainerRun:
 
 def trainer_spec(model_fn: Callable[[], nn.Module], training_args: Any, train_dataset: Any,
                  data_collator: Callable | None = None, steps: int = 4, trainer_cls: type | None = None,
-                 seed: int = 0, **trainer_kwargs) -> TrainSpec:
+                 seed: int = 0, keep_fp32: tuple[str, ...] | str = (), seeds: int = 1,
+                 **trainer_kwargs) -> TrainSpec:
     """A ``TrainSpec`` whose step is the Trainer's own (the module docstring). ``training_args``: a
     ``transformers.TrainingArguments``; ``train_dataset``: a sequence of examples (``len`` and
     indexing: a list of dicts, a ``datasets.Dataset``, a torch ``Dataset``); ``trainer_cls``: the
-    repository's Trainer subclass (default ``transformers.Trainer``); ``trainer_kwargs`` go to its
-    constructor (not ``model``, ``args``, ``train_dataset``, ``data_collator`` or ``optimizers``)."""
+    repository's Trainer subclass (default ``transformers.Trainer``); ``keep_fp32`` and ``seeds``
+    as ``TrainSpec``'s; ``trainer_kwargs`` go to its constructor (not ``model``, ``args``,
+    ``train_dataset``, ``data_collator`` or ``optimizers``)."""
     transformers = _require_transformers()
     if not isinstance(training_args, transformers.TrainingArguments):
         raise TypeError(f"trainer_spec: training_args must be a transformers.TrainingArguments, got "
@@ -217,4 +219,4 @@ def trainer_spec(model_fn: Callable[[], nn.Module], training_args: Any, train_da
         return runs[optimizer].step(model, optimizer, scaler, batch, autocast)
 
     return TrainSpec(model_fn, optimizer_fn, batch_fn, steps=steps, step_fn=step_fn, seed=seed,
-                     loss_fn=microbatch_loss)
+                     loss_fn=microbatch_loss, keep_fp32=keep_fp32, seeds=seeds)

@@ -32,7 +32,7 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch import nn
 
-__all__ = ["ModuleRun", "record_module_dtypes", "declared_fp32", "keep_fp32_params", "module_flags",
+__all__ = ["ModuleRun", "record_module_dtypes", "declared_fp32", "declared_modules", "keep_fp32_params", "module_flags",
            "module_rows", "MATMUL_MODULES"]
 
 MATMUL_MODULES = (nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -87,15 +87,20 @@ def declared_fp32(name: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(p, pat) for p in prefixes for pat in patterns)
 
 
+def declared_modules(model: nn.Module, patterns: tuple[str, ...]) -> list[tuple[str, nn.Module]]:
+    """The outermost modules of ``model`` declared float32 (the root itself excluded)."""
+    return [(name, module) for name, module in model.named_modules()
+            if name and declared_fp32(name, patterns) and not declared_fp32(name.rpartition(".")[0], patterns)]
+
+
 def keep_fp32_params(model: nn.Module, patterns: tuple[str, ...]) -> list[str]:
     """Cast the declared modules' parameters and buffers back to float32 (pure low-precision
     configs keep them there, as a repository keeping its head or norms in float32 does); returns
     the names of the modules cast."""
     cast = []
-    for name, module in model.named_modules():
-        if name and declared_fp32(name, patterns) and not declared_fp32(name.rpartition(".")[0], patterns):
-            module.to(torch.float32)
-            cast.append(name)
+    for name, module in declared_modules(model, patterns):
+        module.to(torch.float32)
+        cast.append(name)
     return cast
 
 

@@ -90,11 +90,6 @@ class Trajectory:
     modules: dict = field(repr=False, default_factory=dict)  # name -> module_dtypes.ModuleRun, first step
     module_failures: list[str] = field(default_factory=list)  # module_dtypes.module_flags: what fails the case
     module_notes: list[str] = field(default_factory=list)  # and what it reports
-
-    @property
-    def module_table(self) -> list[list]:
-        """Where each module ran in the first step (--precision-audit prints it)."""
-        return module_rows(self.modules)
     # per step: optimizer.step() calls, enabled GradScaler.unscale_ calls, GradScalers that scaled a
     # loss, and the factors clip_grad_norm_ scaled the gradients by (an accumulation loop's verdict)
     optimizer_steps: list[int] = field(default_factory=list)
@@ -102,6 +97,11 @@ class Trajectory:
     scalers: list[int] = field(default_factory=list)
     clips: list[list[float]] = field(default_factory=list)
     fp8: Fp8Counts | None = None  # a float8 recipe's saturated and underflowed elements per Linear and role
+
+    @property
+    def module_table(self) -> list[list]:
+        """Where each module ran in the first step (--precision-audit prints it)."""
+        return module_rows(self.modules)
 
 
 class TrainingError(Exception):

@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["ALPHA", "SeedBatches", "seed_order", "seeded_spec", "SeedRun", "seed_run",
+__all__ = ["ALPHA", "SeedBatches", "seed_order", "seeded_spec", "SeedRun", "seed_run", "seed_runs",
            "loss_margin", "fisher_exact_greater", "SeedRates", "rates_of", "least_failing_count"]
 
 ALPHA = 0.01  # a config fails where Fisher's one-sided p is below this
@@ -100,6 +100,16 @@ def seed_run(seed: int, trajectory) -> SeedRun:
         step = next((i for i, x in enumerate(trajectory.losses) if not math.isfinite(x)), None)
         where = "" if step is None else f"loss at step {step}"
     return SeedRun(seed, trajectory.losses[-1], bool(where), len(trajectory.skipped), where)
+
+
+def seed_runs(spec, config, device: str, where: str = "") -> list[SeedRun]:
+    """``spec`` run from each of its seeds under ``config`` (a training.configs.TrainConfig);
+    ``where`` names the target and config in a TrainingError's message (the seed is added)."""
+    from .run import run_training
+
+    return [seed_run(spec.seed + k, run_training(seeded_spec(spec, k), config, device,
+                                                 f"{where}, seed {spec.seed + k}" if where else ""))
+            for k in range(spec.seeds)]
 
 
 def loss_margin(fp32_finals: list[float]) -> float:
