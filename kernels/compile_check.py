@@ -19,9 +19,10 @@ The shapes are those of the suites, the kernel tests and ``kernels.bench``: by d
 representative set (every kernel, every dtype, the head dims 16, 64 and 128, the softmax block
 sizes of one-block and online rows), ``--full`` adds the rest (head dims 32 and 256, masks and
 grouped heads in every dtype, both log modes everywhere), and ``--quick`` keeps of it the launches
-nearest each limit (every kernel; the largest tiles of bf16, IEEE fp32 and TF32; bf16 with masks
-and grouped heads; every softmax block size in bf16, the largest in fp32; the statistics of fp32,
-bf16 and fp8 e4m3), about half its time. Compiled kernels land in triton's cache
+nearest each limit (for sm_90 every kernel; the largest tiles of bf16, IEEE fp32 and TF32; bf16
+with masks and grouped heads; every softmax block size in bf16, the largest in fp32; the statistics
+of fp32, bf16 and fp8 e4m3; for sm_80, whose shared memory per block is smaller, each kernel once,
+attention in the tiles that use the most), under half its time. Compiled kernels land in triton's cache
 (``TRITON_CACHE_DIR``, default ``~/.triton/cache``), and the ``ptxas -v`` figures beside it, so a
 second run mostly re-reads them.
 
@@ -169,14 +170,21 @@ def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def cases(full: bool = False, quick: bool = False) -> list[Case]:
-    """The launches to compile: the shapes of the suites, tests and benchmark (module doc);
-    ``quick``: of those, the ones nearest each limit (below)."""
+def cases(full: bool = False, quick: bool = False, arch: int = 90) -> list[Case]:
+    """The launches to compile for sm_``arch``: the shapes of the suites, tests and benchmark (module
+    doc); ``quick``: of those, the ones nearest each limit (below)."""
     import torch
 
     if full and quick:
         raise ValueError("compile_check.cases: full and quick exclude each other")
     f16, b16, f32 = torch.float16, torch.bfloat16, torch.float32
+    if quick and arch != 90:
+        # quick, for a target other than sm_90: what differs there is the per-block shared-memory
+        # limit (166912 B on sm_80 against 232448 B), so each kernel once, attention in the tiles
+        # that use the most (TF32 and IEEE fp32 at D128: 98304 B; bf16 at D128: 51200 B)
+        return [_softmax_case(b16, 16, 32768, True), _statistics_case(f32, 2**28),
+                *(_attention_case(dtype, 1, 2, 2, 128, 128, 128, tf32=tf32)
+                  for dtype, tf32 in ((b16, False), (f32, False), (f32, True)))]
     out = []
     # softmax: the suites' rows of 256 and 32768 (online, in blocks of 8192), the benchmark's 8192 (one block)
     for dtype in (f16, b16, f32):
@@ -324,7 +332,7 @@ def check(archs=(80, 90), full: bool = False, selected: list[Case] | None = None
     results = []
     for capability in archs:
         arch = ARCHS[capability]
-        for case in (selected if selected is not None else cases(full, quick)):
+        for case in (selected if selected is not None else cases(full, quick, capability)):
             rs = compile_case(case, arch)
             for r in rs:
                 _judge(r, arch)
@@ -360,9 +368,13 @@ def main(argv=None) -> int:
     unknown = [a for a in archs if a not in ARCHS]
     if unknown:
         parser.error(f"--arch: no per-block shared-memory limit known for {unknown}; known: {sorted(ARCHS)}")
-    selected = [c for c in cases(args.full, args.quick) if args.keyword is None or args.keyword in c.name]
     start = time.perf_counter()
-    results = check(archs, args.full, selected, args.quick)
+    if args.keyword is None:
+        results = check(archs, args.full, None, args.quick)
+    else:  # the cases whose name holds the keyword, per target
+        results = [r for a in archs for r in check((a,), args.full, [c for c in cases(args.full, args.quick, a)
+                                                                     if args.keyword in c.name])]
+    selected = {r.case for r in results}
     print(table(results))
     bad = [r for r in results if not r.ok]
     print(f"{len(results)} launches of {len(selected)} cases compiled for {', '.join(f'sm_{a}' for a in archs)} "

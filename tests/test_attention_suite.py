@@ -82,6 +82,7 @@ def _accept_then_run(pytester, *args):
     return _run(pytester, *args)
 
 
+@pytest.mark.slow(reason="the main job runs these cases against the same goldens")
 def test_sdpa_passes_every_config_and_backend(pytester):
     """The CPU's SDPA backends, on every machine (a CUDA machine has others, and lists the kernels),
     against the committed goldens (the repository's baselines, which hold the CPU machines' budgets):

@@ -387,11 +387,12 @@ def test_a_training_step_with_a_bf16_kernel_is_judged_as_on_a_gpu(pytester, monk
     activations trains within the bf16 limits of its fp32 run (the raw interpreter's bf16 products
     of the bit patterns sent its loss far off)."""
     _session(pytester, monkeypatch, TRAINED_KERNEL)
-    result = pytester.runpytest(*ARGS, "-k", "train_step", "--precision-configs=fp32,bf16,amp-bf16",
+    result = pytester.runpytest(*ARGS, "-k", "train_step and not ddp", "--precision-configs=fp32,bf16,amp-bf16",
                                 "--precision-update-baselines")
-    # fp32, amp-bf16, bf16, and with them bf16-sr, ddp-bf16 and the FSDP2 bf16 pair, whose spawned ranks run
-    # the kernel in bf16 under the same emulation (without it the bit-pattern products fail them)
-    result.assert_outcomes(passed=7)
+    # fp32, amp-bf16, bf16, and with them bf16-sr and the FSDP2 bf16 pair, whose spawned ranks run the
+    # kernel in bf16 under the same emulation (without it the bit-pattern products fail them); not
+    # ddp-bf16, whose ranks run the model in fp32 (its hook compresses the gradients)
+    result.assert_outcomes(passed=6)
     result.stdout.fnmatch_lines(["| squared *| bf16 *|*| pass *|", "| squared *| fsdp-bf16 *|*| pass *|"])
 
 

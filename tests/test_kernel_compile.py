@@ -42,7 +42,7 @@ def _run(args, tmp_path, timeout=900):
                           text=True, timeout=timeout)
 
 
-# on 2 cores with a cold cache: quick about 65 s, representative about 2 minutes, full about 5 more
+# on 2 cores with a cold cache: quick about 50 s, representative about 2 minutes, full about 5 more
 FULL = os.environ.get("PRECISION_COMPILE_FULL", "") not in ("", "0")
 REPRESENTATIVE = os.environ.get("PRECISION_SLOW", "") not in ("", "0")
 SCOPE = ["--full"] if FULL else [] if REPRESENTATIVE else ["--quick"]
