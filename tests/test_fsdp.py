@@ -178,3 +178,20 @@ def test_a_module_declared_float32_is_its_own_float32_unit_under_fsdp2():
     assert result.gradients.overflow == 0 and result.loss_deviation < 0.05
     with pytest.raises(DDPComparisonError, match="the head declared float32 got torch.bfloat16 inputs"):
         compare_fsdp(dataclasses.replace(spec, keep_fp32=()), policy)
+
+
+def test_a_declared_module_tied_to_another_stays_in_the_models_unit():
+    """FSDP2 shards a parameter in one unit only: a head sharing the embedding's weight cannot be a
+    float32 unit of its own (fully_shard refuses it), so it stays in the model's."""
+    from pytest_precision.training.fsdp import own_units
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.body, self.head = torch.nn.Embedding(8, 4), torch.nn.Linear(4, 4), torch.nn.Linear(4, 8)
+            self.head.weight = self.emb.weight
+
+    model = Tied()
+    assert own_units(model, ("head",)) == []
+    assert [name for name, _ in own_units(model, ("head", "body"))] == ["body"]
+    assert [name for name, _ in own_units(_KeptHeadNet(), ("head",))] == ["head"]

@@ -416,7 +416,7 @@ def model():
 
 
 def batch(i):""" + spec.replace("    Net, lambda p", "    model, lambda p"))
-    # bf16 and bf16-sr in this process (the DDP and FSDP2 ranks are fresh processes: the test above)
+    # bf16 and bf16-sr in this process (the FSDP2 ranks are fresh processes: the test above)
     result = pytester.runpytest_subprocess(*ARGS, "-k", "train_step and not ddp and not fsdp",
                                            "--precision-configs=bf16", "--precision-update-baselines")
     outcomes = result.parseoutcomes()

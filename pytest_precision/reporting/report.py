@@ -144,8 +144,8 @@ REPORT_SCHEMA: dict = {
                                  "fsdp": {"type": "object", "description": "FSDP2 cases: the gathered gradients of the "
                                           "mixed-precision policy against single-process fp32 on the same data"},
                                  "group_grad_sqnr_db": {"type": "object", "additionalProperties": _NUMBER,
-                                                        "description": "FSDP2 cases: gradient SQNR per optimizer "
-                                                        "parameter group, against fp32"},
+                                                        "description": "gradient SQNR per optimizer parameter "
+                                                        "group, against fp32"},
                                  "fp8": {"type": "object", "description": "float8 recipes: per Linear and role, "
                                          "the elements cast, saturated and lost to 0"}}},
                 "success_rate": {"type": "object", "description": "a train_step seedsN case: the config's runs from N seeds "

@@ -89,12 +89,12 @@ def fsdp_skip_reason(device: str = "cpu", world_size: int = 2) -> str | None:
 
 def shard_batch(batch, world_size: int) -> list:
     """``batch`` split into ``world_size`` equal shares along dim 0 of each tensor, as accumulation
-    splits micro-batches (``batches.split_batch``), each share's tensors copied (a rank receives its
-    share, not a view of the whole batch); BatchShardError when it holds no tensor or its tensors
-    do not split evenly."""
+    splits micro-batches (``batches.split_batch``; a 0-dim tensor or another value goes to every
+    rank as it is), each share's tensors copied (a rank receives its share, not a view of the whole
+    batch); BatchShardError when it holds no tensor with a dim 0 or its tensors do not split evenly."""
     sizes = batch_sizes(batch)
     if not sizes:
-        raise BatchShardError("batch_fn(0) holds no tensor to split between the ranks")
+        raise BatchShardError("batch_fn(0) holds no tensor with a dim 0 to split between the ranks")
     if len(sizes) > 1 or next(iter(sizes)) % world_size:
         raise BatchShardError(f"batch_fn(0)'s tensors have {sorted(sizes)} rows along dim 0: the FSDP2 cases "
                               f"give each of {world_size} ranks an equal share of one batch, so every tensor needs a "
@@ -110,6 +110,20 @@ def _copied(batch):
     if isinstance(batch, (tuple, list)):
         return type(batch)(_copied(v) for v in batch)
     return batch
+
+
+def own_units(model: torch.nn.Module, patterns: tuple[str, ...]) -> list[tuple[str, torch.nn.Module]]:
+    """The modules declared float32 that FSDP2 can shard as units of their own: those sharing no
+    parameter with the rest of the model (a head tied to the embedding stays in the model's unit,
+    in ``param_dtype``, as FSDP2 shards it)."""
+    units = []
+    for name, module in declared_modules(model, patterns):
+        inside = {id(p) for p in module.parameters()}
+        outside = {id(p) for n, p in model.named_parameters(remove_duplicate=False)
+                   if not (n.startswith(name + "."))}
+        if not inside & outside:
+            units.append((name, module))
+    return units
 
 
 def _full(grad: torch.Tensor) -> torch.Tensor:
@@ -130,8 +144,9 @@ def _fsdp_body(rank: int, dev: torch.device, backend: str, spec: TrainSpec, batc
         model = spec.model_fn().to(dev, torch.float32)
         # a module declared float32 (keep_fp32) is its own FSDP2 unit with a float32 policy, as a
         # repository keeping its head in float32 shards it: float32 parameters and reduction, its
-        # forward inputs cast to float32 (the policy's cast_forward_inputs)
-        for name, module in declared_modules(model, spec.keep_fp32):
+        # forward inputs cast to float32 (the policy's cast_forward_inputs); not one whose parameters
+        # are tied to another module's (FSDP2 shards a parameter in one unit only)
+        for name, module in own_units(model, spec.keep_fp32):
             at.text = f"fully_shard({name}, mp_policy=MixedPrecisionPolicy(float32, float32)) (keep_fp32; {config_id})"
             fully_shard(module, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
         at.text = f"fully_shard(model, mp_policy=MixedPrecisionPolicy({param_dtype}, {reduce_dtype})) ({config_id})"
