@@ -2,11 +2,11 @@
 (``spec.standard_step``) and its verdict (``accumulation``) split it the same way."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
-__all__ = ["split_batch", "batch_sizes"]
+__all__ = ["split_batch", "batch_sizes", "map_tensors"]
 
 
 def batch_sizes(batch: Any) -> set[int]:
@@ -20,14 +20,20 @@ def batch_sizes(batch: Any) -> set[int]:
     return set()
 
 
-def _part(batch: Any, k: int, size: int) -> Any:
+def map_tensors(fn: Callable[[torch.Tensor], Any], batch: Any) -> Any:
+    """``batch`` (a tensor, or tuples, lists and dicts of them) with ``fn`` applied to each tensor;
+    other values kept as they are."""
     if isinstance(batch, torch.Tensor):
-        return batch[k * size:(k + 1) * size] if batch.dim() else batch
+        return fn(batch)
     if isinstance(batch, dict):
-        return {key: _part(v, k, size) for key, v in batch.items()}
+        return {key: map_tensors(fn, v) for key, v in batch.items()}
     if isinstance(batch, (tuple, list)):
-        return type(batch)(_part(v, k, size) for v in batch)
+        return type(batch)(map_tensors(fn, v) for v in batch)
     return batch
+
+
+def _part(batch: Any, k: int, size: int) -> Any:
+    return map_tensors(lambda t: t[k * size:(k + 1) * size] if t.dim() else t, batch)
 
 
 def split_batch(batch: Any, n: int) -> list[Any]:

@@ -53,6 +53,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from .batches import map_tensors
 from .compare import significant, tensors_sqnr_db, underflow_rates
 from .run import GlobalStateError, judged_state
 from .spec import LossContractError, TrainSpec
@@ -120,13 +121,7 @@ def ddp_skip_reason(device: str = "cpu", world_size: int = 2) -> str | None:
 
 def _to_device(batch, device, dtype=torch.float32):
     """Tensors in ``batch`` to ``device``, floating ones in ``dtype`` (the comparison runs in fp32)."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, dtype) if batch.is_floating_point() else batch.to(device)
-    if isinstance(batch, dict):
-        return {k: _to_device(v, device, dtype) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_to_device(v, device, dtype) for v in batch)
-    return batch
+    return map_tensors(lambda t: t.to(device, dtype) if t.is_floating_point() else t.to(device), batch)
 
 
 def _import_path(fn) -> str:

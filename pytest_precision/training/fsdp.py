@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .batches import batch_sizes, split_batch
+from .batches import batch_sizes, map_tensors, split_batch
 from .compare import group_labels, tensors_sqnr_db
 from .distributed import (HookComparison, RankStage, averaged_gradients, compare_gradients, ddp_skip_reason,
                           rank_imports, run_ranks)
@@ -99,17 +99,7 @@ def shard_batch(batch, world_size: int) -> list:
         raise BatchShardError(f"batch_fn(0)'s tensors have {sorted(sizes)} rows along dim 0: the FSDP2 cases "
                               f"give each of {world_size} ranks an equal share of one batch, so every tensor needs a "
                               f"number of rows divisible by {world_size}")
-    return [_copied(share) for share in split_batch(batch, world_size)]
-
-
-def _copied(batch):
-    if isinstance(batch, torch.Tensor):
-        return batch.clone()
-    if isinstance(batch, dict):
-        return {k: _copied(v) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_copied(v) for v in batch)
-    return batch
+    return [map_tensors(torch.Tensor.clone, share) for share in split_batch(batch, world_size)]
 
 
 def own_units(model: torch.nn.Module, patterns: tuple[str, ...]) -> list[tuple[str, torch.nn.Module]]:

@@ -49,6 +49,7 @@ from ..numerics.configs import tf32_flags
 from ..numerics.global_state import guarded, leak_message
 from ..numerics.rng import RngState, forked_rng
 from ..speed.timing import synchronized_perf_counter
+from .batches import map_tensors
 from .configs import FLOAT64, TrainConfig
 from .loop_watch import watch_loop
 from .module_dtypes import keep_fp32_params, module_flags, module_rows, record_module_dtypes
@@ -148,13 +149,7 @@ class ModelDtypeWarning(UserWarning):
 
 def _cast_batch(batch: Any, dtype: torch.dtype, device: str) -> Any:
     """Floating tensors in ``batch`` to ``dtype`` on ``device``; token ids and masks keep theirs."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device=device, dtype=dtype) if batch.is_floating_point() else batch.to(device)
-    if isinstance(batch, dict):
-        return {k: _cast_batch(v, dtype, device) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(_cast_batch(v, dtype, device) for v in batch)
-    return batch
+    return map_tensors(lambda t: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device), batch)
 
 
 def _wide(t: torch.Tensor) -> torch.dtype:
