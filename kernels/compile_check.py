@@ -374,8 +374,15 @@ def main(argv=None) -> int:
     if args.keyword is None:
         results = check(archs, args.full, None, args.quick)
     else:  # the cases whose name holds the keyword, per target
-        results = [r for a in archs for r in check((a,), args.full, [c for c in cases(args.full, args.quick, a)
-                                                                     if args.keyword in c.name])]
+        chosen = {a: [c for c in cases(args.full, args.quick, a) if args.keyword in c.name] for a in archs}
+        empty = [a for a in archs if not chosen[a]]
+        if empty:  # a check that compiled nothing for a target says so and fails, as pytest does (exit 5)
+            for a in empty:
+                names = ", ".join(sorted({c.name for c in cases(args.full, args.quick, a)}))
+                print(f"compile_check: -k {args.keyword!r} selects no case for sm_{a}; its cases: {names}",
+                      file=sys.stderr)
+            return 5
+        results = [r for a in archs for r in check((a,), args.full, chosen[a])]
     selected = {r.case for r in results}
     print(table(results))
     bad = [r for r in results if not r.ok]

@@ -171,3 +171,16 @@ def test_split_batch_and_bad_accumulate():
         split_batch((x, torch.arange(5)), 2)
     with pytest.raises(ValueError, match="TrainSpec.accumulate must be a positive int"):
         TrainSpec(lambda: None, lambda p: None, lambda i: None, accumulate=0)
+
+
+def test_a_step_fn_taking_accumulate_is_given_it_at_one_too():
+    """train.py's loop as a step_fn with a required ``accumulate``: a spec of 1 micro-batch (the
+    default) gives it 1, not a TypeError at step 0."""
+    from pytest_precision import TrainSpec
+
+    def step_fn(model, optimizer, scaler, batch, autocast, accumulate):
+        return accumulate
+
+    for n in (1, 3):
+        spec = TrainSpec(lambda: None, lambda p: None, lambda i: None, step_fn=step_fn, accumulate=n)
+        assert spec.step()(None, None, None, None, None) == n

@@ -90,6 +90,44 @@ def test_delayed_scaling_scales_by_the_history_and_saturates_what_outgrew_it():
     assert q.float().tolist()[:3] != [0.0, 0.0, 0.0] and float(q[2]) == 0
 
 
+class _Blocks(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.GELU()) for _ in range(2))
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+@pytest.mark.parametrize("scaling", ["tensorwise", "delayed"])
+def test_a_checkpoints_recompute_casts_at_its_forwards_scales_and_counts_nothing(scaling):
+    """Two micro-batches, the second's inputs 3 x the first's: under delayed scaling its forward
+    records a larger amax, and a recompute that read the history after it would cast at another
+    scale (measured on nanoGPT: 32 dB where the step without checkpointing gives the same bits)."""
+    from pytest_precision.training import checkpoint_blocks
+
+    x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))
+    x[1] *= 3
+
+    def run(checkpointed):
+        torch.manual_seed(0)
+        model = _Blocks()
+        if checkpointed:
+            checkpoint_blocks(model)
+        with float8_linears(model, Float8Recipe(scaling)) as counts:
+            for micro in x:
+                model(micro).square().mean().backward()
+        return {n: p.grad for n, p in model.named_parameters()}, counts.as_dict()["tensors"]
+
+    (plain, plain_counts), (checkpointed, counts) = run(False), run(True)
+    for name in plain:
+        assert torch.equal(plain[name], checkpointed[name]), name
+    assert counts == plain_counts  # 2 calls per Linear and role: the recompute cast is the forward's
+    assert counts["blocks.0.0 input"]["calls"] == 2
+
+
 def test_recipe_arguments_are_checked():
     with pytest.raises(ValueError, match="Float8Recipe.scaling must be 'tensorwise' or 'delayed', got 'rowwise'"):
         Float8Recipe("rowwise")

@@ -15,6 +15,15 @@ without power-of-two rounding), the amax chosen by the recipe's scaling:
   larger than every recorded one saturates. The first call, with an empty history, scales by its
   own amax (torchao initialised its history so).
 
+**Recomputes.** An activation checkpoint's recompute runs a Linear's forward again inside the
+backward. It casts its input and weight at the scales the forward used, and records and counts
+nothing: TransformerEngine's recompute reuses its forward's scaling factors, and torchao's delayed
+scales change only between steps. A recompute that moved the history would cast at other scales
+than its forward whenever a micro-batch's amax grew the history (measured on nanoGPT with 2
+micro-batches: SQNR 32 dB against the step without checkpointing, where both give the same bits).
+The forward's scale is found by the tensor's shape, amax and sum; a recompute that matches no
+forward call (its inputs differ) casts at the history's scale as it stands.
+
 **Counts.** Per Linear and role (``input``, ``weight``, ``grad``), over a run: the elements cast,
 the *significant* ones (above 2^-24 of the tensor's amax, ``compare.NOISE_FLOOR``: below it a
 value is the rounding noise of a sum that cancels, as an exactly-0 gradient's), the *saturated*
@@ -30,6 +39,7 @@ float16; a float64 scale is refused, and so is a 3-d operand).
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -125,9 +135,14 @@ class Float8Cast:
     """The cast of one Linear's tensors: the scales (current, or from each role's amax history) and
     the counts of what each cast saturated and lost."""
 
+    # forward casts remembered for a recompute to find (per Linear; a step's micro-batches and the
+    # Linear's uses per forward, with room to spare)
+    REMEMBERED = 1024
+
     def __init__(self, name: str, recipe: Float8Recipe, counts: Fp8Counts):
         self.name, self.recipe, self.counts = name, recipe, counts
         self.history: dict[str, list[torch.Tensor]] = {role: [] for role in ROLES}
+        self.forward_scales: OrderedDict[tuple, torch.Tensor] = OrderedDict()
 
     def amax(self, role: str, x: torch.Tensor) -> torch.Tensor:
         """The amax the scale of ``x`` is drawn from under the recipe."""
@@ -144,11 +159,28 @@ class Float8Cast:
             history.append(x.detach().abs().max().float())
             del history[:-self.recipe.history]
 
+    def _scale(self, role: str, x: torch.Tensor) -> torch.Tensor:
+        return (format_of(self.recipe.dtype(role)).max / torch.clamp(self.amax(role, x), min=AMAX_EPS)).to(torch.float32)
+
+    @staticmethod
+    def _fingerprint(role: str, x: torch.Tensor) -> tuple:
+        d = x.detach()
+        return role, tuple(d.shape), float(d.abs().max()), float(d.float().sum())
+
     def __call__(self, role: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``x`` cast to the role's fp8 format: (the fp8 tensor, the float32 dequantisation scale 1/s)."""
         dtype = self.recipe.dtype(role)
         fmt = format_of(dtype)
-        scale = (fmt.max / torch.clamp(self.amax(role, x), min=AMAX_EPS)).to(torch.float32)
+        delayed = self.recipe.scaling == "delayed"
+        if role != "grad" and recomputing():  # a checkpoint's recompute: the forward's scale, nothing recorded
+            scale = self.forward_scales.get(self._fingerprint(role, x)) if delayed else None
+            scale = scale if scale is not None else self._scale(role, x)
+            return (x.detach().float() * scale).clamp(-fmt.max, fmt.max).to(dtype), scale.reciprocal()
+        scale = self._scale(role, x)
+        if delayed and role != "grad":
+            self.forward_scales[self._fingerprint(role, x)] = scale
+            while len(self.forward_scales) > self.REMEMBERED:
+                self.forward_scales.popitem(last=False)
         scaled = x.detach().float() * scale
         q = scaled.clamp(-fmt.max, fmt.max).to(dtype)
         self.record(role, x, q, scale)
@@ -167,6 +199,12 @@ class Float8Cast:
         c.saturated += saturated
         c.underflowed += int(((q.float() == 0) & significant).sum())
         return q, scale.reciprocal()
+
+
+def recomputing() -> bool:
+    """Whether a module's forward running now is a recompute: autograd's engine is running a backward
+    in this thread (an activation checkpoint, reentrant or not, recomputes there)."""
+    return torch._C._current_graph_task_id() != -1
 
 
 def _column_major(t: torch.Tensor) -> torch.Tensor:

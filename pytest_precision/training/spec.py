@@ -100,7 +100,8 @@ class TrainSpec:
     def step(self) -> Callable:
         """The step the harness runs: ``step_fn``, or the standard step with this spec's loss."""
         if self.step_fn is not None:
-            if self.accumulate != 1 and _takes_accumulate(self.step_fn):  # told to the step that does it
+            # told to the step that does it, 1 included: a train.py loop's parameter may have no default
+            if _takes_accumulate(self.step_fn):
                 return lambda *a: self.step_fn(*a, accumulate=self.accumulate)
             return self.step_fn
         return lambda model, optimizer, scaler, batch, autocast: standard_step(
