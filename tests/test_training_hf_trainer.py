@@ -54,16 +54,22 @@ class OwnLoss(Trainer):
         return (outputs.loss, outputs) if return_outputs else outputs.loss
 
 
+def recompute_without_autocast():  # a context_fn whose recompute leaves the forward's autocast
+    import contextlib
+    return contextlib.nullcontext(), torch.autocast("cpu", enabled=False)
+
+
 ARGS = TrainingArguments(output_dir="trainer_output", report_to="none", per_device_train_batch_size=2,
                          gradient_accumulation_steps=2, learning_rate=1e-3, max_grad_norm=MAX_GRAD_NORM, fp16=True,
-                         save_strategy="no", disable_tqdm=True)
+                         save_strategy="no", disable_tqdm=True, **EXTRA_ARGS)
 pytest_precision.register("llama_trainer", trainer_spec(model, ARGS, examples(), steps=2, trainer_cls=TRAINER),
                           kind="train_step")
 """
 
 
-def conftest(trainer="Trainer", max_grad_norm=1.0):
-    return CONFTEST.replace("TRAINER", trainer).replace("MAX_GRAD_NORM", repr(max_grad_norm))
+def conftest(trainer="Trainer", max_grad_norm=1.0, extra_args="{}"):
+    return (CONFTEST.replace("TRAINER", trainer).replace("MAX_GRAD_NORM", repr(max_grad_norm))
+            .replace("EXTRA_ARGS", extra_args))
 
 
 ARGS = ("--precision-suite", "-p", "no:cacheprovider", "-k", "train_step and not ddp",
@@ -95,6 +101,22 @@ def test_clipping_inside_training_step_fails_amp_fp16_only(pytester):
                                  "scaler.unscale_(optimizer)*clip after unscale_*"])
     for config in ("fp32", "amp-bf16"):
         result.stdout.fnmatch_lines([f"| llama_trainer *| {config} *| *2 |*| pass *|"])
+
+
+def test_activation_checkpointing_in_the_arguments_is_judged(pytester):
+    """TrainingArguments(activation_checkpointing=True) is what Trainer.train() turns on; the spec
+    turns it on for the checkpointed step: as written it gives the same bits, and checkpoint kwargs
+    whose context_fn leaves autocast are caught under amp-bf16."""
+    pytester.makeconftest(conftest(extra_args='{"activation_checkpointing": True}'))
+    args = ("--precision-suite", "-p", "no:cacheprovider", "-k", "trajectory", "--precision-configs=fp32,amp-bf16",
+            "--precision-update-baselines")
+    pytester.runpytest(*args).assert_outcomes(passed=2)
+    pytester.makeconftest(conftest(extra_args='{"activation_checkpointing": True, "activation_checkpointing_kwargs": '
+                                              '{"use_reentrant": False, "context_fn": recompute_without_autocast}}'))
+    result = pytester.runpytest(*args)
+    result.stdout.fnmatch_lines(["*train_step[[]llama_trainer-amp-bf16-trajectory[]]: FAIL accuracy (*the recompute of "
+                                 "model.layers.* ran with autocast off where its forward ran under autocast bfloat16*"])
+    result.assert_outcomes(passed=1, failed=1)
 
 
 def test_trainer_spec_steps_as_trainer_train(tmp_path):
@@ -166,3 +188,10 @@ def test_trainer_spec_passes_keep_fp32_and_seeds_on(tmp_path):
     t = run_training(spec, TRAIN_CONFIGS["amp-bf16"], "cpu")
     assert [f for f in t.module_failures if "lm_head" in f], t.module_failures
     assert not run_training(spec, TRAIN_CONFIGS["fp32"], "cpu").module_failures
+    # checkpointing only where the arguments ask for it, turned on as Trainer.train() does
+    assert spec.checkpoint is None
+    checkpointed = TrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True,
+                                     activation_checkpointing=True)
+    model = model_fn()
+    trainer_spec(model_fn, checkpointed, data).checkpoint(model)
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing

@@ -23,6 +23,9 @@ after unscaling and clipping: the applied ones; the Trainer's default fused Adam
 ``unscale_`` where nothing clips, unscales inside its step, and ``run`` records grad / grad_scale)
 and the scaler's ``scale`` calls. The float64 step the rates are judged against runs the same
 Trainer code in float64; the DDP cases run forward and loss only (``microbatch_loss``).
+``activation_checkpointing=True`` in the arguments, which ``train()`` turns on and the per-step
+code does not, becomes the spec's ``checkpoint`` (the same call ``train()`` makes), so the
+checkpointed step is judged against the step without it (``training.checkpointing``).
 
 **The harness's config decides the precision; the arguments decide everything else.** Each config
 runs a Trainer built from a copy of the arguments with ``bf16``/``fp16`` set from the config: fp32
@@ -219,4 +222,30 @@ def trainer_spec(model_fn: Callable[[], nn.Module], training_args: Any, train_da
         return runs[optimizer].step(model, optimizer, scaler, batch, autocast)
 
     return TrainSpec(model_fn, optimizer_fn, batch_fn, steps=steps, step_fn=step_fn, seed=seed,
-                     loss_fn=microbatch_loss, keep_fp32=keep_fp32, seeds=seeds)
+                     loss_fn=microbatch_loss, keep_fp32=keep_fp32, seeds=seeds,
+                     checkpoint=_trainer_checkpointing(training_args))
+
+
+def _trainer_checkpointing(args) -> Callable[[nn.Module], None] | None:
+    """What ``Trainer.train()`` turns on for ``activation_checkpointing=True`` (transformers 5; its
+    alias ``gradient_checkpointing``, the name in 4.x), as a ``TrainSpec.checkpoint`` callable: the
+    harness's steps are the Trainer's per-step code, which leaves that to ``train()``, so without it
+    a repository's checkpointed training would go unjudged."""
+    on = getattr(args, "activation_checkpointing", None) or getattr(args, "gradient_checkpointing", None)
+    if not on:
+        return None
+    given = getattr(args, "activation_checkpointing_kwargs", None) or getattr(args, "gradient_checkpointing_kwargs", None)
+
+    def enable(model: nn.Module) -> None:
+        kwargs = dict(given or {})
+        if hasattr(model, "activation_checkpointing_enable"):  # as train() splits them (transformers 5)
+            every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None,
+                                                  every_n_layers=every, offload=offload)
+        elif hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)
+        else:
+            raise TypeError(f"trainer_spec: TrainingArguments(activation_checkpointing=True), and "
+                            f"{type(model).__name__} has no activation_checkpointing_enable or "
+                            "gradient_checkpointing_enable (Trainer.train() would call it)")
+    return enable
