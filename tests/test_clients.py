@@ -1,5 +1,5 @@
 """Real clients (pytester): third-party code vendored verbatim under tests/clients/ (nanoGPT's
-attention and MLP, Hugging Face's eager and SDPA attention functions and LlamaRMSNorm, the Triton
+attention and MLP and its GPT trained by train.py's loop, Hugging Face's eager and SDPA attention functions and LlamaRMSNorm, the Triton
 tutorials' fused softmax), wired into the kinds' contracts as a user following the README would,
 in a conftest beside a copy of the vendored module. Each test counts the cases judged (a session
 that collected nothing is not green), checks that the code as written upstream passes, and that
@@ -258,6 +258,70 @@ def test_nanogpt_mlp_passes_and_an_fp16_gelu_overflow_fails(pytester):
         "oracle: dc_fc_weight: NaN * > 0 allowed; oracle: dc_fc_bias: NaN * > 0 allowed)",
         "  first overflow in aten::pow at nanogpt_model.py:* under fp16: produced inf from finite inputs*",
     ])
+
+
+# ---- nanoGPT's GPT trained as train.py trains it (tests/clients/nanogpt_model.py) -------------
+
+NANOGPT_TRAINING = """
+import torch
+import pytest_precision
+from pytest_precision.training import MarkovText, split_batch
+from nanogpt_model import GPT, GPTConfig
+
+
+def model_fn():
+    return GPT(GPTConfig(block_size=32, vocab_size=64, n_layer=2, n_head=2, n_embd=32, dropout=0.0, bias=True))
+
+
+def optimizer_fn(model):
+    return model.configure_optimizers(weight_decay=0.1, learning_rate=6e-4, betas=(0.9, 0.95), device_type="cpu")
+
+
+def loss_fn(model, batch):
+    logits, loss = model(*batch)
+    return loss
+
+
+def step_fn(model, optimizer, scaler, batch, autocast, accumulate):
+    # train.py's step: the loss of each micro-batch divided by their number, scaled backward, then
+    # unscale_, clip to 1, step and update once, zero_grad(set_to_none=True)
+    for X, Y in split_batch(batch, accumulate):
+        with autocast():
+            logits, loss = model(X, Y)
+            loss = loss / accumulate
+        scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(optimizer)
+    scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+pytest_precision.register("nanogpt.train", pytest_precision.TrainSpec(
+    model_fn, optimizer_fn, MarkovText(vocab_size=64, batch_size=4, block_size=32), steps=2, step_fn=step_fn,
+    loss_fn=loss_fn, accumulate=2, checkpoint="transformer.h"), kind="train_step")
+"""
+NANOGPT_TRAINING_ARGS = ("--precision-configs=fp32,amp-bf16,fp8-e4m3", "-k", "trajectory and not fp8-tensorwise")
+
+
+def test_nanogpt_trained_as_train_py_passes_and_a_loss_not_divided_fails_first_run(pytester):
+    """nanoGPT's GPT with train.py's loop (2 micro-batches, GradScaler, clipping), checkpointed per
+    block: every config's accumulated gradient and checkpointed step hold on a first run (the
+    fp8-delayed recompute once read a history its own micro-batch had grown: 32 dB from the step
+    without checkpointing); the loss left undivided fails in every config."""
+    result = _passes(pytester, "nanogpt_model", NANOGPT_TRAINING, 4, 0, *NANOGPT_TRAINING_ARGS)
+    for config in ("fp32", "amp-bf16", "fp8-e4m3", "fp8-delayed"):
+        result.stdout.fnmatch_lines([f"| nanogpt.train *| {config} *| *2 |*| pass *|"])
+
+    pytester.makeconftest(NANOGPT_TRAINING.replace("            loss = loss / accumulate\n", ""))
+    result = _run(pytester, *NANOGPT_TRAINING_ARGS)
+    result.assert_outcomes(failed=4)
+    assert all("accuracy" in cats for cats in _failed(result).values()), _failed(result)
+    result.stdout.fnmatch_lines([
+        "precision-suite::train_step[[]nanogpt.train-amp-bf16-trajectory[]]: FAIL accuracy (accumulated gradient of 2 "
+        "micro-batches at step 0: SQNR * dB against the float64 gradient of the whole batch's mean loss < 30.1 dB, 2 x "
+        "along it: the loss of each micro-batch was not divided by the 2 micro-batches (loss / 2))"])
 
 
 # ---- Hugging Face: eager_attention_forward, sdpa_attention_forward, LlamaRMSNorm --------------
