@@ -245,6 +245,43 @@ def test_optimizer_fn_may_take_the_model_and_loss_fn_gives_the_loss():
                      TRAIN_CONFIGS["fp32"], "cpu")
 
 
+def test_a_step_that_trains_nothing_is_the_targets_error_not_a_pass():
+    """A step that never calls optimizer.step(), one that steps without backpropagating, and one whose
+    loss is multiplied by 0 would agree with their own fp32 runs in every config; each is named.
+    Under a GradScaler a skipped step is the scaler's verdict (amp-fp16 is not refused here), and
+    the same step written right runs."""
+    def step(trains=True, backward=True, factor=1.0):
+        def step_fn(model, optimizer, scaler, batch, autocast):
+            optimizer.zero_grad(set_to_none=True)
+            with autocast():
+                loss = _attention_loss(model, batch) * factor
+            if backward:
+                scaler.scale(loss).backward()
+            if trains:
+                scaler.step(optimizer)
+                scaler.update()
+            return loss
+        return step_fn
+
+    def spec(step_fn):
+        return TrainSpec(_Attention, lambda p: torch.optim.SGD(p, lr=0.1), _TEXT, steps=2, step_fn=step_fn,
+                         loss_fn=_attention_loss)
+
+    fp32 = TRAIN_CONFIGS["fp32"]
+    with pytest.raises(TrainingError, match=r"^t: optimizer.step\(\) never ran in the 2 step\(s\), in float32 where no "
+                                            r"GradScaler skips a step: nothing was trained"):
+        run_training(spec(step(trains=False)), fp32, "cpu", "t")
+    with pytest.raises(TrainingError, match=r"optimizer.step\(\) ran in 2 of the 2 step\(s\) with no gradient on any "
+                                            r"parameter.*must backpropagate its loss"):
+        run_training(spec(step(backward=False)), fp32, "cpu", "t")
+    with pytest.raises(TrainingError, match=r"every gradient optimizer.step\(\) saw in the 2 step\(s\) it ran was exactly 0"):
+        run_training(spec(step(factor=0.0)), fp32, "cpu", "t")
+    assert run_training(spec(step(trains=False)), TRAIN_CONFIGS["amp-fp16"], "cpu").skipped == [0, 1]
+    # gradients that underflow to 0 are what amp-fp16-noscale exists to show, not the target's error
+    run_training(spec(step(factor=1e-30)), TRAIN_CONFIGS["amp-fp16-noscale"], "cpu")
+    assert run_training(spec(step()), fp32, "cpu").first_step == 0
+
+
 def test_markov_text_repeats_itself_and_is_contiguous():
     a, b = _TEXT(3), MarkovText(vocab_size=32, batch_size=4, block_size=16)(3)
     assert all(torch.equal(x, y) for x, y in zip(a, b))

@@ -229,8 +229,14 @@ def check_determinism(spec: TrainSpec, where: str) -> None:
 def run_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "") -> Trajectory:
     """Run ``spec.steps`` steps of the spec under ``config``; records the trajectory, with the
     gradients of every step the optimizer ran (a run whose first steps the scaler skipped is
-    compared with fp32 on the same batch)."""
-    return prepare_training(spec, config, device, where)()
+    compared with fp32 on the same batch). A run in float32's range and precision that trained
+    nothing raises TrainingError (``_nothing_trained``): there no GradScaler skips a step and no
+    gradient underflows, and every case runs fp32, its reference."""
+    t = prepare_training(spec, config, device, where)()
+    full = config.compute_dtype in (torch.float32, torch.float64) and not config.loss_scaling
+    if full and not any(bool(g.any()) for grads in t.grads.values() for g in grads.values()):
+        _nothing_trained(t, spec.steps, where or f"train_step under {config.id}")
+    return t
 
 
 def built_dtypes(model: nn.Module) -> dict[str, list[str]]:
@@ -427,6 +433,24 @@ class ExactStep:
     grads: dict[str, torch.Tensor]
     update: dict[str, torch.Tensor]
     initial: dict[str, torch.Tensor]
+
+
+def _nothing_trained(t: Trajectory, steps: int, where: str) -> None:
+    """A float32 run where no step applied a nonzero gradient: a step_fn that never steps, never
+    backpropagates or zeroes its loss trains nothing, and every config would agree with its fp32
+    run, so every case would pass. Raised as the target's error, naming what the step left out."""
+    applied = [i for i in range(steps) if i not in t.skipped]
+    if not applied:
+        raise TrainingError(f"{where}: optimizer.step() never ran in the {steps} step(s), in float32 where no "
+                            "GradScaler skips a step: nothing was trained, so nothing can be judged; the step_fn must "
+                            "call optimizer.step() (or scaler.step(optimizer)) once per step")
+    if not any(t.grads.values()):
+        raise TrainingError(f"{where}: optimizer.step() ran in {len(applied)} of the {steps} step(s) with no gradient "
+                            "on any parameter: nothing was trained, so nothing can be judged; the step_fn must "
+                            "backpropagate its loss (scaler.scale(loss).backward()) before optimizer.step()")
+    raise TrainingError(f"{where}: every gradient optimizer.step() saw in the {len(applied)} step(s) it ran was exactly "
+                        "0: nothing was trained, so nothing can be judged (a loss that does not depend on the "
+                        "parameters, or multiplied by 0)")
 
 
 def exact_first_step(spec: TrainSpec, step: int, device: str, where: str = "",
