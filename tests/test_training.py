@@ -271,8 +271,8 @@ def test_a_step_that_trains_nothing_is_the_targets_error_not_a_pass():
     with pytest.raises(TrainingError, match=r"^t: optimizer.step\(\) never ran in the 2 step\(s\), in float32 where no "
                                             r"GradScaler skips a step: nothing was trained"):
         run_training(spec(step(trains=False)), fp32, "cpu", "t")
-    with pytest.raises(TrainingError, match=r"optimizer.step\(\) ran in 2 of the 2 step\(s\) with no gradient on any "
-                                            r"parameter.*must backpropagate its loss"):
+    with pytest.raises(TrainingError, match=r"no parameter had a gradient when optimizer.step\(\) ran \(2 of the 2 step\(s\)\)"
+                                            r".*step_fn must backpropagate its loss"):
         run_training(spec(step(backward=False)), fp32, "cpu", "t")
     with pytest.raises(TrainingError, match=r"every gradient optimizer.step\(\) saw in the 2 step\(s\) it ran was exactly 0"):
         run_training(spec(step(factor=0.0)), fp32, "cpu", "t")
@@ -280,6 +280,23 @@ def test_a_step_that_trains_nothing_is_the_targets_error_not_a_pass():
     # gradients that underflow to 0 are what amp-fp16-noscale exists to show, not the target's error
     run_training(spec(step(factor=1e-30)), TRAIN_CONFIGS["amp-fp16-noscale"], "cpu")
     assert run_training(spec(step()), fp32, "cpu").first_step == 0
+    # the standard step: the message names the loss_fn, the user's code in it
+    zero = TrainSpec(_Attention, lambda p: torch.optim.SGD(p, lr=0.1), _TEXT, steps=1,
+                     loss_fn=lambda m, b: _attention_loss(m, b) * 0)
+    with pytest.raises(TrainingError, match=r"exactly 0: .*\(a loss in loss_fn that does not depend"):
+        run_training(zero, fp32, "cpu", "t")
+
+    def closure_step(model, optimizer, scaler, batch, autocast):
+        def closure():  # LBFGS: the backward runs inside step(), after the pre-hook saw no gradient
+            optimizer.zero_grad()
+            loss = _attention_loss(model, batch)
+            loss.backward()
+            return loss
+        return optimizer.step(closure)
+
+    lbfgs = TrainSpec(_Attention, lambda p: torch.optim.LBFGS(p, lr=0.1, max_iter=2), _TEXT, steps=1,
+                      step_fn=closure_step, loss_fn=_attention_loss)
+    assert run_training(lbfgs, fp32, "cpu").closure
 
 
 def test_markov_text_repeats_itself_and_is_contiguous():

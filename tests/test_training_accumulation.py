@@ -184,3 +184,19 @@ def test_a_step_fn_taking_accumulate_is_given_it_at_one_too():
     for n in (1, 3):
         spec = TrainSpec(lambda: None, lambda p: None, lambda i: None, step_fn=step_fn, accumulate=n)
         assert spec.step()(None, None, None, None, None) == n
+
+    # a default of its own: kept where the spec declares nothing, refused where it differs from 1
+    def defaulted(model, optimizer, scaler, batch, autocast, accumulate=1):
+        return accumulate
+
+    assert TrainSpec(lambda: None, lambda p: None, lambda i: None, step_fn=defaulted).step()(*[None] * 5) == 1
+    assert TrainSpec(lambda: None, lambda p: None, lambda i: None, step_fn=defaulted,
+                     accumulate=2).step()(*[None] * 5) == 2
+
+    def four(model, optimizer, scaler, batch, autocast, accumulate=4):
+        return accumulate
+
+    with pytest.raises(ValueError, match=r"step_fn accumulates accumulate=4 micro-batches by default and the spec "
+                                         r"declares 1: declare TrainSpec\(accumulate=4\)"):
+        TrainSpec(lambda: None, lambda p: None, lambda i: None, step_fn=four)
+    assert TrainSpec(lambda: None, lambda p: None, lambda i: None, step_fn=four, accumulate=4).step()(*[None] * 5) == 4

@@ -90,10 +90,21 @@ def test_delayed_scaling_scales_by_the_history_and_saturates_what_outgrew_it():
     assert q.float().tolist()[:3] != [0.0, 0.0, 0.0] and float(q[2]) == 0
 
 
+class _Shared(nn.Module):
+    """One Linear applied twice (shared weights): its two calls cast one weight at two scales."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+
+    def forward(self, x):
+        return self.lin(torch.nn.functional.gelu(self.lin(x)))
+
+
 class _Blocks(nn.Module):
     def __init__(self):
         super().__init__()
-        self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(32, 32), nn.GELU()) for _ in range(2))
+        self.blocks = nn.ModuleList([nn.Sequential(nn.Linear(32, 32), nn.GELU()), _Shared()])
 
     def forward(self, x):
         for b in self.blocks:
@@ -108,24 +119,32 @@ def test_a_checkpoints_recompute_casts_at_its_forwards_scales_and_counts_nothing
     scale (measured on nanoGPT: 32 dB where the step without checkpointing gives the same bits)."""
     from pytest_precision.training import checkpoint_blocks
 
-    x = torch.randn(2, 8, 32, generator=torch.Generator().manual_seed(1))
-    x[1] *= 3
+    x = torch.randn(3, 2, 8, 32, generator=torch.Generator().manual_seed(1))
+    x[:, 1] *= 3
 
     def run(checkpointed):
         torch.manual_seed(0)
         model = _Blocks()
         if checkpointed:
-            checkpoint_blocks(model)
+            checkpoint_blocks(model, "blocks")
+        grads = []
         with float8_linears(model, Float8Recipe(scaling)) as counts:
-            for micro in x:
-                model(micro).square().mean().backward()
-        return {n: p.grad for n, p in model.named_parameters()}, counts.as_dict()["tensors"]
+            for step in x:  # 3 steps of 2 micro-batches; the weights grow between steps
+                model.zero_grad()
+                for micro in step:
+                    model(micro).square().mean().backward()
+                grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.mul_(1.5)
+        return grads, counts.as_dict()["tensors"]
 
     (plain, plain_counts), (checkpointed, counts) = run(False), run(True)
-    for name in plain:
-        assert torch.equal(plain[name], checkpointed[name]), name
-    assert counts == plain_counts  # 2 calls per Linear and role: the recompute cast is the forward's
-    assert counts["blocks.0.0 input"]["calls"] == 2
+    for step, (a, b) in enumerate(zip(plain, checkpointed)):
+        for name in a:
+            assert torch.equal(a[name], b[name]), (step, name)
+    assert counts == plain_counts  # the recompute casts are the forward's, not counted again
+    assert counts["blocks.0.0 input"]["calls"] == 6 and counts["blocks.1.lin weight"]["calls"] == 12
 
 
 def test_recipe_arguments_are_checked():

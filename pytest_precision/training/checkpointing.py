@@ -34,6 +34,7 @@ from torch import nn
 
 from ..numerics.metrics import sqnr_db
 from .configs import TrainConfig
+from .loop_watch import recomputing
 
 __all__ = ["checkpoint_blocks", "find_blocks", "apply_checkpoint", "RecomputeWatch", "CheckpointCheck",
            "judge_checkpoint", "REPEAT_MARGIN_DB"]
@@ -121,8 +122,7 @@ class RecomputeWatch:
         return model
 
     def _seen(self, name, module, args):
-        in_backward = torch._C._current_graph_task_id() != -1
-        (self.recompute if in_backward else self.forward).setdefault(name, set()).add(_state(self.device))
+        (self.recompute if recomputing() else self.forward).setdefault(name, set()).add(_state(self.device))
 
     def mismatch(self) -> tuple[str, str, str] | None:
         """(module, its recompute's state, its forward's) for the first module recomputed under

@@ -21,8 +21,9 @@ nothing: TransformerEngine's recompute reuses its forward's scaling factors, and
 scales change only between steps. A recompute that moved the history would cast at other scales
 than its forward whenever a micro-batch's amax grew the history (measured on nanoGPT with 2
 micro-batches: SQNR 32 dB against the step without checkpointing, where both give the same bits).
-The forward's scale is found by the tensor's shape, amax and sum; a recompute that matches no
-forward call (its inputs differ) casts at the history's scale as it stands.
+The forward call is found by its operands (the input's and the weight's shapes, amaxes and sums;
+calls with the same operands in the order they ran); a recompute that matches no forward call
+(its inputs differ) casts at the history's scales as they stand.
 
 **Counts.** Per Linear and role (``input``, ``weight``, ``grad``), over a run: the elements cast,
 the *significant* ones (above 2^-24 of the tensor's amax, ``compare.NOISE_FLOOR``: below it a
@@ -39,7 +40,7 @@ float16; a float64 scale is refused, and so is a 3-d operand).
 from __future__ import annotations
 
 import contextlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -48,6 +49,7 @@ from torch import nn
 
 from ..numerics.formats import format_of
 from .limits import count_text, limit_count, percent
+from .loop_watch import recomputing
 
 __all__ = ["Float8Recipe", "TensorCounts", "Fp8Counts", "float8_linears", "Float8Cast", "scaled_linear",
            "fp8_problem", "worst_text", "SATURATION_LIMIT", "UNDERFLOW_LIMIT", "ROLES"]
@@ -142,7 +144,8 @@ class Float8Cast:
     def __init__(self, name: str, recipe: Float8Recipe, counts: Fp8Counts):
         self.name, self.recipe, self.counts = name, recipe, counts
         self.history: dict[str, list[torch.Tensor]] = {role: [] for role in ROLES}
-        self.forward_scales: OrderedDict[tuple, torch.Tensor] = OrderedDict()
+        # operands key -> the (input, weight) scales of the forward calls with those operands, in order
+        self.forward_scales: OrderedDict[tuple, deque] = OrderedDict()
 
     def amax(self, role: str, x: torch.Tensor) -> torch.Tensor:
         """The amax the scale of ``x`` is drawn from under the recipe."""
@@ -162,27 +165,23 @@ class Float8Cast:
     def _scale(self, role: str, x: torch.Tensor) -> torch.Tensor:
         return (format_of(self.recipe.dtype(role)).max / torch.clamp(self.amax(role, x), min=AMAX_EPS)).to(torch.float32)
 
-    @staticmethod
-    def _fingerprint(role: str, x: torch.Tensor) -> tuple:
-        d = x.detach()
-        return role, tuple(d.shape), float(d.abs().max()), float(d.float().sum())
+    def _quantise(self, role: str, x: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x s in float32, clamp(x s) in the role's fp8 format)."""
+        dtype = self.recipe.dtype(role)
+        fmax = format_of(dtype).max
+        scaled = x.detach().float() * scale
+        return scaled, scaled.clamp(-fmax, fmax).to(dtype)
 
     def __call__(self, role: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``x`` cast to the role's fp8 format: (the fp8 tensor, the float32 dequantisation scale 1/s)."""
-        dtype = self.recipe.dtype(role)
-        fmt = format_of(dtype)
-        delayed = self.recipe.scaling == "delayed"
-        if role != "grad" and recomputing():  # a checkpoint's recompute: the forward's scale, nothing recorded
-            scale = self.forward_scales.get(self._fingerprint(role, x)) if delayed else None
-            scale = scale if scale is not None else self._scale(role, x)
-            return (x.detach().float() * scale).clamp(-fmt.max, fmt.max).to(dtype), scale.reciprocal()
+        """``x`` cast to the role's fp8 format at the recipe's scale, recorded and counted: (the fp8
+        tensor, the float32 dequantisation scale 1/s)."""
+        q, scale = self._cast(role, x)
+        return q, scale.reciprocal()
+
+    def _cast(self, role: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        fmt = format_of(self.recipe.dtype(role))
         scale = self._scale(role, x)
-        if delayed and role != "grad":
-            self.forward_scales[self._fingerprint(role, x)] = scale
-            while len(self.forward_scales) > self.REMEMBERED:
-                self.forward_scales.popitem(last=False)
-        scaled = x.detach().float() * scale
-        q = scaled.clamp(-fmt.max, fmt.max).to(dtype)
+        scaled, q = self._quantise(role, x, scale)
         self.record(role, x, q, scale)
         c = self.counts.of(self.name, role)
         past = fmt.max + 2.0 ** (fmt.emax - fmt.mantissa_bits) / 2  # where rounding alone leaves the range
@@ -198,13 +197,40 @@ class Float8Cast:
         c.significant += int(significant.sum())
         c.saturated += saturated
         c.underflowed += int(((q.float() == 0) & significant).sum())
-        return q, scale.reciprocal()
+        return q, scale
 
+    @staticmethod
+    def _operands_key(x: torch.Tensor, weight: torch.Tensor) -> tuple:
+        """A forward call's operands as a recompute finds them again: shapes, amaxes and sums of both
+        (the weight alone is the same at every use of the Linear in a step)."""
+        return tuple((tuple(t.shape), float(t.detach().abs().max()), float(t.detach().float().sum()))
+                     for t in (x, weight))
 
-def recomputing() -> bool:
-    """Whether a module's forward running now is a recompute: autograd's engine is running a backward
-    in this thread (an activation checkpoint, reentrant or not, recomputes there)."""
-    return torch._C._current_graph_task_id() != -1
+    def cast_operands(self, x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """A call's input and weight cast (``__call__``): (xq, 1/s_x, wq, 1/s_w). A checkpoint's recompute
+        casts them at the scales the forward call with the same operands used (the module doc), in
+        the order those calls ran, and records and counts nothing."""
+        delayed = self.recipe.scaling == "delayed"
+        if recomputing():
+            scales = None
+            if delayed:
+                calls = self.forward_scales.get(self._operands_key(x, weight))
+                if calls:  # the earliest forward call with these operands; the last one stays for a later recompute
+                    scales = calls.popleft() if len(calls) > 1 else calls[0]
+            out = []
+            for i, (role, t) in enumerate((("input", x), ("weight", weight))):
+                scale = scales[i] if scales is not None else self._scale(role, t)
+                out += [self._quantise(role, t, scale)[1], scale.reciprocal()]
+            return tuple(out)
+        xq, x_scale = self._cast("input", x)
+        wq, w_scale = self._cast("weight", weight)
+        if delayed:
+            key = self._operands_key(x, weight)
+            self.forward_scales.setdefault(key, deque()).append((x_scale, w_scale))
+            self.forward_scales.move_to_end(key)
+            while len(self.forward_scales) > self.REMEMBERED:
+                self.forward_scales.popitem(last=False)
+        return xq, x_scale.reciprocal(), wq, w_scale.reciprocal()
 
 
 def _column_major(t: torch.Tensor) -> torch.Tensor:
@@ -218,9 +244,7 @@ class _ScaledLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, cast):
-        x2 = x.reshape(-1, x.shape[-1])
-        xq, x_inv = cast("input", x2)
-        wq, w_inv = cast("weight", weight)
+        xq, x_inv, wq, w_inv = cast.cast_operands(x.reshape(-1, x.shape[-1]), weight)
         y = torch._scaled_mm(xq, wq.t(), scale_a=x_inv, scale_b=w_inv, out_dtype=torch.float32)
         ctx.save_for_backward(xq, x_inv, wq, w_inv)
         ctx.cast, ctx.shape, ctx.dtypes = cast, x.shape, (x.dtype, weight.dtype)

@@ -238,12 +238,12 @@ def _trainer_checkpointing(args) -> Callable[[nn.Module], None] | None:
 
     def enable(model: nn.Module) -> None:
         kwargs = dict(given or {})
-        if hasattr(model, "activation_checkpointing_enable"):  # as train() splits them (transformers 5)
-            every, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None,
-                                                  every_n_layers=every, offload=offload)
-        elif hasattr(model, "gradient_checkpointing_enable"):
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None)
+        # train() (transformers 5) takes these two out of the kwargs and passes the rest to torch's checkpoint
+        layout = {k: kwargs.pop(k) for k in ("every_n_layers", "offload") if k in kwargs}
+        if hasattr(model, "activation_checkpointing_enable"):
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs or None, **layout)
+        elif hasattr(model, "gradient_checkpointing_enable"):  # the deprecated name, which 4.x models have
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None, **layout)
         else:
             raise TypeError(f"trainer_spec: TrainingArguments(activation_checkpointing=True), and "
                             f"{type(model).__name__} has no activation_checkpointing_enable or "

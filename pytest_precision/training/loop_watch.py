@@ -19,7 +19,7 @@ from typing import Iterator
 import torch
 from torch import nn
 
-__all__ = ["LoopWatch", "watch_loop"]
+__all__ = ["LoopWatch", "watch_loop", "recomputing"]
 
 
 class LoopWatch:
@@ -98,3 +98,9 @@ def watch_loop(model: nn.Module) -> Iterator[LoopWatch]:
             torch.nn.utils.clip_grad_norm_ = original_clip
         for h in handles:
             h.remove()
+
+
+def recomputing() -> bool:
+    """Whether a module's forward running now is a recompute: autograd's engine is running a backward
+    in this thread (an activation checkpoint, reentrant or not, recomputes there)."""
+    return torch._C._current_graph_task_id() != -1

@@ -98,6 +98,9 @@ class Trajectory:
     scalers: list[int] = field(default_factory=list)
     clips: list[list[float]] = field(default_factory=list)
     fp8: Fp8Counts | None = None  # a float8 recipe's saturated and underflowed elements per Linear and role
+    # an optimizer.step(closure) ran: the closure's backward comes after the step pre-hook, which saw
+    # the gradients of the step before (none at the first)
+    closure: bool = False
 
     @property
     def module_table(self) -> list[list]:
@@ -234,8 +237,8 @@ def run_training(spec: TrainSpec, config: TrainConfig, device: str, where: str =
     gradient underflows, and every case runs fp32, its reference."""
     t = prepare_training(spec, config, device, where)()
     full = config.compute_dtype in (torch.float32, torch.float64) and not config.loss_scaling
-    if full and not any(bool(g.any()) for grads in t.grads.values() for g in grads.values()):
-        _nothing_trained(t, spec.steps, where or f"train_step under {config.id}")
+    if full and not t.closure and not any(bool(g.any()) for grads in t.grads.values() for g in grads.values()):
+        _nothing_trained(t, spec, where or f"train_step under {config.id}")
     return t
 
 
@@ -323,6 +326,9 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
     seen: dict = {}
 
     def watch(opt, args, kwargs):  # registered first: sees the grads before the SR hook casts them
+        given = args[1:] if args and args[0] is opt else args  # the hook's args begin with the optimizer
+        if (given and given[0] is not None) or kwargs.get("closure") is not None:
+            t.closure = True
         # a fused optimizer (AdamW(fused=True), the Hugging Face Trainer's default) stepped by a GradScaler
         # not unscaled before gets the gradients still scaled, with the scale and the overflow flag to
         # apply itself: it applies grad / grad_scale, and nothing where found_inf (a skipped step)
@@ -435,22 +441,25 @@ class ExactStep:
     initial: dict[str, torch.Tensor]
 
 
-def _nothing_trained(t: Trajectory, steps: int, where: str) -> None:
-    """A float32 run where no step applied a nonzero gradient: a step_fn that never steps, never
+def _nothing_trained(t: Trajectory, spec: TrainSpec, where: str) -> None:
+    """A float32 run where no step applied a nonzero gradient: a step that never steps, never
     backpropagates or zeroes its loss trains nothing, and every config would agree with its fp32
-    run, so every case would pass. Raised as the target's error, naming what the step left out."""
+    run, so every case would pass. Raised as the target's error, naming what the step left out and
+    the user code to fix (``step_owner``)."""
+    _, fix = step_owner(spec)
+    steps = spec.steps
     applied = [i for i in range(steps) if i not in t.skipped]
     if not applied:
         raise TrainingError(f"{where}: optimizer.step() never ran in the {steps} step(s), in float32 where no "
-                            "GradScaler skips a step: nothing was trained, so nothing can be judged; the step_fn must "
+                            f"GradScaler skips a step: nothing was trained, so nothing can be judged; {fix} must "
                             "call optimizer.step() (or scaler.step(optimizer)) once per step")
     if not any(t.grads.values()):
-        raise TrainingError(f"{where}: optimizer.step() ran in {len(applied)} of the {steps} step(s) with no gradient "
-                            "on any parameter: nothing was trained, so nothing can be judged; the step_fn must "
+        raise TrainingError(f"{where}: no parameter had a gradient when optimizer.step() ran ({len(applied)} of the "
+                            f"{steps} step(s)): nothing was trained, so nothing can be judged; {fix} must "
                             "backpropagate its loss (scaler.scale(loss).backward()) before optimizer.step()")
     raise TrainingError(f"{where}: every gradient optimizer.step() saw in the {len(applied)} step(s) it ran was exactly "
-                        "0: nothing was trained, so nothing can be judged (a loss that does not depend on the "
-                        "parameters, or multiplied by 0)")
+                        f"0: nothing was trained, so nothing can be judged (a loss in {fix} that does not depend on "
+                        "the parameters, or multiplied by 0)")
 
 
 def exact_first_step(spec: TrainSpec, step: int, device: str, where: str = "",

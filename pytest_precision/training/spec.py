@@ -79,6 +79,11 @@ class TrainSpec:
         if not (isinstance(self.accumulate, int) and not isinstance(self.accumulate, bool) and self.accumulate >= 1):
             raise ValueError(f"TrainSpec.accumulate must be a positive int (micro-batches per step), got "
                              f"{self.accumulate!r}")
+        own = _accumulate_default(self.step_fn) if self.step_fn is not None else _NO_PARAMETER
+        if self.accumulate == 1 and own is not _NO_PARAMETER and own is not inspect.Parameter.empty and own != 1:
+            raise ValueError(f"TrainSpec: step_fn accumulates accumulate={own!r} micro-batches by default and the spec "
+                             f"declares 1: declare TrainSpec(accumulate={own!r}) so that its accumulated gradient is "
+                             "judged (the spec's number is then given to the step_fn)")
         if self.checkpoint is False:  # no checkpointing, as None
             object.__setattr__(self, "checkpoint", None)
         if not (self.checkpoint is None or isinstance(self.checkpoint, (bool, str)) or callable(self.checkpoint)):
@@ -100,8 +105,9 @@ class TrainSpec:
     def step(self) -> Callable:
         """The step the harness runs: ``step_fn``, or the standard step with this spec's loss."""
         if self.step_fn is not None:
-            # told to the step that does it, 1 included: a train.py loop's parameter may have no default
-            if _takes_accumulate(self.step_fn):
+            # told to the step that does it; 1 too where its parameter has no default (train.py's loop)
+            own = _accumulate_default(self.step_fn)
+            if own is inspect.Parameter.empty or (own is not _NO_PARAMETER and self.accumulate != 1):
                 return lambda *a: self.step_fn(*a, accumulate=self.accumulate)
             return self.step_fn
         return lambda model, optimizer, scaler, batch, autocast: standard_step(
@@ -122,11 +128,17 @@ def takes_model(optimizer_fn: Callable) -> bool:
     return first.name == "model" or is_module or annotation in ("nn.Module", "torch.nn.Module")
 
 
-def _takes_accumulate(step_fn: Callable) -> bool:
+def _accumulate_default(step_fn: Callable) -> Any:
+    """The default of ``step_fn``'s ``accumulate`` parameter (``inspect.Parameter.empty``: it has none),
+    or ``_NO_PARAMETER`` where it takes no such parameter."""
     try:
-        return "accumulate" in inspect.signature(step_fn).parameters
+        param = inspect.signature(step_fn).parameters.get("accumulate")
     except (TypeError, ValueError):
-        return False
+        return _NO_PARAMETER
+    return _NO_PARAMETER if param is None else param.default
+
+
+_NO_PARAMETER = object()
 
 
 def _scalar(loss: Any, what: str) -> torch.Tensor:
