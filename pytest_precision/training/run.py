@@ -452,7 +452,8 @@ def _nothing_trained(t: Trajectory, spec: TrainSpec, where: str) -> None:
     if not applied:
         raise TrainingError(f"{where}: optimizer.step() never ran in the {steps} step(s), in float32 where no "
                             f"GradScaler skips a step: nothing was trained, so nothing can be judged; {fix} must "
-                            "call optimizer.step() (or scaler.step(optimizer)) once per step")
+                            "call optimizer.step() (or scaler.step(optimizer)) once per step, on the optimizer it is "
+                            "given (the one optimizer_fn built)")
     if not any(t.grads.values()):
         raise TrainingError(f"{where}: no parameter had a gradient when optimizer.step() ran ({len(applied)} of the "
                             f"{steps} step(s)): nothing was trained, so nothing can be judged; {fix} must "
