@@ -3,7 +3,8 @@ what the suite judges (losses, the gradients the optimizer applies at every step
 scales, skipped steps, the first non-finite value, step times, the optimizer's parameter groups).
 
 The harness watches the optimizer: the gradients it records are the ones ``optimizer.step()``
-sees (unscaled, clipped: what is applied), through a step pre-hook, and a step whose
+sees (unscaled, clipped: what is applied), through a step pre-hook (a post-hook for
+``step(closure)``, whose backward runs inside the step), and a step whose
 ``optimizer.step()`` never ran is a step the GradScaler skipped. A fused optimizer that a GradScaler
 steps without an ``unscale_`` before gets the gradients scaled, with ``grad_scale`` and
 ``found_inf`` to apply itself: the harness records grad / grad_scale, and a step with ``found_inf``
@@ -98,8 +99,8 @@ class Trajectory:
     scalers: list[int] = field(default_factory=list)
     clips: list[list[float]] = field(default_factory=list)
     fp8: Fp8Counts | None = None  # a float8 recipe's saturated and underflowed elements per Linear and role
-    # an optimizer.step(closure) ran: the closure's backward comes after the step pre-hook, which saw
-    # the gradients of the step before (none at the first)
+    # an optimizer.step(closure) ran (LBFGS): its gradients were recorded after the step, where the
+    # closure's backward had run (the last evaluation's, for an optimizer that evaluates it more than once)
     closure: bool = False
 
     @property
@@ -237,7 +238,7 @@ def run_training(spec: TrainSpec, config: TrainConfig, device: str, where: str =
     gradient underflows, and every case runs fp32, its reference."""
     t = prepare_training(spec, config, device, where)()
     full = config.compute_dtype in (torch.float32, torch.float64) and not config.loss_scaling
-    if full and not t.closure and not any(bool(g.any()) for grads in t.grads.values() for g in grads.values()):
+    if full and not any(bool(g.any()) for grads in t.grads.values() for g in grads.values()):
         _nothing_trained(t, spec, where or f"train_step under {config.id}")
     return t
 
@@ -328,7 +329,18 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
     def watch(opt, args, kwargs):  # registered first: sees the grads before the SR hook casts them
         given = args[1:] if args and args[0] is opt else args  # the hook's args begin with the optimizer
         if (given and given[0] is not None) or kwargs.get("closure") is not None:
+            # step(closure): the closure's backward runs inside the step, after this hook; its
+            # gradients are recorded once the step has run (watch_closure_step)
             t.closure = True
+            seen["closure"] = True
+            return
+        record(opt)
+
+    def watch_closure_step(opt, args, kwargs):
+        if seen.pop("closure", False):
+            record(opt)
+
+    def record(opt):
         # a fused optimizer (AdamW(fused=True), the Hugging Face Trainer's default) stepped by a GradScaler
         # not unscaled before gets the gradients still scaled, with the scale and the overflow flag to
         # apply itself: it applies grad / grad_scale, and nothing where found_inf (a skipped step)
@@ -361,6 +373,7 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
             stack.enter_context(rng_start.replayed())
             hook = optimizer.register_step_pre_hook(watch)
             stack.callback(hook.remove)
+            stack.callback(optimizer.register_step_post_hook(watch_closure_step).remove)
             loop = stack.enter_context(watch_loop(model))
             if config.stochastic_rounding:
                 stack.enter_context(stochastic_rounding_updates(optimizer, spec.seed + 1))
