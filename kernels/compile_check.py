@@ -374,10 +374,11 @@ def main(argv=None) -> int:
     if args.keyword is None:
         results = check(archs, args.full, None, args.quick)
     else:  # the cases whose name holds the keyword, per target
-        chosen = {a: [c for c in cases(args.full, args.quick, a) if args.keyword in c.name] for a in archs}
+        every = {a: cases(args.full, args.quick, a) for a in archs}
+        chosen = {a: [c for c in every[a] if args.keyword in c.name] for a in archs}
         for a in archs:  # a target the keyword selects nothing of is named, with what it has
             if not chosen[a]:
-                names = sorted({c.name for c in cases(args.full, args.quick, a)})
+                names = sorted({c.name for c in every[a]})
                 shown = ", ".join(names[:8]) + (f" and {len(names) - 8} more" if len(names) > 8 else "")
                 print(f"compile_check: -k {args.keyword!r} selects no case for sm_{a}; its cases: {shown}",
                       file=sys.stderr)

@@ -105,9 +105,9 @@ class TrainSpec:
     def step(self) -> Callable:
         """The step the harness runs: ``step_fn``, or the standard step with this spec's loss."""
         if self.step_fn is not None:
-            # told to the step that does it; 1 too where its parameter has no default (train.py's loop)
-            own = _accumulate_default(self.step_fn)
-            if own is inspect.Parameter.empty or (own is not _NO_PARAMETER and self.accumulate != 1):
+            # told to the step that does it, 1 included (train.py's loop has no default; a default
+            # other than the spec's 1 was refused above)
+            if _accumulate_default(self.step_fn) is not _NO_PARAMETER:
                 return lambda *a: self.step_fn(*a, accumulate=self.accumulate)
             return self.step_fn
         return lambda model, optimizer, scaler, batch, autocast: standard_step(
