@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from .kinds.fresh import replay_advice
+from .kinds.fresh import seed_line
 from .kinds.registry import clear as clear_targets, forget_project_kinds
 from .kinds.session import RunState
 from .platform.devices import numerics_key, pin_xdist_worker
@@ -36,7 +36,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[OPTIONS_KEY] = options
     config.stash[RECORDS_KEY] = []
     # what the cases learn for later ones, dropped with the session; the fresh seed of the run
-    config.stash[RUN_STATE_KEY] = RunState(fresh_seed=options.fresh_seed, train_seeds=options.train_seeds)
+    config.stash[RUN_STATE_KEY] = RunState(fresh_seed=options.fresh_seed, train_seeds=options.train_seeds,
+                                           explore=options.explore)
     if options.device.startswith("cuda"):
         _install_fused_statistics()
     config.pluginmanager.register(RunOutputs(config), "precision-outputs")
@@ -47,9 +48,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
-    """The fresh regime's seed, and how to replay it (the controller's: the workers draw from it)."""
+    """Where the fresh regime's inputs come from, and how to replay them (the controller's seed, when
+    exploring: the workers draw from it)."""
     options = config.stash[OPTIONS_KEY]
-    return f"precision: {replay_advice(options.fresh_seed)}" if options.run_suite else None
+    return seed_line(options.fresh_seed, options.explore) if options.run_suite else None
 
 
 def _install_fused_statistics() -> None:
@@ -119,7 +121,8 @@ class _XdistController:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node) -> None:
         options = node.config.stash[OPTIONS_KEY]
-        node.workerinput[FRESH_SEED_KEY] = options.fresh_seed  # every worker draws the controller's fresh inputs
+        if options.fresh_seed is not None:  # every worker draws the controller's fresh inputs
+            node.workerinput[FRESH_SEED_KEY] = options.fresh_seed
         if options.run_suite:
             self.decisions.hand_to(node.workerinput)
 

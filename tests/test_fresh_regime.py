@@ -1,7 +1,9 @@
-"""The fresh regime (kinds.fresh): inputs, and for the built-in kinds shapes, drawn anew every run
-from a session seed printed in the header and in failing cases, replayed with
---precision-fresh-seed, judged with no golden. A correct target passes it; a target tuned to the
-fixed regimes' inputs passes those and fails it."""
+"""The fresh regime (kinds.fresh): inputs, and for the built-in kinds shapes, drawn from a seed of
+their own: by default each target's, derived from its code (the same verdict on every run of an
+unchanged target, new inputs once its code changes); --precision-fresh-seed replays one,
+--precision-explore draws a new one every run, and a failing seed is remembered in pytest's cache
+and replayed first (runner.seed_memory). Judged with no golden. A correct target passes it; a
+target tuned to the fixed regimes' inputs passes those and fails it."""
 import json
 import re
 
@@ -23,7 +25,11 @@ from pytest_precision.suites.softmax import LOG_SOFTMAX, SOFTMAX
 
 pytest_plugins = ["pytester"]
 
-SEED = re.compile(r"fresh inputs from seed (\d+): replay with --precision-fresh-seed=(\d+)")
+SEED = re.compile(r"fresh inputs from seed (\d+)(?: \([^)]*\))?: replay with (?:--precision-explore )?--precision-fresh-seed=(\d+)")
+DERIVED = ("precision: fresh inputs from a seed per target, derived from its code (the same on every run until the code "
+           "changes); --precision-explore draws new ones every run")
+EXPLORING = re.compile(r"precision: exploring from seed (\d+) \(fresh inputs and drawn examples new every run\): replay "
+                       r"with --precision-explore --precision-fresh-seed=(\d+)")
 
 # a softmax tuned to the fixed regimes: their row lengths (1, 256, 1000, 32768) take the careful path,
 # any other length a fast path in bf16 arithmetic
@@ -70,19 +76,25 @@ def _setup(pytester, body):
     pytester.makeini("[pytest]\n")
 
 
-def _run(pytester, *args, configs="fp32", k="fresh"):
-    """A session of the softmax kind's cases (not log_softmax's), on the CPU, untimed."""
-    return pytester.runpytest("--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider", *ON_CPU,
-                              f"--precision-configs={configs}", "-k", f"softmax and not log_softmax and ({k})", *args)
+def _run(pytester, *args, configs="fp32", k="fresh", cache=False):
+    """A session of the softmax kind's cases (not log_softmax's), on the CPU, untimed; without
+    pytest's cache unless ``cache``."""
+    return pytester.runpytest("--precision-suite", "--precision-no-speed", *(() if cache else ("-p", "no:cacheprovider")),
+                              *ON_CPU, f"--precision-configs={configs}", "-k", f"softmax and not log_softmax and ({k})",
+                              *args)
 
 
 def _seeds(text):
-    """The seed of the session's header and every seed its failures' messages name (the two
-    numbers of a replay line agree)."""
-    header = [m for line in text.splitlines() if line.startswith("precision: ") for m in SEED.findall(line)]
-    named = [m for line in text.splitlines() if not line.startswith("precision: ") for m in SEED.findall(line)]
-    assert len(header) == 2 and header[0] == header[1], "the header's line, and the summary's after the table"
+    """The seed of the session's header (None where each target draws from its own) and every seed its
+    failures' messages name (the two numbers of a replay line agree)."""
+    lines = text.splitlines()
+    header = [m for line in lines if line.startswith("precision: ") for m in SEED.findall(line) + EXPLORING.findall(line)]
+    named = [m for line in lines if not line.startswith("precision: ") for m in SEED.findall(line)]
     assert all(a == b for a, b in header + named)
+    if not header:
+        assert lines.count(DERIVED) == 2, "the header's line, and the summary's after the table"
+        return None, {int(a) for a, _ in named}
+    assert len(header) == 2 and header[0] == header[1], "the header's line, and the summary's after the table"
     return int(header[0][0]), {int(a) for a, _ in named}
 
 
@@ -162,7 +174,7 @@ def test_a_correct_softmax_passes_its_fresh_cases_with_the_seed_in_the_header_an
     # the fixed regimes beside it (not the drawn one: time), so that goldens are written and checked
     result = _run(pytester, "--precision-update-baselines", k="not hypothesis")
     result.assert_outcomes(passed=12)
-    result.stdout.fnmatch_lines(["precision: fresh inputs from seed *: replay with --precision-fresh-seed=*"])
+    result.stdout.fnmatch_lines(["precision: fresh inputs from seed 1: replay with --precision-fresh-seed=1"])
     assert _seeds(result.stdout.str())[1] == set()  # nothing failed: the header alone names it
     goldens = sorted(p.parent.name for p in (pytester.path / "precision_baselines").rglob("fp32.npz"))
     assert len(goldens) == 11 and FRESH not in goldens  # none written for it
@@ -195,14 +207,18 @@ def test_a_softmax_tuned_to_the_fixed_lengths_passes_them_and_fails_its_fresh_ca
 def test_a_softmax_memoised_by_input_checksum_fails_its_fresh_case_and_the_printed_seed_replays_it(pytester, unpinned_fresh_seed):
     _setup(pytester, MEMO)
     _run(pytester, "--precision-update-baselines", k="not hypothesis and not fresh").assert_outcomes(passed=11)
-    result = _run(pytester)  # a new seed: whatever it draws, no cached output matches it
+    result = _run(pytester)  # its own seed: whatever it draws, no cached output matches it
     result.assert_outcomes(failed=1)
     # the categories depend on the family drawn (NaN expected but missing on a fully masked row)
-    result.stdout.fnmatch_lines(["precision-suite::softmax[[]memo-fp32-fresh[]]: FAIL *(oracle: *"])
+    result.stdout.fnmatch_lines(["precision-suite::softmax[[]memo-fp32-fresh[]]: FAIL *(oracle: *",
+                                 "  fresh inputs from seed * (derived from the target's code: the same on every run "
+                                 "until it changes): replay with --precision-fresh-seed=*"])
     header, named = _seeds(result.stdout.str())
-    assert named == {header}
-    replayed = _run(pytester, f"--precision-fresh-seed={header}")
-    assert _failure_lines(replayed.stdout.str()) == _failure_lines(result.stdout.str())
+    assert header is None and len(named) == 1
+    replayed = _run(pytester, f"--precision-fresh-seed={named.pop()}")
+    def cases(text):
+        return [line for line in _failure_lines(text) if line.startswith("precision-suite::")]
+    assert cases(replayed.stdout.str()) == cases(result.stdout.str())
 
 
 def test_a_target_that_raises_on_other_lengths_fails_its_fresh_case_with_the_seed(pytester):
@@ -264,18 +280,112 @@ def test_a_seed_that_is_no_whole_number_is_a_usage_error(pytester):
                                  "seed a run printed)*"])
 
 
-def test_xdist_workers_draw_the_controllers_fresh_inputs(pytester, unpinned_fresh_seed):
+@pytest.mark.parametrize("explore", [False, True], ids=["derived", "explore"])
+def test_xdist_workers_draw_the_same_fresh_inputs(pytester, unpinned_fresh_seed, explore):
     pytest.importorskip("xdist")
     _setup(pytester, TILED)
     configs = "fp32,fp16,bf16,amp-bf16"
     result = pytester.runpytest_subprocess("--precision-suite", "--precision-no-speed", "-p", "no:cacheprovider",
                                            *ON_CPU, f"--precision-configs={configs}", "-k", "tiled and fresh",
-                                           "-n", "2", "-v")
+                                           "-n", "2", "-v", *(("--precision-explore",) if explore else ()))
     result.assert_outcomes(failed=4)
     out = result.stdout.str()
     header, named = _seeds(out)
-    assert named == {header}  # every worker drew from the controller's seed
+    # every worker drew from the controller's explored seed, or from the target's own (one seed)
+    assert named == {header} if explore else (header is None and len(named) == 1)
     assert {re.search(r"raised ValueError: rows of (\d+)", line).group(1)
             for line in out.splitlines() if "raised ValueError" in line}.__len__() == 1  # the same inputs
     for worker in ("gw0", "gw1"):
         assert re.search(rf"\[{worker}\].*FAILED precision-suite::softmax\[tiled-[^\]]*-fresh\]", out)
+
+
+# ---- the same verdict every run; exploring; failing seeds remembered ---------------------------------
+
+# grouped-query heads raise in SDPA without enable_gqa: some seeds draw them (the case fails), others
+# do not (it passes); what it was on one run it is on every run of the same code
+PLAIN_SDPA = """
+import torch.nn.functional as F
+
+@pytest_precision.register("plain_sdpa", kind="attention", sdpa=False)
+def plain_sdpa(q, k, v, causal):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+"""
+
+
+def _attention_fresh(pytester, *args, cache=True):
+    return pytester.runpytest("--precision-suite", "--precision-no-speed", *(() if cache else ("-p", "no:cacheprovider")),
+                              *ON_CPU, "--precision-configs=fp32", "-k", "attention and fresh", *args)
+
+
+def _verdict(result) -> tuple:
+    out = result.stdout.str()
+    return result.parseoutcomes().get("failed", 0), tuple(sorted(SEED.findall(out)))
+
+
+def test_a_fresh_case_gives_one_verdict_on_ten_runs_of_an_unchanged_target(pytester, unpinned_fresh_seed):
+    _setup(pytester, PLAIN_SDPA)
+    verdicts = {_verdict(_attention_fresh(pytester, cache=False)) for _ in range(10)}
+    assert len(verdicts) == 1, verdicts
+    # while exploring, runs draw other inputs (some with grouped-query heads, which it fails, some without)
+    explored = {_attention_fresh(pytester, "--precision-explore", cache=False).parseoutcomes().get("failed", 0)
+                for _ in range(12)}
+    assert explored == {0, 1}
+
+
+def test_an_edit_of_the_target_draws_new_fresh_inputs(pytester, unpinned_fresh_seed):
+    def seed_of(body):
+        _setup(pytester, body)
+        result = _run(pytester, "-rA", "-q")
+        return re.search(r"fresh inputs from seed (\d+)", result.stdout.str()), result
+
+    # a softmax that fails every fresh case and says which seed it drew from
+    body = TILED.replace("!= 256", "> 0")
+    first, result = seed_of(body)
+    assert first is not None, result.stdout.str()
+    assert seed_of(body)[0].group(1) == first.group(1)  # unchanged: the same
+    assert seed_of(body + "# an edit\n")[0].group(1) != first.group(1)
+
+
+def test_a_failing_explored_seed_is_replayed_first_until_it_passes(pytester, unpinned_fresh_seed):
+    _setup(pytester, PLAIN_SDPA)
+    own = _attention_fresh(pytester)
+    own_fails = own.parseoutcomes().get("failed", 0)
+    failing = None
+    for _ in range(12):  # explore until a run draws grouped-query heads
+        result = _attention_fresh(pytester, "--precision-explore")
+        if result.parseoutcomes().get("failed"):
+            failing = EXPLORING.search(result.stdout.str()).group(1)
+            break
+    assert failing is not None
+    # a run of the same code with no option replays it first, and says so
+    again = _attention_fresh(pytester, "-rA")
+    again.assert_outcomes(failed=1)
+    again.stdout.fnmatch_lines([f"  fresh inputs from seed {failing} (remembered in pytest's cache from an earlier run "
+                                f"where this case failed, replayed first until it passes): replay with "
+                                f"--precision-fresh-seed={failing} (*"])
+    # fixed (grouped-query heads supported): the remembered seed passes and is forgotten
+    _setup(pytester, PLAIN_SDPA.replace("is_causal=causal)", "is_causal=causal, enable_gqa=True)"))
+    _attention_fresh(pytester).assert_outcomes(passed=1)
+    _setup(pytester, PLAIN_SDPA)
+    assert _attention_fresh(pytester).parseoutcomes().get("failed", 0) == own_fails
+
+
+def test_the_code_digest_counts_the_modules_a_target_calls_and_not_libraries(tmp_path, monkeypatch):
+    import importlib
+    import sys
+
+    from pytest_precision.kinds.target_code import code_digest, source_files
+
+    (tmp_path / "kernels_lib.py").write_text("def attend(x):\n    return x\n")
+    (tmp_path / "wiring.py").write_text("import torch\nimport kernels_lib\n\n"
+                                        "def target(x):\n    return kernels_lib.attend(torch.tanh(x))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    wiring = importlib.import_module("wiring")
+    assert [p.name for p in source_files(wiring.target)] == ["wiring.py", "kernels_lib.py"]  # not torch's files
+    before = code_digest(wiring.target)
+    (tmp_path / "kernels_lib.py").write_text("def attend(x):\n    return x * 1\n")
+    assert code_digest(wiring.target) != before
+    (tmp_path / "kernels_lib.py").write_text("def attend(x):\r\n    return x\r\n")  # checked out on Windows
+    assert code_digest(wiring.target) == before
+    for name in ("wiring", "kernels_lib"):
+        sys.modules.pop(name, None)

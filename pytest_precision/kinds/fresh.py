@@ -1,32 +1,52 @@
-"""The fresh regime: inputs, and for the built-in kinds shapes, drawn anew on every run.
+"""The fresh regime: inputs, and for the built-in kinds shapes, drawn from a seed of their own.
 
-The seeded regimes draw the same bits on every run (goldens hang on them) and, under ``CI``, the
-drawn regime draws the same examples: a target special-cased to those inputs (right only on rows
-of 256, or returning outputs memoised by an input checksum) passes them forever. The ``fresh``
-regime of each tensor kind draws its inputs from a seed chosen once per session (``secrets``:
-the tests seed Python's and torch's generators, which must not decide it), handed by the xdist
-controller to its workers, and printed in the session's header and in every failing fresh case's
-message with the option that replays it. Each kind draws its own (``Kind.fresh_regime``); the
-default, the op kind's, is the target's first seeded regime called with a generator seeded from
-the fresh seed. No golden is read or written for it (one file cannot follow inputs that change
-every run): the oracle with the peer budget, the counts and the contract checks judge it.
+The seeded regimes draw the same bits on every run (goldens hang on them) and the drawn regime
+the same examples: a target special-cased to those inputs (right only on rows of 256, or
+returning outputs memoised by an input checksum) passes them forever. The ``fresh`` regime of
+each tensor kind draws its inputs from a seed that is not the fixed regimes', never judged
+against a golden (one file cannot follow inputs that change): the oracle with the peer budget,
+the counts and the contract checks judge it. Which seed (``case_seed``):
+
+- by default, one per target, derived from its code (``kinds.target_code``), its kind's code and
+  the harness's version (``derived_seed``): the same code, machine and options give the same
+  inputs and the same verdict on every run, CI included, and any edit of the target draws new
+  ones, so that a target cannot be tuned to its fresh inputs either;
+- ``--precision-fresh-seed=N``: N for every target (to replay what a failing case printed);
+- ``--precision-explore``: a new seed every run, from the operating system's randomness (the
+  tests seed Python's and torch's generators, which must not decide it), handed by the xdist
+  controller to its workers; it also seeds the drawn regime's search (``drawn_seed``). For local
+  runs and scheduled jobs: a default run's verdict never depends on it.
+
+A fresh or drawn case that fails leaves its seed in pytest's cache (``runner.seed_memory``), and
+later runs replay it first, as Hypothesis's example database does, until it passes. Each kind draws
+its own (``Kind.fresh_regime``); the default, the op kind's, is the target's first seeded regime
+called with a generator seeded from the fresh seed.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 import secrets
+import sys
+import zlib
+from importlib import metadata
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
 from ..baselines.entry import BaselineResult
 from .cases import Case, Regime
+from .target import Target
+from .target_code import code_digest
 
-__all__ = ["FRESH", "REPLAY_OPTION", "SEEDS", "new_seed", "parse_seed", "replay_advice", "session_seed", "Plan",
-           "reseeded", "is_fresh", "fresh_regime_of", "fresh_result", "note_fresh", "crash_note"]
+__all__ = ["FRESH", "REPLAY_OPTION", "EXPLORE_OPTION", "SEEDS", "new_seed", "parse_seed", "replay_advice",
+           "seed_line", "derived_seed", "case_seed", "drawn_seed", "input_seed", "Plan", "reseeded", "is_fresh", "fresh_regime_of",
+           "fresh_result", "note_fresh", "crash_note", "REPLAYED"]
 
 FRESH = "fresh"  # the regime's name (its case ids carry no seed: they stay the same from run to run)
 REPLAY_OPTION = "--precision-fresh-seed"
+EXPLORE_OPTION = "--precision-explore"
 SEEDS = 2 ** 32  # a session seed is one of these (what the header prints fits one line and one paste)
 
 
@@ -46,15 +66,96 @@ def parse_seed(raw: Any, where: str) -> int:
     return seed
 
 
-def replay_advice(seed: int) -> str:
-    return f"fresh inputs from seed {seed}: replay with {REPLAY_OPTION}={seed}"
+def replay_advice(seed: int, explore: bool = False, derived: bool = False) -> str:
+    """Where a case's fresh inputs came from, and the option that draws them again."""
+    if explore:
+        return f"fresh inputs from seed {seed}: replay with {EXPLORE_OPTION} {REPLAY_OPTION}={seed}"
+    whose = " (derived from the target's code: the same on every run until it changes)" if derived else ""
+    return f"fresh inputs from seed {seed}{whose}: replay with {REPLAY_OPTION}={seed}"
 
 
-def session_seed(case: Case) -> int:
-    """The session's fresh seed (``RunState.fresh_seed``), chosen here for a state made without one."""
-    if case.state.fresh_seed is None:
-        case.state.fresh_seed = new_seed()
-    return case.state.fresh_seed
+def seed_line(seed: int | None, explore: bool) -> str:
+    """The session's line about its seeds (the header's, and the summary's after the tables)."""
+    if explore:
+        return (f"precision: exploring from seed {seed} (fresh inputs and drawn examples new every run): replay with "
+                f"{EXPLORE_OPTION} {REPLAY_OPTION}={seed}")
+    if seed is not None:
+        return f"precision: {replay_advice(seed)}"
+    return (f"precision: fresh inputs from a seed per target, derived from its code (the same on every run until the "
+            f"code changes); {EXPLORE_OPTION} draws new ones every run")
+
+
+def _version() -> str:
+    try:
+        return metadata.version("pytest-precision")
+    except metadata.PackageNotFoundError:  # run from a checkout (PYTHONPATH=.)
+        return "unknown"
+
+
+def _kind_file(kind) -> bytes:
+    module = sys.modules.get(type(kind).__module__)
+    path = Path(getattr(module, "__file__", "") or "")
+    return path.read_bytes().replace(b"\r\n", b"\n") if path.is_file() else type(kind).__qualname__.encode()
+
+
+def derived_seed(kind, target: Target) -> int:
+    """The default fresh seed of ``target``: a digest of its code, its kind's code (how the kind
+    draws) and the harness's version, in [0, SEEDS)."""
+    h = hashlib.sha256()
+    for part in (_version().encode(), kind.name.encode(), hashlib.sha256(_kind_file(kind)).digest(),
+                 target.name.encode(), code_digest(target.fn).encode()):
+        h.update(part + b"\0")
+    return int.from_bytes(h.digest()[:4], "big") % SEEDS
+
+
+def case_seed(case: Case) -> int:
+    """The seed ``case``'s fresh inputs come from (module docstring): a remembered failing seed being
+    replayed (``RunState.replays``), else the run's (given or explored), else the target's own."""
+    state = case.state
+    replay = state.replays.get(case.name)
+    if replay is not None:
+        return replay
+    if state.fresh_seed is not None:
+        return state.fresh_seed
+    key = (case.kind.name, case.target.name)
+    if key not in state.derived_seeds:
+        state.derived_seeds[key] = derived_seed(case.kind, case.target)
+    return state.derived_seeds[key]
+
+
+def is_derived(case: Case) -> bool:
+    """Whether ``case`` draws from its target's derived seed (no seed given, none explored or replayed)."""
+    return case.state.fresh_seed is None and case.name not in case.state.replays
+
+
+def drawn_seed(case: Case) -> int:
+    """The seed of the drawn regime's search for ``case``: from its name (the same examples on every run,
+    whatever the harness's code), mixed with the run's seed when exploring, or a remembered failing one."""
+    state = case.state
+    replay = state.replays.get(case.name)
+    if replay is not None:
+        return replay
+    own = zlib.crc32(case.name.encode())
+    return own ^ state.fresh_seed if state.explore and state.fresh_seed is not None else own
+
+
+def input_seed(case: Case) -> int | None:
+    """The seed ``case`` draws its inputs from now: its fresh seed for the fresh case, its search's for
+    the drawn one, None for a seeded regime (whose seed is the regime's own)."""
+    if is_fresh(case):
+        return case_seed(case)
+    drawn = case.kind.drawn_for(case.target) if hasattr(case.kind, "drawn_for") else None
+    return drawn_seed(case) if drawn is not None and case.regime == drawn.name else None
+
+
+REPLAYED = "remembered in pytest's cache from an earlier run where this case failed, replayed first until it passes"
+
+
+def _advice(case: Case) -> str:
+    advice = replay_advice(case_seed(case), case.state.explore, is_derived(case))
+    if case.name in case.state.replays:
+        return advice.replace(": replay with", f" ({REPLAYED}): replay with", 1)
+    return advice
 
 
 class Plan:
@@ -107,7 +208,7 @@ def fresh_regime_of(kind, case: Case) -> Regime | None:
     """The fresh regime of ``case`` when it is the kind's fresh case, else None."""
     if not is_fresh(case):
         return None
-    regime = kind.fresh_regime(case.target, session_seed(case))
+    regime = kind.fresh_regime(case.target, case_seed(case))
     if regime is None:  # regime_names lists it only where the kind draws one
         raise KeyError(f"{kind.name} draws no fresh inputs for target {case.target.name!r}")
     return regime
@@ -124,7 +225,7 @@ def note_fresh(kind, case: Case, regime: Regime, inputs: Any, details: list[str]
     """First in a failing fresh case's details: the seed, how to replay it, and what was drawn."""
     if is_fresh(case):
         shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in kind.floating_inputs(inputs).items())
-        details.insert(0, f"{replay_advice(session_seed(case))} ({regime.description}; {shapes})")
+        details.insert(0, f"{_advice(case)} ({regime.description}; {shapes})")
 
 
 def crash_note(case: Case) -> str:
@@ -135,8 +236,8 @@ def crash_note(case: Case) -> str:
     if not is_fresh(case):
         return ""
     try:
-        drawn = f" ({case.kind.fresh_regime(case.target, session_seed(case)).description})"
+        drawn = f" ({case.kind.fresh_regime(case.target, case_seed(case)).description})"
     except Exception:  # the crash may be the draw's own: its message says why
         drawn = ""
-    return (f"\n  {replay_advice(session_seed(case))}{drawn}; a target that does not support all of that declares "
+    return (f"\n  {_advice(case)}{drawn}; a target that does not support all of that declares "
             f"its limits (its kind's declarations)")

@@ -10,14 +10,18 @@ __all__ = ["RunState"]
 
 
 class RunState:
-    """One session's run state: the fresh regime's seed, which target's Triton kernel was already
+    """One session's run state: the fresh and drawn regimes' seeds, which target's Triton kernel was already
     found unable to launch, and the memos kinds keep across their cases (``memo``: the train_step
     kind's fp32 runs and float64 steps, the DDP comparisons, the op kind's regimes seen to repeat)."""
 
-    def __init__(self, fresh_seed: int | None = None, train_seeds: int | None = None):
+    def __init__(self, fresh_seed: int | None = None, train_seeds: int | None = None, explore: bool = False):
         self._launch_failures: dict[str, str] = {}  # target name -> the case that reported it
-        # the seed of the fresh regime's inputs (kinds.fresh): the controller's, chosen once per run
+        # the seed of the fresh regime's inputs for every target (kinds.fresh): given, or the
+        # controller's under --precision-explore; None: each target's own, derived from its code
         self.fresh_seed = fresh_seed
+        self.explore = explore  # --precision-explore: new inputs every run (fresh and drawn regimes)
+        self.replays: dict[str, int] = {}  # case name -> a remembered failing seed it replays now (runner.seed_memory)
+        self.derived_seeds: dict[tuple[str, str], int] = {}  # (kind, target) -> its derived fresh seed
         self.train_seeds = train_seeds  # --precision-train-seeds: the seeds every TrainSpec runs from (None: its own)
         self._memos: dict[str, dict] = {}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from ..baselines.commands import UPDATE_OPTION
-from ..kinds.fresh import FRESH, replay_advice
+from ..kinds.fresh import FRESH, seed_line
 from ..kinds.registry import get_kind
 from ..kinds.tables import HEADERS, TENSOR_TABLE, SummaryTable
 from ..platform.devices import device_class, numerics_key
@@ -164,7 +164,7 @@ def write_terminal_summary(tr, options, records: list[dict]) -> None:
     for line in case_lines(records):
         tr.write_line(line)
     if any(r.get("regime") == FRESH for r in records):  # the header's line, for runs that hide it (-q)
-        tr.write_line(f"precision: {replay_advice(options.fresh_seed)}")
+        tr.write_line(seed_line(options.fresh_seed, options.explore))
     borrowed = borrowed_budgets_line(records, key)
     if borrowed:
         tr.write_line(borrowed)

@@ -21,7 +21,7 @@ from ..explain.tracing import render_trace, trace
 from ..kinds.cases import NO_VARIANT, Case
 from ..kinds.kind import Kind
 from ..kinds.compiled import Compiled
-from ..kinds.fresh import crash_note
+from ..kinds.fresh import REPLAYED, crash_note, input_seed, is_fresh
 from ..kinds.outcome import PrecisionFailure
 from ..kinds.record import CaseRecord
 from ..kinds.registry import kinds, registered, target_names_problem
@@ -31,6 +31,7 @@ from ..speed.alignment import tensor_core_misalignments, warn_misalignments
 from ..speed.gate import check_speed
 from .exits import THREADS_KEY, ThreadWatch, TargetEnded, refuse_process_exits, suspend_capture
 from .options import OPTIONS_KEY, RECORDS_KEY, RunOptions
+from .seed_memory import SeedMemory
 from .timelimit import CaseTimeout, case_limit, time_limit
 from .variants import VariantDecision, decide_variants, shared_dir
 
@@ -210,6 +211,10 @@ class SuiteItem(pytest.Item):
         except (KeyboardInterrupt, pytest.exit.Exception):
             raise
         except BaseException as e:  # the target raised, broke its contract, ran past its limit or tried to exit
+            memory = self._seed_memory(options)
+            seed = input_seed(case)
+            if memory is not None and seed is not None:
+                memory.remember(case.name, seed)
             reason = crash_reason(e)
             baseline.refuse(reason)
             refused = f"{baseline.head} not accepted: {reason}" if options.update and not baseline.committed else None
@@ -230,7 +235,7 @@ class SuiteItem(pytest.Item):
             if reason:
                 pytest.skip(reason)
             raise TargetError(f"target {case.target.name!r} ({case.kind.name}): {self.decision.problem}")
-        outcome = case.kind.run(case, baseline)
+        outcome = self._judge(options, baseline)
         if self.decision.note:
             outcome.details.append(f"target {case.target.name!r}: {self.decision.note}")
         self._settle_golden(baseline, outcome)
@@ -247,6 +252,40 @@ class SuiteItem(pytest.Item):
         self.outcome = outcome
         failure = None if outcome.passed else PrecisionFailure(outcome.message(self.nodeid, baseline.update_command))
         return record, failure
+
+    def _seed_memory(self, options: RunOptions) -> SeedMemory | None:
+        """The failing seeds remembered in pytest's cache, for a case drawing its inputs from a seed
+        that was not given on the command line (runner.seed_memory); None otherwise."""
+        if options.fresh_seed is not None and not options.explore:
+            return None
+        return SeedMemory(getattr(self.config, "cache", None))
+
+    def _judge(self, options: RunOptions, baseline: BaselineCheck):
+        """The case's outcome. A fresh or drawn case first replays the seeds it failed on in earlier
+        runs (the latest first): the first that still fails is the outcome, one that passes is
+        forgotten; then its own seed, remembered if it fails."""
+        case = self.case
+        memory = self._seed_memory(options)
+        own = input_seed(case)
+        if memory is None or own is None:
+            return case.kind.run(case, baseline)
+        for seed in [s for s in memory.seeds(case.name) if s != own]:
+            case.state.replays[case.name] = seed
+            try:
+                outcome = case.kind.run(case, baseline)
+            except pytest.skip.Exception:  # outside what the target declares now: not a failure to keep
+                memory.forget(case.name, seed)
+                continue
+            if not outcome.passed:
+                if not is_fresh(case):  # a fresh case's seed line says it
+                    outcome.details.insert(0, f"drawn from seed {seed}, {REPLAYED}")
+                return outcome
+            memory.forget(case.name, seed)
+        case.state.replays.pop(case.name, None)
+        outcome = case.kind.run(case, baseline)
+        if not outcome.passed:
+            memory.remember(case.name, own)
+        return outcome
 
     @staticmethod
     def _settle_golden(baseline: BaselineCheck, outcome) -> None:

@@ -13,7 +13,7 @@ from .timelimit import DEFAULT_TIMEOUT
 
 __all__ = ["Option", "IniKey", "GROUP", "OPTIONS", "INI_KEYS", "NAMES", "DEFAULT_BASELINE_DIR", "add_to",
            "SUITE", "BUILTINS", "COMPILE", "UPDATE_BASELINES", "CONFIGS", "DEVICE", "NO_SPEED", "TRACE", "AUDIT",
-           "STRICT_BUDGETS", "SPEED_THRESHOLD", "FRESH_SEED", "TRAIN_SEEDS", "REPORT", "REPORT_MD", "PLOTS", "OUTPUT_OPTIONS",
+           "STRICT_BUDGETS", "SPEED_THRESHOLD", "FRESH_SEED", "EXPLORE", "TRAIN_SEEDS", "REPORT", "REPORT_MD", "PLOTS", "OUTPUT_OPTIONS",
            "BASELINE_DIR", "TARGETS", "KINDS", "TIMEOUT"]
 
 GROUP = ("precision", "numerical precision checks (pytest-precision)")  # pytest's option group: name, title
@@ -87,8 +87,12 @@ SPEED_THRESHOLD = Option("--precision-speed-threshold",
                          "fail a case this much slower than its recorded median, when clear of the noise (default: 10 "
                          "on CUDA, 20 on CPU)", metavar="PERCENT")
 FRESH_SEED = Option("--precision-fresh-seed",
-                    "the seed of the fresh regime's inputs, to replay a run's (default: a new one every run, "
-                    "printed in the header and in each failing fresh case)", metavar="N")
+                    "the seed of every target's fresh inputs, to replay what a failing case printed (default: each "
+                    "target's own, derived from its code: the same every run until the code changes)", metavar="N")
+EXPLORE = Option("--precision-explore",
+                 "draw new inputs every run: fresh inputs from a new seed (printed, with the command that replays "
+                 "it) and new examples in the drawn regime's search; a seed that fails is remembered in pytest's "
+                 "cache and replayed first by later runs until it passes (for local runs and scheduled jobs)")
 TRAIN_SEEDS = Option("--precision-train-seeds",
                      "run each training config from N seeds too (cases train_step[TARGET-CONFIG-seedsN]) and fail a "
                      "config whose failure rate is above fp32's (Fisher's exact test, one-sided, p < 0.01); overrides "
@@ -116,7 +120,7 @@ TIMEOUT = IniKey("precision_timeout",
 
 # in the order pytest --help lists them
 OPTIONS = (SUITE, BUILTINS, COMPILE, UPDATE_BASELINES, CONFIGS, DEVICE, NO_SPEED, TRACE, AUDIT, STRICT_BUDGETS,
-           SPEED_THRESHOLD, FRESH_SEED, TRAIN_SEEDS, REPORT, REPORT_MD, PLOTS)
+           SPEED_THRESHOLD, FRESH_SEED, EXPLORE, TRAIN_SEEDS, REPORT, REPORT_MD, PLOTS)
 OUTPUT_OPTIONS = (REPORT, REPORT_MD, PLOTS)  # files a run leaves: asking for one makes records carry their detail
 INI_KEYS = (BASELINE_DIR, TARGETS, KINDS, TIMEOUT)
 NAMES = frozenset(o.name for o in (*OPTIONS, *INI_KEYS))

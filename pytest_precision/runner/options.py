@@ -20,7 +20,7 @@ from ..numerics.configs import CONFIG_IDS, Config, select_configs
 from ..platform.devices import fingerprint
 from ..speed.gate import DEFAULT_THRESHOLD
 from .exits import IMPORT_ADVICE, TargetEnded, refuse_process_exits
-from .option_table import (AUDIT, BASELINE_DIR, BUILTINS, COMPILE, CONFIGS, DEVICE, FRESH_SEED, KINDS, NO_SPEED,
+from .option_table import (AUDIT, BASELINE_DIR, BUILTINS, COMPILE, CONFIGS, DEVICE, EXPLORE, FRESH_SEED, KINDS, NO_SPEED,
                            OUTPUT_OPTIONS, SPEED_THRESHOLD, STRICT_BUDGETS, SUITE, TARGETS, TIMEOUT, TRACE, TRAIN_SEEDS,
                            UPDATE_BASELINES, IniKey)
 from .timelimit import DEFAULT_TIMEOUT, NO_LIMIT_ABOVE
@@ -51,8 +51,10 @@ class RunOptions:
     # a report or plots asked for: each case's record carries its detail (histograms, budgets,
     # headline), which needs the elementwise ULP tensors that a passing case otherwise never makes
     details: bool = False
-    # the fresh regime's seed (kinds.fresh): --precision-fresh-seed, else the xdist controller's, else a new one
-    fresh_seed: int = 0
+    # the fresh regime's seed for every target (kinds.fresh): --precision-fresh-seed, else under
+    # --precision-explore the xdist controller's or a new one; None: each target's own, derived from its code
+    fresh_seed: int | None = None
+    explore: bool = False  # --precision-explore: new fresh inputs and drawn examples every run
     train_seeds: int | None = None  # --precision-train-seeds: every TrainSpec's seeds (None: each spec's own)
 
     @classmethod
@@ -94,13 +96,14 @@ class RunOptions:
         if update:
             _check_writable(root)
         timeout = parse_timeout(str(TIMEOUT.value(config)))
-        fresh_seed = _fresh_seed(config)
+        explore = bool(EXPLORE.value(config))
+        fresh_seed = _fresh_seed(config, explore)
         return cls(device, configs, BaselineStore(root), update, run_suite, default_device, ini_targets,
                    speed=not NO_SPEED.value(config), speed_threshold=threshold, trace=bool(TRACE.value(config)),
                    strict_budgets=bool(STRICT_BUDGETS.value(config)), audit=bool(AUDIT.value(config)),
                    parallel=_parallel(config), timeout=timeout, builtins=bool(BUILTINS.value(config)),
                    compile=bool(COMPILE.value(config)), details=any(o.value(config) for o in OUTPUT_OPTIONS),
-                   fresh_seed=fresh_seed, train_seeds=_train_seeds(config))
+                   fresh_seed=fresh_seed, explore=explore, train_seeds=_train_seeds(config))
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -148,15 +151,18 @@ def load_ini_kinds(config: pytest.Config) -> None:
         raise pytest.UsageError(str(e)) from None
 
 
-def _fresh_seed(config: pytest.Config) -> int:
-    """The run's fresh seed: the one given, else (an xdist worker) its controller's, so that every
-    worker draws the same fresh inputs, else a new one (``kinds.fresh.new_seed``)."""
+def _fresh_seed(config: pytest.Config, explore: bool) -> int | None:
+    """The run's fresh seed for every target: the one given; else, exploring, (an xdist worker) its
+    controller's, so that every worker draws the same inputs, or a new one (``kinds.fresh.new_seed``);
+    else None: each target draws from its own, derived from its code."""
     given = FRESH_SEED.value(config)
     if given is not None:
         try:
             return parse_seed(given, FRESH_SEED.name)
         except ValueError as e:
             raise pytest.UsageError(str(e)) from None
+    if not explore:
+        return None
     handed = getattr(config, "workerinput", {}).get(FRESH_SEED_KEY)
     return new_seed() if handed is None else int(handed)
 
