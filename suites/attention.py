@@ -104,6 +104,14 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
             _MHA | dict(batch=3, causal=True, padding="left")),
     _regime("hd59", "head dim 59, irregular lengths 17 x 29", dict(batch=1, heads=1, kv_heads=1, q_len=17, k_len=29, head_dim=59),
             irregular=True),
+    # each feature the fresh regime can draw, met on its own by a seeded regime first, so that a target
+    # lacking it fails on its first run and every run, with the declaration that says so: grouped-query
+    # heads, a head dim that is no power of two (hd59 has S_q != S_k too), more queries than keys, a batch
+    _regime("gqa", "grouped-query heads: 4 query heads over 2 key/value heads, 16 x 16",
+            {**_BASE, "heads": 4, "kv_heads": 2}),
+    _regime("hd40", "head dim 40 (no power of two), 16 x 16", {**_BASE, "head_dim": 40}, irregular=True),
+    _regime("short-keys", "24 queries over 8 keys", {**_BASE, "q_len": 24, "k_len": 8}),
+    _regime("batch2", "batch 2, 16 x 16, 2 heads", _MHA),
     # lengths past the block sizes kernels use (16 to 128), so a blocked kernel runs its multi-block
     # path: the online softmax's rescale of earlier blocks, a partial last block (136 = 128 + 8), the
     # causal diagonal blocks
@@ -122,14 +130,15 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
 # backend in fp32 at q scale 10 (dv and dk max abs, up to 1.42 x, 5 of 300) and with causal masks
 # over left-padded keys at q scale 1 (dk RMS, 1.8 x, 1 of 200); the fixed regimes hold those
 _FIXED_LENGTHS = (8, 16, 17, 24, 29)
-_FIXED_HEAD_DIMS = (16, 59)
-_FRESH_HEAD_DIMS = (8, 24, 32, 40, 48, 64, 80, 96, 128, 256)
+_FIXED_HEAD_DIMS = (16, 40, 59)
+# from 24: no seeded regime has a head dim below 16 (a kernel whose tl.dot needs K >= 16 would fail at random)
+_FRESH_HEAD_DIMS = (24, 32, 48, 64, 80, 96, 128, 256, 8)
 
 
 def _fresh_regime(target: Target, seed: int) -> Regime | None:
     declared = target.declared
     allowed = declared.get("head_dims") or (lambda d: True)
-    dims = [d for d in _FRESH_HEAD_DIMS[:6] if allowed(d)] or [d for d in (*_FIXED_HEAD_DIMS, *_FRESH_HEAD_DIMS) if
+    dims = [d for d in _FRESH_HEAD_DIMS[:5] if allowed(d)] or [d for d in (*_FIXED_HEAD_DIMS, *_FRESH_HEAD_DIMS) if
                                                                 allowed(d)]
     if not dims:  # none of these head dims: no fresh case
         return None
@@ -142,7 +151,9 @@ def _fresh_regime(target: Target, seed: int) -> Regime | None:
     if causal:  # no query before every key (a bottom-right mask would leave it none)
         q_len, k_len = min(q_len, k_len), max(q_len, k_len)
     pads = not causal and declared.get("padding", target.accepts("key_padding_mask"))
-    padding = plan.choice((False, "right", "left")) if pads else False
+    # at the start only for a target that meets causal-leftpad (padding at the start) first
+    sides = (False, "right", "left") if declared.get("causal", "top-left") is not None else (False, "right")
+    padding = plan.choice(sides) if pads else False
     batch = plan.integer(1, 2) if kv_heads * group < 4 else 1
     shape = dict(batch=batch, heads=kv_heads * group, kv_heads=kv_heads, q_len=q_len, k_len=k_len,
                  head_dim=plan.choice(dims), causal=causal, padding=padding)

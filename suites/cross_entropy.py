@@ -114,6 +114,8 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
     # differences of up to about 250: exp overflows fp16 past 11.09 without the max subtracted
     _regime("scale40", "N(0, 40^2) logits: past fp16's exp range", scale=40.0),
     _regime("vocab32768", "2 rows over 32768 classes", rows=2, classes=32768, scale=5.0),
+    # a number of classes that is no power of two, as the fresh regime draws: met by a seeded regime first
+    _regime("vocab1000", "16 rows over 1000 classes (no power of two)", classes=1000, scale=5.0),
     # p(target) near 0.99, the loss near 0.01, held to fp32's steps at 1.0 (a margin of 20 made the loss
     # 5e-7, below that budget: an all-zeros loss and gradient passed it, kinds.contract.degenerate)
     _regime("confident", "the target's logit 10 above the rest: p near 1, loss near 0", margin=10.0),
@@ -142,7 +144,7 @@ def _fresh_regime(target: Target, seed: int) -> Regime:
     plan = Plan(seed)
     # 3 rows at least: one row over 209 classes at scale 40 whose target was the largest logit by far had a
     # loss and gradient that zeros passed in bf16 (kinds.contract.degenerate)
-    rows, classes = plan.integer(3, 24, avoid=(ROWS, 4)), plan.length(2, 4096, avoid=(CLASSES, 32768))
+    rows, classes = plan.integer(3, 24, avoid=(ROWS, 4)), plan.length(2, 4096, avoid=(CLASSES, 32768, 1000))
     family = plan.choice(tuple(f for f in FRESH_FAMILIES if f not in _FAMILY_KEYWORD
                                or target.accepts(_FAMILY_KEYWORD[f])))
     shape = dict(rows=rows, classes=classes, **FRESH_FAMILIES[family])

@@ -110,7 +110,7 @@ FRESH_FAMILIES: dict[str, Callable[[torch.Generator, int, int], torch.Tensor]] =
 
 def _fresh_regime(seed: int, rms: bool) -> Regime:
     plan = Plan(seed)
-    rows, cols = plan.integer(1, 12, avoid=(ROWS, 2)), plan.length(16, 2048, avoid=(COLS,))
+    rows, cols = plan.integer(1, 12, avoid=(ROWS, 2)), plan.length(16, 2048, avoid=(COLS, 1000))
     family = plan.choice(tuple(FRESH_FAMILIES))
 
     def make(g: torch.Generator) -> NormInputs:
@@ -132,6 +132,8 @@ def _regimes(rms: bool) -> dict[str, Regime]:
         regime("offset", "N(1e4, 1): a mean far above the spread", lambda g: seeded_normal(g, ROWS, COLS, shift=1e4)),
         regime("near-eps", "N(0, s^2), s^2 from 0.03 eps to 10 eps, and a row of zeros", _near_eps_rows),
         regime("long", "rows of 8192", lambda g: seeded_normal(g, 2, 8192)),
+        # a row length that is no power of two, as the fresh regime draws: met by a seeded regime first
+        regime("len1000", "rows of 1000 (no power of two)", lambda g: seeded_normal(g, ROWS, 1000)),
         # 300^2 = 9e4 > 65504: squares and sums of squares overflow fp16
         regime("scale300", "N(0, 300^2): squares past fp16's max", lambda g: seeded_normal(g, ROWS, COLS, scale=300.0)),
     )}
