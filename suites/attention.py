@@ -34,7 +34,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.overrides import TorchFunctionMode
 
 from pytest_precision.kinds.cases import NO_VARIANT, Case, Regime, Variant
-from pytest_precision.kinds.declarations import declared_flag
+from pytest_precision.kinds.declarations import Declaration, declared_flag
 from pytest_precision.kinds.fresh import Plan
 from pytest_precision.kinds.measurement import OutputRule
 from pytest_precision.kinds.tensor import TensorKind
@@ -44,7 +44,8 @@ from pytest_precision.platform.triton import triton_error, uses_triton
 from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR
 from pytest_precision.numerics.formats import format_of
 from pytest_precision.strategies import AttentionInputs, build_attention_inputs
-from .attention_masks import FULLY_MASKED, allowed_keys, attention_scores, fully_masked_hint, reference_attention
+from .attention_masks import (FULLY_MASKED, allowed_keys, attention_scores, fully_masked_hint, fully_masked_returned,
+                              fully_masked_sentence, reference_attention)
 
 __all__ = ["ATTENTION", "AttentionKind", "SdpaBackend", "REGIMES", "attention_scores", "reference_attention",
            "error_floor", "sdpa", "BASE_SEED"]
@@ -147,7 +148,7 @@ def _fresh_regime(target: Target, seed: int) -> Regime | None:
     group = plan.integer(1, 2) if declared.get("grouped_query", True) else 1
     q_len = plan.integer(9, 40, avoid=_FIXED_LENGTHS)
     k_len = plan.integer(9, 40, avoid=_FIXED_LENGTHS) if declared.get("cross_lengths", True) else q_len
-    causal = declared.get("causal", "top-left") is not None and plan.flag()
+    causal = declared.get("causal", "top-left") is not None and (plan.flag() or bool(declared.get("causal_only")))
     if causal:  # no query before every key (a bottom-right mask would leave it none)
         q_len, k_len = min(q_len, k_len), max(q_len, k_len)
     pads = not causal and declared.get("padding", target.accepts("key_padding_mask"))
@@ -161,6 +162,19 @@ def _fresh_regime(target: Target, seed: int) -> Regime | None:
     # 4 keys kept at least: over one key dk is exactly 0, the difference of two equal sums, and SDPA's flash
     # backend in fp32 left 1.9 x its budget there (1 of 400 shapes)
     return plan.regime(described, lambda g: build_attention_inputs(seed=g, **shape, min_keys=4), **shape)
+
+
+def _distance(out: torch.Tensor, exact: dict, causal: bool, a: AttentionInputs, lower_right: bool) -> float | None:
+    """The largest absolute difference of ``out`` from exact attention with the given mask (None
+    where their finite elements disagree, or none is finite)."""
+    with torch.no_grad():
+        ref = reference_attention(exact["q"], exact["k"], exact["v"], causal, a.key_padding_mask, lower_right,
+                                  a.fully_masked)
+    out = out.detach().to("cpu", torch.float64)
+    both = torch.isfinite(ref) & torch.isfinite(out)
+    if bool((torch.isfinite(ref) != torch.isfinite(out)).any()) or not bool(both.any()):
+        return None
+    return float((out[both] - ref[both]).abs().max())
 
 
 def error_floor(top: float, dtype: torch.dtype, logit_top: float) -> float:
@@ -297,12 +311,14 @@ class AttentionKind(TensorKind):
         "cross_lengths": "False: only S_q == S_k; default True",
         "causal": "'top-left' (default, torch's is_causal), 'bottom-right' (torch's causal_lower_right, decoding) "
                   "or None (no causal masking)",
+        "causal_only": "True: it always masks causally, whatever its causal argument (a decoder's attention): the "
+                       "regimes without a causal mask are skipped; default False",
         "fully_masked": "what it returns for a query whose keys are all masked: 'zero' (default, torch's SDPA), 'nan' "
                         "or 'mean' (the mean of v: an additive mask at the dtype's minimum, Hugging Face's eager)",
     }
 
     def normalise_declaration(self, name, key, value):
-        if key in ("sdpa", "grouped_query", "padding", "cross_lengths"):
+        if key in ("sdpa", "grouped_query", "padding", "cross_lengths", "causal_only"):
             return declared_flag(name, key, value)
         if key == "head_dims":
             return _head_dims(name, value)
@@ -327,17 +343,59 @@ class AttentionKind(TensorKind):
         head_dims, d = declared.get("head_dims"), a.q.shape[-1]
         if head_dims is not None and not head_dims(d):
             listed = getattr(head_dims, "description", None)
-            return f"declares head dims {listed}; this regime has {d}" if listed else \
-                f"its head_dims declaration excludes head dim {d}"
+            return f"declares head dims {listed}; this regime has head dim {d}" if listed else \
+                f"its head_dims declaration excludes head dim {d}; this regime has head dim {d}"
         if a.gqa and not declared.get("grouped_query", True):
             return f"declares grouped_query=False; this regime has {a.q.shape[1]} query heads over {a.k.shape[1]} key heads"
         if a.q.shape[-2] != a.k.shape[-2] and not declared.get("cross_lengths", True):
             return f"declares cross_lengths=False; this regime has S_q {a.q.shape[-2]} != S_k {a.k.shape[-2]}"
         if a.causal and declared.get("causal", "top-left") is None:
-            return "declares causal=None; this regime is causal"
+            return "declares causal=None; this regime has a causal mask"
+        if not a.causal and declared.get("causal_only"):
+            return "declares causal_only=True; this regime has no causal mask"
         if a.key_padding_mask is not None and not declared.get("padding", case.target.accepts("key_padding_mask")):
+            if "padding" in declared:
+                return "declares padding=False; this regime has key padding"
             return f"the {case.regime} regime needs a key_padding_mask keyword (see the attention contract)"
         return None
+
+    # what a target may lack, each declaration skipping the inputs with that feature (TensorKind.run:
+    # a target raising on a regime of one of them fails ``unsupported`` naming it); head dims: the
+    # powers of two kernels commonly require (a power-of-two tl.arange, tl.dot's K >= 16)
+    LACKING = (Declaration("grouped_query", False), Declaration("cross_lengths", False),
+               Declaration("head_dims", (16, 32, 64, 128, 256)), Declaration("causal", None),
+               Declaration("padding", False))
+
+    def feature_declarations(self, target: Target) -> list[Declaration]:
+        return list(self.LACKING)
+
+    def conventions(self, case: Case, m, a: AttentionInputs) -> list[tuple[Declaration, str]]:
+        """A fully masked row's output in another convention (``fully_masked``), a causal mask of the
+        other alignment (``causal``), a causal mask where none was asked (``causal_only``)."""
+        found = []
+        out, budget = m.outputs["out"], m.peer_budget["out"].max_abs or 0.0
+        lower_right = a.causal_alignment == "bottom-right"
+        rows, returned = fully_masked_returned(out, m.exact, a.causal, a.key_padding_mask, lower_right, budget)
+        if returned in FULLY_MASKED and returned != a.fully_masked:
+            found.append((Declaration("fully_masked", returned),
+                          f"{fully_masked_sentence(rows, returned, a.fully_masked)}: declare fully_masked={returned!r}"))
+        sq, sk = a.q.shape[-2], a.k.shape[-2]
+        if a.causal and sq != sk:
+            other = "top-left" if lower_right else "bottom-right"
+            error = _distance(out, m.exact, True, a, other == "bottom-right")
+            if error is not None and error <= budget:
+                found.append((Declaration("causal", other),
+                              f"the output matches a {other} causal mask (max abs {error:.3g} within the budget "
+                              f"{budget:.3g}): declare causal={other!r}"))
+        if not a.causal and not case.target.declared.get("causal_only") and case.target.declared.get(
+                "causal", "top-left") is not None:
+            alignment = case.target.declared.get("causal") or "top-left"
+            error = _distance(out, m.exact, True, a, alignment == "bottom-right")
+            if error is not None and error <= budget:
+                found.append((Declaration("causal_only", True),
+                              f"asked for no causal mask, the target applied one (its output matches causal attention "
+                              f"within the budget, max abs {error:.3g}): if it is causal only, declare causal_only=True"))
+        return found
 
     def fresh_regime(self, target: Target, seed: int) -> Regime | None:
         return _fresh_regime(target, seed)
@@ -351,27 +409,10 @@ class AttentionKind(TensorKind):
 
     def hint(self, case: Case, m, a: AttentionInputs) -> str | None:
         """A failing case with fully masked query rows where the target is off its declared
-        convention: what it returned there. A causal case with S_q != S_k that fails but matches the
-        other alignment: say so."""
-        lower_right = a.causal_alignment == "bottom-right"
-        masked_rows = fully_masked_hint(m.outputs["out"], m.exact, a.causal, a.key_padding_mask, lower_right,
-                                        a.fully_masked, m.peer_budget["out"].max_abs or 0.0)
-        if masked_rows or not a.causal or a.q.shape[-2] == a.k.shape[-2]:
-            return masked_rows
-        other = "top-left" if a.causal_alignment == "bottom-right" else "bottom-right"
-        with torch.no_grad():
-            ref = reference_attention(m.exact["q"], m.exact["k"], m.exact["v"], True, a.key_padding_mask,
-                                      other == "bottom-right", a.fully_masked)
-        out = m.outputs["out"].detach().to("cpu", torch.float64)
-        both = torch.isfinite(ref) & torch.isfinite(out)
-        if bool((torch.isfinite(ref) != torch.isfinite(out)).any()) or not bool(both.any()):
-            return None
-        budget = m.peer_budget["out"].max_abs
-        error = float((out[both] - ref[both]).abs().max())
-        if budget is None or error > budget:
-            return None
-        return (f"the output matches a {other} causal mask (max abs {error:.3g} within the budget {budget:.3g}): if "
-                f"that is the target's alignment, declare it at registration (causal=\"{other}\")")
+        convention, and in none of them: what it returned there (``conventions`` names the others)."""
+        return fully_masked_hint(m.outputs["out"], m.exact, a.causal, a.key_padding_mask,
+                                 a.causal_alignment == "bottom-right", a.fully_masked,
+                                 m.peer_budget["out"].max_abs or 0.0)
 
     def target_variants(self, target: Target, device: str) -> list[Variant]:
         return self.variants(device) if reaches_sdpa(target, device) else [NO_VARIANT]

@@ -22,7 +22,7 @@ import math
 import torch
 
 __all__ = ["FULLY_MASKED", "attention_scores", "allowed_keys", "reference_attention", "fully_masked_rows",
-           "fully_masked_hint", "expand_kv"]
+           "fully_masked_hint", "fully_masked_returned", "fully_masked_sentence", "expand_kv"]
 
 FULLY_MASKED = {
     "zero": "zeros (torch's SDPA)",
@@ -93,30 +93,41 @@ def _what(rows: torch.Tensor, mean: torch.Tensor, tolerance: float) -> str:
         return "nan"
     if not bool(rows.isfinite().all()):
         return "non-finite values"
-    if float(rows.abs().max()) <= tolerance:
-        return "zero"
-    if float((rows - mean).abs().max()) <= tolerance:
-        return "mean"
+    # the nearer of the two where both are within tolerance (fp8's is wide)
+    to_zero, to_mean = float(rows.abs().max()), float((rows - mean).abs().max())
+    if min(to_zero, to_mean) <= tolerance:
+        return "zero" if to_zero <= to_mean else "mean"
     return f"values that are none of the conventions (largest magnitude {float(rows.abs().max()):.3g})"
+
+
+def fully_masked_returned(out: torch.Tensor, exact: dict, causal: bool, key_padding_mask, lower_right: bool,
+                          tolerance: float) -> tuple[int, str | None]:
+    """How many query rows are fully masked, and what the target returned there (a convention's
+    name where one fits, else a description; None where there are none)."""
+    sq, sk = out.shape[-2], exact["k"].shape[-2]
+    dead = fully_masked_rows(sq, sk, causal, key_padding_mask, lower_right).expand(out.shape[:-1])
+    if not bool(dead.any()):
+        return 0, None
+    out = out.detach().to("cpu", torch.float64)
+    mean = expand_kv(exact["q"], exact["v"]).mean(-2, keepdim=True).expand(out.shape)
+    return int(dead.sum()), _what(out[dead], mean[dead], tolerance)
+
+
+def fully_masked_sentence(rows: int, returned: str, declared: str) -> str:
+    """What the target returned on its fully masked rows, against its declared convention."""
+    default = " (the default)" if declared == "zero" else ""
+    return (f"{rows} fully masked query rows (every key masked): the target returned {FULLY_MASKED.get(returned, returned)} "
+            f"there, where its convention fully_masked={declared!r}{default} expects {FULLY_MASKED[declared]}")
 
 
 def fully_masked_hint(out: torch.Tensor, exact: dict, causal: bool, key_padding_mask, lower_right: bool,
                       declared: str, tolerance: float) -> str | None:
     """For a failing case with fully masked query rows where the target's output is not its
     declared convention: what it returned there, what was expected, and how to declare another."""
-    sq, sk = out.shape[-2], exact["k"].shape[-2]
-    dead = fully_masked_rows(sq, sk, causal, key_padding_mask, lower_right).expand(out.shape[:-1])
-    if not bool(dead.any()):
+    rows, returned = fully_masked_returned(out, exact, causal, key_padding_mask, lower_right, tolerance)
+    if returned is None or returned == declared:
         return None
-    out = out.detach().to("cpu", torch.float64)
-    mean = expand_kv(exact["q"], exact["v"]).mean(-2, keepdim=True).expand(out.shape)
-    returned = _what(out[dead], mean[dead], tolerance)
-    if returned == declared:
-        return None
-    said = FULLY_MASKED.get(returned, returned)
     others = [f"fully_masked={c!r}" for c in FULLY_MASKED if c != declared]
-    default = " (the default)" if declared == "zero" else ""
     advice = (f"if that is the target's convention, declare it at registration (fully_masked={returned!r})"
               if returned in FULLY_MASKED else f"the conventions a target may declare: {', '.join(others)}")
-    return (f"{int(dead.sum())} fully masked query rows (every key masked): the target returned {said} there, where "
-            f"its convention fully_masked={declared!r}{default} expects {FULLY_MASKED[declared]}; {advice}")
+    return f"{fully_masked_sentence(rows, returned, declared)}; {advice}"

@@ -32,6 +32,7 @@ import torch
 
 from ..numerics.budgets import Budget, violations
 from ..numerics.metrics import compare
+from .declarations import Declaration
 from .target import TargetError
 
 if TYPE_CHECKING:
@@ -119,9 +120,9 @@ class InputWatch:
         self.mutates = mutates
         self.reported: set[str] = set()
 
-    def changes(self, handed: dict[str, torch.Tensor], stage: str) -> list[str]:
+    def changes(self, handed: dict[str, torch.Tensor], stage: str) -> list[tuple[str, Declaration]]:
         """A sentence per input the call changed in place (``stage``: "forward" or "backward"), each
-        input said once."""
+        input said once, with the declaration that allows it (``mutates``)."""
         out = []
         pairs = [(n, self.originals[n], handed[n].detach(), False) for n in handed]
         pairs += [(n, self.snapshots[n], self.others[n], True) for n in self.snapshots]
@@ -135,9 +136,9 @@ class InputWatch:
             n = int(changed.sum())
             if n and name not in self.mutates and name not in self.reported:
                 self.reported.add(name)
-                out.append(f"its {stage} changed input {name} in place ({n} of {changed.numel()} elements"
-                           f"{_largest_change(before, after, changed)}); declare mutates=('{name}',) if it does "
-                           "so by design")
+                out.append((f"its {stage} changed input {name} in place ({n} of {changed.numel()} elements"
+                            f"{_largest_change(before, after, changed)}); declare mutates=('{name}',) if it does "
+                            "so by design", Declaration("mutates", (name,))))
         return out
 
     def restore(self) -> None:
@@ -177,10 +178,12 @@ def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     return sa is not None and sb is not None and sa[0] < sb[1] and sb[0] < sa[1]
 
 
-def aliased_inputs(out: torch.Tensor, handed: dict[str, torch.Tensor], allowed: set[str]) -> list[str]:
-    """Sentences for each input ``out`` shares storage with, outside those declared ``aliases=``."""
-    return [f"its output shares memory with input {name} (the input itself, a view or an alias); return a fresh "
-            f"tensor, or declare aliases=('{name}',)"
+def aliased_inputs(out: torch.Tensor, handed: dict[str, torch.Tensor],
+                   allowed: set[str]) -> list[tuple[str, Declaration]]:
+    """Sentences for each input ``out`` shares storage with, outside those declared ``aliases=``, with
+    the declaration that allows it."""
+    return [(f"its output shares memory with input {name} (the input itself, a view or an alias); return a fresh "
+             f"tensor, or declare aliases=('{name}',)", Declaration("aliases", (name,)))
             for name, t in handed.items() if name not in allowed and shares_storage(out, t)]
 
 

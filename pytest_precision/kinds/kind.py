@@ -21,6 +21,8 @@ against what the runner expects of it.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import sys
 from abc import ABC, abstractmethod
 from typing import Any, Callable
@@ -120,6 +122,11 @@ class Kind(ABC):
             raise TypeError(f"target {name!r} ({self.name}): unknown declaration {', '.join(map(repr, unknown))}; a "
                             f"{self.name} target may declare {known}")
         return {key: self.normalise_declaration(name, key, value) for key, value in declared.items()}
+
+    def declaring(self, target: Target, declarations) -> Target:
+        """``target`` as if it had also declared ``declarations`` (kinds.declarations.Declaration)."""
+        added = {d.key: self.normalise_declaration(target.name, d.key, d.value) for d in declarations}
+        return dataclasses.replace(target, declared={**target.declared, **added})
 
     def normalise_declaration(self, name: str, key: str, value: Any) -> Any:
         """One declaration's value, normalised (kinds override it for their own keys)."""

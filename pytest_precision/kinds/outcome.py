@@ -13,12 +13,16 @@ from dataclasses import dataclass, field
 
 from ..baselines.entry import BaselineResult
 from ..explain.faults import Fault
+from .declarations import Declaration
 from .record import CaseRecord
 
-__all__ = ["CATEGORY_ORDER", "Problem", "Evidence", "Outcome", "PrecisionFailure", "baseline_problems"]
+__all__ = ["CATEGORY_ORDER", "Problem", "Evidence", "Outcome", "PrecisionFailure", "baseline_problems",
+           "declaration_fields"]
 
 # headline order: the most specific cause first; categories a kind adds beyond these sort after them
-CATEGORY_ORDER = ("contract", "degenerate", "overflow", "underflow", "nan", "missing_nan", "accuracy", "regression",
+# ``convention`` (the output follows another convention the target can declare) and ``unsupported``
+# (it raised on inputs with a feature it can declare it lacks) come with the declaration to add
+CATEGORY_ORDER = ("convention", "unsupported", "contract", "degenerate", "overflow", "underflow", "nan", "missing_nan", "accuracy", "regression",
                   "baseline", "hypothesis", "nondeterministic", "batch_variant", "speed", "memory")
 
 
@@ -31,6 +35,21 @@ class Problem:
     check: str  # what found it: "oracle" (against the exact result or the fp32 run), "golden", "speed", ...
     category: str  # one of CATEGORY_ORDER, or the kind's own
     sentence: str
+    # what the target declares if it does this by design (a convention, an input written in place): the
+    # problem is then gone, and the run's block of declarations lists it (reporting.declarations)
+    declaration: Declaration | None = None
+
+
+def declaration_fields(problems: list[Problem]) -> dict:
+    """The record's fields about declarations: ``declare``, those the problems name (as plain lists),
+    and ``explained``, whether every problem but the golden's names one (adding them leaves at most a
+    missing or outdated golden)."""
+    found = [p.declaration for p in problems if p.declaration is not None]
+    if not found:
+        return {}
+    judged = [p for p in problems if p.check != "golden"]
+    return {"declare": [d.as_plain() for d in dict.fromkeys(found)],
+            "explained": all(p.declaration is not None for p in judged)}
 
 
 def baseline_problems(result: BaselineResult) -> list[Problem]:
@@ -76,8 +95,8 @@ class Outcome:
     details: list[str] = field(default_factory=list)  # lines after the fault (a shrunk input, a shown rate)
     fault: Fault | None = None
 
-    def add(self, check: str, category: str, sentence: str) -> None:
-        self.problems.append(Problem(check, category, sentence))
+    def add(self, check: str, category: str, sentence: str, declaration: Declaration | None = None) -> None:
+        self.problems.append(Problem(check, category, sentence, declaration))
 
     @property
     def passed(self) -> bool:
@@ -106,6 +125,7 @@ class Outcome:
                             baseline_refused=b.refused_line, borrowed_budget=b.note is not None,
                             borrowed_across_devices=b.borrowed_across_devices)
         record.add(**self.evidence.record_fields(self))
+        record.add(**declaration_fields(self.problems))
         if b.moved_inputs:
             record.inputs_moved = True
         if b.unjudged:

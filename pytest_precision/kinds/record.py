@@ -46,6 +46,12 @@ class CaseRecord:
     passed: bool = _field("verdict", renamed="verdict")
     categories: list[str] = _field("case")  # its problems' categories, in headline order ([] when it passed)
     crashed: str = _field("verdict", renamed="crash_reason")  # a failed case without measurements: why
+    # declarations the case's failure names, as [key, value] in plain types (kinds.declarations.Declaration):
+    # ``declare`` all needed; ``declare_any`` one of them (a crash on inputs with several features);
+    # ``explained``: with them declared, nothing but the golden is left failing (reporting.declarations)
+    declare: list = _field("case")
+    declare_any: list = _field("case")
+    explained: bool = _field("case")
     headline: str = _field("case")  # the failure message's first line (with the report's detail, or a crash)
     # tensor kinds: the forward output against the float64 oracle; the counts over every output
     max_ulp: float = _field("metrics")

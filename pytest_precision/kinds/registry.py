@@ -20,6 +20,7 @@ import importlib
 import re
 import sys
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any, Callable
 
 from ..baselines.store import file_component, name_problem, sanitize_key as sanitize
@@ -205,6 +206,8 @@ def register(name: str, fn: Callable | None = None, *, kind: str = "softmax", **
     except ValueError as e:
         raise ValueError(f"target {name!r}: {e}") from None
 
+    where = _caller()
+
     def add(f: Callable) -> Callable:
         k.check_target(name, f)
         supports = k.declare(name, declared)
@@ -219,10 +222,21 @@ def register(name: str, fn: Callable | None = None, *, kind: str = "softmax", **
         if clash is not None:
             raise ValueError(f"target names {name!r} and {clash.name!r} would share baseline files (file systems and "
                              "pytest's -k tell names apart without case): give one another name")
-        _REGISTRY[name] = Target(name, f, kind, origin=getattr(f, "__module__", "?") or "?", declared=supports)
+        _REGISTRY[name] = Target(name, f, kind, origin=getattr(f, "__module__", "?") or "?", declared=supports,
+                                 where=where)
         return f
 
     return add(fn) if fn is not None else add
+
+
+def _caller() -> str:
+    """file:line of the code that called ``register`` (the first frame outside this package)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("pytest_precision."):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    return f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
 
 
 def registered(kind: str | None = None) -> list[Target]:

@@ -6,7 +6,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Target", "TargetError"]
+__all__ = ["Target", "TargetError", "lacking_sentence"]
 
 
 @dataclass(frozen=True)
@@ -17,6 +17,7 @@ class Target:
     origin: str = "register()"
     # what the target declared at registration, as the kind normalised it (Kind.declare)
     declared: dict = field(default_factory=dict, compare=False)
+    where: str = field(default="", compare=False)  # the registration's file:line, where known
 
     def accepts(self, keyword: str) -> bool:
         """Whether the callable takes ``keyword`` (by name or through ``**kwargs``); True where its
@@ -29,4 +30,25 @@ class Target:
 
 
 class TargetError(Exception):
-    """A target raised or broke its kind's contract; the message names target, config and input."""
+    """A target raised or broke its kind's contract; the message names target, config and input.
+
+    Where the inputs it raised on have features a target can declare it lacks (grouped-query heads,
+    S_q != S_k), ``declarations`` holds each declaration that would skip them (any one of them
+    explains the error) and ``features`` what the inputs had (``TensorKind.run`` sets them)."""
+
+    declarations: tuple = ()  # kinds.declarations.Declaration, alternatives
+    features: tuple = ()  # phrases: "this regime has 4 query heads over 2 key heads"
+    from_target = False  # raised by the target's own call (not its peer's or its reference's)
+
+
+def lacking_sentence(error: TargetError) -> str | None:
+    """For a target that raised on inputs with features it can declare it lacks: what the inputs had
+    and the declaration (or the choice of declarations) that says it lacks them; else None."""
+    if not error.declarations:
+        return None
+    had = " and ".join(dict.fromkeys(f.removeprefix("this regime has ") for f in error.features))
+    spelled = [d.python() for d in error.declarations]
+    if len(spelled) == 1:
+        return f"on inputs with {had}: if the target does not support that, declare {spelled[0]}"
+    return (f"on inputs with {had}: a target that does not support one of them declares "
+            f"{', '.join(spelled[:-1])} or {spelled[-1]}")

@@ -22,7 +22,7 @@ __all__ = ["call_target"]
 
 
 def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, grad_seed: int = 0, *,
-                where: str, check: bool = True, breaches: list[str] | None = None,
+                where: str, check: bool = True, breaches: list | None = None,
                 upstream: torch.Tensor | None = None, forward_only: bool = False) -> dict[str, torch.Tensor]:
     """``fn`` on copies of ``values`` (see ``TensorKind.call``; ``kind`` a TensorKind)."""
     grads = () if forward_only else kind.case_grad_inputs(case, inputs)

@@ -43,12 +43,13 @@ from ..speed.timing import Bench
 from .cases import NO_VARIANT, Case, Regime
 from .contract import CONTRACT_DECLARATIONS, normalise_contract, other_tensor_fields
 from .contract_checks import check_contract
+from .declarations import Declaration
 from .drawn import attack
 from .fresh import FRESH, fresh_regime_of, fresh_result, is_fresh, note_fresh
 from .fault import locate_fault
 from .kind import Kind, skip, xfail
 from .measurement import MeasureContext, Measurement, OutputRule, TensorEvidence, upstream_gradient
-from .outcome import Outcome, baseline_problems
+from .outcome import Outcome, Problem, baseline_problems
 from .target import Target, TargetError
 from .target_call import call_target
 
@@ -244,6 +245,19 @@ class TensorKind(Kind):
         meant (attention: the other causal alignment), else None."""
         return None
 
+    def conventions(self, case: Case, m: Measurement, inputs: Any) -> list[tuple[Declaration, str]]:
+        """Declarations under which a failing case's outputs may be what the target does by design (a
+        fully masked row's mean of v, another causal alignment), each with the sentence that says
+        what the target did: ``run`` judges the case again under each, and one under which it passes
+        (or is skipped) turns its oracle problems into one ``convention`` problem naming it."""
+        return []
+
+    def feature_declarations(self, target: Target) -> list[Declaration]:
+        """Declarations of what a target does not support (``grouped_query=False``), each skipping
+        the inputs that have the feature: a target raising on inputs that one of them would skip
+        fails ``unsupported`` (a regime of that one feature) naming it, not ``crash``."""
+        return []
+
     def known_limit(self, case: Case, example: Any, m: Measurement) -> str | None:
         """Why a drawn input on which ``case`` failed lies at a known limit of the built-in target
         (torch's op), making the failure expected: its reason, or None (checked before the first
@@ -301,7 +315,12 @@ class TensorKind(Kind):
         if got.regime is None:
             return attack(self, case)
         regime, inputs = got.regime, got.inputs
-        m = self.measure(case, inputs, grad_seed=regime.seed + 1)
+        try:
+            m = self.measure(case, inputs, grad_seed=regime.seed + 1)
+        except TargetError as e:
+            if e.from_target and not e.declarations:
+                e.declarations, e.features = self._lacking(case, inputs)
+            raise
         check_contract(self, case, inputs, m, regime.seed + 1)
         result = fresh_result(self, case) or baseline.check_outputs(
             m.golden, inputs=self.checksum_input(inputs), seed=regime.seed, input_spec=self.input_spec(regime, inputs))
@@ -310,7 +329,7 @@ class TensorKind(Kind):
             excuse = interpreter_excuse(m.launches)
             if excuse:
                 xfail(excuse)
-            hint = self.hint(case, m, inputs)
+            hint = None if self._by_convention(case, regime, m, inputs, outcome) else self.hint(case, m, inputs)
             if hint:
                 outcome.details.append(hint)
             note_fresh(self, case, regime, inputs, outcome.details)
@@ -328,11 +347,12 @@ class TensorKind(Kind):
         refs = self.reference_outputs(ctx.exact, inputs, grad_seed, self.case_grad_inputs(case, inputs))
         rng_state = RngState.capture(case.device)  # what a first-fault re-run replays (dropout draws the same mask)
         launches: list = []
-        breaches: list[str] = []
+        breaches: list[tuple[str, Declaration]] = []
         try:
             with watch_launches() as launches:
                 mine = self.call(case, case.target.fn, values, inputs, grad_seed, breaches=breaches)
         except TargetError as e:
+            e.from_target = True
             reason = case.variant.unavailable(e, case)
             if reason:
                 skip(reason)
@@ -348,7 +368,7 @@ class TensorKind(Kind):
             peer_where = f"peer ({peer_name}) under config {case.config.id} on regime {case.regime}"
             peer = self.call(replace(case, variant=NO_VARIANT), peer_fn, values, inputs, grad_seed, where=peer_where)
         m = Measurement(values, ctx.exact, mine, peer_name=peer_name, launches=launches, rng_state=rng_state)
-        m.contract += [("contract", f"{case.target.name}: {b}") for b in breaches]
+        m.contract += [("contract", f"{case.target.name}: {b}", d) for b, d in breaches]
         for name, ref in refs.items():
             rule = self.rule(ctx, name, mine[name], peer[name], ref)
             m.oracle[name] = rule.oracle(ref)
@@ -371,7 +391,7 @@ class TensorKind(Kind):
 
     @final
     def call(self, case: Case, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, grad_seed: int = 0, *,
-             where: str | None = None, check: bool = True, breaches: list[str] | None = None,
+             where: str | None = None, check: bool = True, breaches: list | None = None,
              upstream: torch.Tensor | None = None, forward_only: bool = False) -> dict[str, torch.Tensor]:
         """``fn`` on copies of ``values`` under the case's config and variant: the forward output and,
         for ``grad_inputs``, the gradients under a seeded upstream gradient (or ``upstream``). Anything
@@ -400,8 +420,8 @@ class TensorKind(Kind):
         outcome = Outcome(self.suite, self.name, case.target.name, case.config_id, case.regime,
                           TensorEvidence(m, magnitude_input), result)
         several = len(m.oracle) > 1
-        for category, sentence in m.contract:
-            outcome.add("contract", category, sentence)
+        for category, sentence, *declared in m.contract:
+            outcome.add("contract", category, sentence, *declared)
         for name, cmp in m.oracle.items():
             label = f"{name}: " if several else ""
             for cat, s in violations(cmp, m.peer_budget[name]):
@@ -413,6 +433,43 @@ class TensorKind(Kind):
                                                         f"{eager.max_ulp:.4g}, max abs {eager.max_abs:.4g})")
         outcome.problems += baseline_problems(result)
         return outcome
+
+    def _lacking(self, case: Case, inputs: Any) -> tuple[tuple[Declaration, ...], tuple[str, ...]]:
+        """The declarations that would skip ``inputs`` (``feature_declarations``), and what the inputs
+        have that each names (the kind's skip reason, after its "declares ...; " part)."""
+        found, features = [], []
+        for d in self.feature_declarations(case.target):
+            if case.target.declared.get(d.key, object()) == d.value:
+                continue
+            reason = self.unsupported(replace(case, target=self.declaring(case.target, [d])), inputs)
+            if reason:
+                found.append(d)
+                features.append(reason.split("; ", 1)[-1])
+        return tuple(found), tuple(features)
+
+    def _by_convention(self, case: Case, regime: Regime, m: Measurement, inputs: Any, outcome: Outcome) -> bool:
+        """Whether the failing case's oracle problems are a convention the target can declare
+        (``conventions``): judged again under each (then under all together), the first under which
+        it passes, or is skipped, replaces them with ``convention`` problems naming it. Only for keys the
+        target left undeclared: one it declared is its convention, and an output off it a defect."""
+        # a convention the target declared is its own: an output off it is a defect, not another convention
+        found = [(d, s) for d, s in self.conventions(case, m, inputs) if d.key not in case.target.declared]
+        if not found or not any(p.check == "oracle" for p in outcome.problems):
+            return False
+        trials = [[f] for f in found] + ([found] if len(found) > 1 else [])
+        for trial in trials:
+            declared = replace(case, target=self.declaring(case.target, [d for d, _ in trial]))
+            again = self.for_target(declared, regime.inputs())
+            if not self.unsupported(declared, again):
+                try:
+                    if self.failed_outputs(self.measure(declared, again, grad_seed=regime.seed + 1)):
+                        continue
+                except TargetError:
+                    continue
+            rest = [p for p in outcome.problems if p.check != "oracle"]
+            outcome.problems = [Problem("oracle", "convention", s, d) for d, s in trial] + rest
+            return True
+        return False
 
     @final
     def bench_call(self, case: Case) -> Bench | None:

@@ -7,9 +7,10 @@ import re
 
 from ..baselines.commands import UPDATE_OPTION
 from ..kinds.fresh import FRESH, seed_line
-from ..kinds.registry import get_kind
+from ..kinds.registry import get_kind, registered
 from ..kinds.tables import HEADERS, TENSOR_TABLE, SummaryTable
 from ..platform.devices import device_class, numerics_key
+from .declarations import declaration_lines
 
 __all__ = ["HEADERS", "tables", "summary_rows", "render_summary", "borrowed_budgets_line", "speed_lines", "case_lines",
            "write_terminal_summary"]
@@ -163,6 +164,13 @@ def write_terminal_summary(tr, options, records: list[dict]) -> None:
         tr.write_line(table.render(rs, [c.id for c in options.configs]))
     for line in case_lines(records):
         tr.write_line(line)
+    targets = [*registered(), *options.ini_targets]
+    block = declaration_lines(records, origins={t.name: t.origin for t in targets},
+                              wheres={t.name: t.where for t in targets if t.where})
+    if block:
+        tr.write_sep("=", "precision: declarations this run found (one edit)")
+        for line in block:
+            tr.write_line(line)
     if any(r.get("regime") == FRESH for r in records):  # the header's line, for runs that hide it (-q)
         tr.write_line(seed_line(options.fresh_seed, options.explore))
     borrowed = borrowed_budgets_line(records, key)

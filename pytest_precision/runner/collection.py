@@ -26,7 +26,7 @@ from ..kinds.outcome import PrecisionFailure
 from ..kinds.record import CaseRecord
 from ..kinds.registry import kinds, registered, target_names_problem
 from ..kinds.session import RunState
-from ..kinds.target import Target, TargetError
+from ..kinds.target import Target, TargetError, lacking_sentence
 from ..speed.alignment import tensor_core_misalignments, warn_misalignments
 from ..speed.gate import check_speed
 from .exits import THREADS_KEY, ThreadWatch, TargetEnded, refuse_process_exits, suspend_capture
@@ -36,6 +36,7 @@ from .timelimit import CaseTimeout, case_limit, time_limit
 from .variants import VariantDecision, decide_variants, shared_dir
 
 __all__ = ["RUN_STATE_KEY", "SuiteCollector", "SuiteItem", "suite_targets", "suites", "keyword_expressions", "crash_reason",
+           "crash_fields",
            "users_traceback"]
 
 LINT_SEEN_KEY = pytest.StashKey[set]()  # (target, op, dims) the alignment lint has warned about
@@ -130,6 +131,21 @@ def keyword_expressions(items: list) -> None:
         item.keyword_expression = " and not ".join([item.name, *others])
 
 
+def crash_fields(error: BaseException, reason: str) -> dict:
+    """The record's verdict fields of a crashed case: ``unsupported`` where the target raised on inputs
+    of one feature it can declare it lacks (the declaration explains the failure), else ``crash``
+    (with the declarations any one of which may explain it, where the inputs had several)."""
+    declarations = getattr(error, "declarations", ())
+    lacking = lacking_sentence(error) if isinstance(error, TargetError) else None
+    if len(declarations) == 1:
+        return dict(categories=["unsupported"], crashed=reason, headline=f"FAIL unsupported ({reason}; {lacking})",
+                    declare=[declarations[0].as_plain()], explained=True)
+    fields = dict(categories=["crash"], crashed=reason, headline=f"FAIL crash ({reason})")
+    if declarations:
+        fields.update(declare_any=[d.as_plain() for d in declarations], explained=False)
+    return fields
+
+
 def crash_reason(error: BaseException) -> str:
     """One line saying why a case crashed."""
     if isinstance(error, (CaseTimeout, TargetError, TargetEnded)):
@@ -218,8 +234,7 @@ class SuiteItem(pytest.Item):
             reason = crash_reason(e)
             baseline.refuse(reason)
             refused = f"{baseline.head} not accepted: {reason}" if options.update and not baseline.committed else None
-            records.append(self._record(passed=False, categories=["crash"], crashed=reason,
-                                        headline=f"FAIL crash ({reason})", baseline_refused=refused))
+            records.append(self._record(passed=False, baseline_refused=refused, **crash_fields(e, reason)))
             raise
         records.append(record.as_dict())
         if failure is not None:
@@ -344,9 +359,14 @@ class SuiteItem(pytest.Item):
         if isinstance(excinfo.value, (CaseTimeout, TargetEnded)):
             return f"{self.nodeid}: {excinfo.value}{crash_note(self.case)}"
         if isinstance(excinfo.value, TargetError):
-            cause = excinfo.value.__cause__
+            error = excinfo.value
+            cause = error.__cause__
             tb = "" if cause is None else "\n" + users_traceback(cause, full=bool(self.config.getoption("fulltrace")))
-            return f"{self.nodeid}: {excinfo.value}{crash_note(self.case)}{tb}"
+            lacking = lacking_sentence(error)
+            if lacking and len(error.declarations) == 1:  # the cause and the keyword first
+                return f"{self.nodeid}: FAIL unsupported ({lacking})\n  {error}{crash_note(self.case)}{tb}"
+            note = f"\n  {lacking}" if lacking else ""
+            return f"{self.nodeid}: {error}{note}{crash_note(self.case)}{tb}"
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):

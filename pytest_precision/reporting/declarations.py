@@ -1,0 +1,140 @@
+"""The run's block of declarations: one edit that turns correct code green.
+
+A case whose failure is something its target does by design (a convention: the mean of v on a
+fully masked row; an input written in place; a feature it does not support, on which it raised)
+carries the declaration that says so (``declare`` in its record, or ``declare_any`` where the
+inputs had several features, any one of which may be the cause). At the end of the run they are
+gathered per target into one line to paste into its registration, with how many failed cases each
+explains; the failures they do not explain stay listed as failures.
+
+Per key one value: for input names (``mutates``, ``aliases``) the union of those found; for any
+other key the value most cases found (a target has one convention: a fully masked row returning
+the mean of v in fp32 and NaN in fp16 is the mean, and the fp16 cases are not explained), ties going
+to the fp32 cases'. A case is explained when every declaration it needs is in the block (or one of
+its alternatives is).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..kinds.declarations import NAME_LISTS, Declaration, spell
+
+__all__ = ["TargetDeclarations", "gather", "render", "declaration_lines"]
+
+
+def _failed(record: dict) -> bool:
+    """A failure beyond a missing golden (a first run's), which a declaration may explain."""
+    return record.get("passed") is False and bool(set(record.get("categories", [])) - {"baseline"})
+
+
+@dataclass
+class TargetDeclarations:
+    """What one target's failed cases found it needs."""
+
+    target: str
+    kind: str
+    declarations: list[Declaration] = field(default_factory=list)
+    explains: dict[str, list[dict]] = field(default_factory=dict)  # key=value -> the records of the cases it explains
+    unexplained: list[str] = field(default_factory=list)  # failed cases the block does not explain
+
+
+def _case(record: dict) -> str:
+    return record.get("nodeid", "").removeprefix("precision-suite::") or \
+        f"{record['kind']}[{record['target']}-{record['config']}-{record['regime']}]"
+
+
+def _choose(found: list[tuple[Declaration, dict]]) -> list[Declaration]:
+    """One declaration per key (module docstring)."""
+    by_key: dict[str, list[tuple[Declaration, dict]]] = {}
+    for d, record in found:
+        by_key.setdefault(d.key, []).append((d, record))
+    chosen = []
+    for key, items in by_key.items():
+        if key in NAME_LISTS:
+            names = dict.fromkeys(n for d, _ in items for n in d.value)
+            chosen.append(Declaration(key, tuple(names)))
+            continue
+        votes: dict[str, list] = {}
+        for d, record in items:
+            votes.setdefault(d.python(), [d, 0, False])
+            votes[d.python()][1] += 1
+            votes[d.python()][2] |= str(record.get("config", "")).split("+")[0] == "fp32"
+        best = max(votes.values(), key=lambda v: (v[1], v[2]))
+        chosen.append(best[0])
+    return chosen
+
+
+def _covers(chosen: list[Declaration], d: Declaration) -> bool:
+    for c in chosen:
+        if c.key == d.key and (c.value == d.value or (d.key in NAME_LISTS and set(d.value) <= set(c.value))):
+            return True
+    return False
+
+
+def gather(records: list[dict]) -> list[TargetDeclarations]:
+    """Per target whose failed cases name declarations: the block's declarations, what each explains,
+    and the target's failures left unexplained; in the order the targets come."""
+    per_target: dict[tuple[str, str], list[dict]] = {}
+    for r in records:
+        if _failed(r):
+            per_target.setdefault((r.get("kind", ""), r["target"]), []).append(r)
+    out = []
+    for (kind, target), failed in per_target.items():
+        needs = [(Declaration.from_plain(p), r) for r in failed for p in r.get("declare", [])]
+        if not needs:
+            continue
+        chosen = _choose(needs)
+        block = TargetDeclarations(target, kind, chosen)
+        for r in sorted(failed, key=_case):
+            need = [Declaration.from_plain(p) for p in r.get("declare", [])]
+            any_of = [Declaration.from_plain(p) for p in r.get("declare_any", [])]
+            if need and r.get("explained") and all(_covers(chosen, d) for d in need):
+                for d in need:
+                    block.explains.setdefault(next(c for c in chosen if _covers([c], d)).python(), []).append(r)
+            elif any_of and any(_covers(chosen, d) for d in any_of):
+                d = next(d for d in any_of if _covers(chosen, d))
+                block.explains.setdefault(next(c for c in chosen if _covers([c], d)).python(), []).append(r)
+            else:
+                block.unexplained.append(_case(r))
+        out.append(block)
+    return out
+
+
+def _registration(block: TargetDeclarations, origin: str | None) -> str:
+    """The line to paste: the register call's new keywords, or the ini line's."""
+    if origin == "ini precision_targets":
+        return f"precision_targets = {block.target} {block.kind} " + " ".join(d.ini() for d in block.declarations)
+    return f"pytest_precision.register({spell(block.target)}, ..., " + \
+        ", ".join(d.python() for d in block.declarations) + ")"
+
+
+def _regimes(cases: list[dict]) -> str:
+    return ", ".join(dict.fromkeys(r.get("regime", "?") for r in cases))
+
+
+def declaration_lines(records: list[dict], origins: dict[str, str] | None = None,
+                      wheres: dict[str, str] | None = None) -> list[str]:
+    """The block's lines (none where no failure names a declaration). ``origins``: target name ->
+    how it was registered (an ini line is pasted as one); ``wheres``: target name -> where."""
+    blocks = gather(records)
+    if not blocks:
+        return []
+    explained = len({id(r) for b in blocks for v in b.explains.values() for r in v})
+    lines = [f"{len(blocks)} target(s) do by design what {explained} failed case(s) failed on: add to each "
+             "registration what is below, and those cases pass (or are skipped, outside what the target supports):"]
+    for b in blocks:
+        where = (wheres or {}).get(b.target)
+        lines.append(f"{b.target} ({b.kind}{', registered at ' + where if where else ''}):")
+        lines.append(f"    {_registration(b, (origins or {}).get(b.target))}")
+        for d in b.declarations:
+            cases = b.explains.get(d.python(), [])
+            lines.append(f"      {d.python()}: explains {len(cases)} failed case(s)"
+                         + (f" ({_regimes(cases)})" if cases else ""))
+        if b.unexplained:
+            shown = ", ".join(b.unexplained[:4]) + (f" and {len(b.unexplained) - 4} more" if len(b.unexplained) > 4 else "")
+            lines.append(f"      not explained, failures as listed above: {len(b.unexplained)} case(s): {shown}")
+    return lines
+
+
+def render(records: list[dict], **kw) -> str:
+    return "\n".join(declaration_lines(records, **kw))
