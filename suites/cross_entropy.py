@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
+from pytest_precision.kinds.declarations import Declaration
 from pytest_precision.kinds.fresh import Plan
 from pytest_precision.kinds.measurement import MeasureContext, OutputRule
 from pytest_precision.kinds.tensor import TensorKind
@@ -326,6 +327,15 @@ class CrossEntropyKind(TensorKind):
 
     def independent_peer(self, logits, target, ignore_index=IGNORE_INDEX, label_smoothing=0.0):
         return composite_cross_entropy(logits.float(), target, ignore_index, label_smoothing)
+
+    def conventions(self, case: Case, m, a: CrossEntropyInputs) -> list:
+        """A batch whose rows are all ignored, where the target returned a loss of 0 (``all_ignored``)."""
+        loss = m.outputs["loss"]
+        if bool((a.target == a.ignore_index).all()) and a.all_ignored == "nan" and bool((loss == 0).all()):
+            return [(Declaration("all_ignored", "zero"),
+                     "every row ignored: the target returned a loss of 0, where the default all_ignored='nan' "
+                     "expects NaN (torch's 0 / 0): declare all_ignored='zero'")]
+        return []
 
     def hint(self, case: Case, m, a: CrossEntropyInputs) -> str | None:
         """A loss past its budget in a 16-bit config, as far off as torch's op on the 16-bit logits: say so."""

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
+from pytest_precision.kinds.declarations import declared_flag
 from pytest_precision.kinds.fresh import Plan
 from pytest_precision.kinds.measurement import MeasureContext, OutputRule
 from pytest_precision.kinds.tensor import TensorKind
@@ -70,6 +71,10 @@ class NormInputs:
     weight: torch.Tensor
     bias: torch.Tensor | None
     eps: float = EPS
+    # how the target is called: fn(x, weight, bias, eps), or, declared weight=False, fn(x) (with eps= if it
+    # takes the keyword); its weight ones and its bias zeros then, for the oracle and the peer
+    affine: bool = True
+    eps_keyword: bool = False
 
     def __repr__(self) -> str:  # what Hypothesis prints for a falsifying example
         row = self.x[0, :8].tolist()
@@ -308,7 +313,42 @@ class NormKind(TensorKind):
             values["bias"] = a.bias
         return values
 
+    declarations = {
+        **TensorKind.declarations,
+        "weight": "False: no weight nor bias (called fn(x), or fn(x, eps=) where it takes eps); default True",
+        "eps": "the eps it uses whatever it is passed: a float, or 'finfo' for torch.finfo(x.dtype).eps (what "
+               "F.rms_norm uses when eps is None); default: the regime's (1e-5), passed",
+    }
+
+    def normalise_declaration(self, name, key, value):
+        if key == "weight":
+            return declared_flag(name, key, value)
+        if key == "eps":
+            if value == "finfo" or (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
+                return value if value == "finfo" else float(value)
+            raise ValueError(f"target {name!r}: eps={value!r}: expected a number or 'finfo' (torch.finfo(x.dtype).eps)")
+        return super().normalise_declaration(name, key, value)
+
+    def for_target(self, case: Case, a: NormInputs) -> NormInputs:
+        """The inputs as a target declaring ``weight=False`` or ``eps=`` reads them."""
+        declared = case.target.declared
+        changes = {}
+        if not declared.get("weight", True):
+            changes.update(weight=torch.ones_like(a.weight), bias=None if a.bias is None else torch.zeros_like(a.bias),
+                           affine=False, eps_keyword=case.target.accepts("eps"))
+        eps = declared.get("eps")
+        if eps is not None:
+            dtype = getattr(case.config, "input_dtype", None) or a.x.dtype
+            changes["eps"] = float(torch.finfo(dtype).eps) if eps == "finfo" else eps
+        return dataclasses.replace(a, **changes) if changes else a
+
+    def case_grad_inputs(self, case: Case, inputs=None) -> tuple[str, ...]:
+        grads = super().case_grad_inputs(case, inputs)
+        return grads if case.target.declared.get("weight", True) else tuple(n for n in grads if n == "x")
+
     def invoke(self, fn, values, a: NormInputs, device):
+        if not a.affine and getattr(fn, "__self__", None) is not self:  # the target, declared weight=False
+            return fn(values["x"], eps=a.eps) if a.eps_keyword else fn(values["x"])
         return fn(values["x"], values["weight"], values.get("bias"), a.eps)
 
     def expected_shape(self, values, a: NormInputs):

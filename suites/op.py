@@ -53,6 +53,7 @@ judged as error; an ``error="ulp"`` op counts any representable value lost to 0.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -61,6 +62,7 @@ import torch
 
 from pytest_precision.baselines.store import file_component, name_problem
 from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
+from pytest_precision.kinds.declarations import Declaration, declared_dtypes
 from pytest_precision.kinds.measurement import MeasureContext, OutputRule
 from pytest_precision.kinds.tensor import TensorKind
 from pytest_precision.kinds.tables import ABS_ERROR_TABLE
@@ -69,6 +71,7 @@ from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP
 from pytest_precision.numerics.formats import format_of
 from pytest_precision.numerics.inputs import portable_normal_draws
 from pytest_precision.numerics.metrics import compare
+from pytest_precision.numerics.promote import float32_as_float64
 
 from .op_call import OpCall, batch_dims
 
@@ -138,10 +141,25 @@ def _range_floor(ctx: MeasureContext, name: str) -> float:
     return factor * torch.finfo(torch.float32).tiny
 
 
+def _lost(peer: torch.Tensor, ref: torch.Tensor) -> str | None:
+    """What a peer lost where the exact result is finite (inf, NaN), said in a few words; None if nothing."""
+    finite = torch.isfinite(ref)
+    p = peer.detach().to(ref.device)
+    inf, nan = int((torch.isinf(p) & finite).sum()), int((torch.isnan(p) & finite).sum())
+    if not inf and not nan:
+        return None
+    return ", ".join(f"{n} {w}" for n, w in ((inf, "overflowed to inf"), (nan, "NaN")) if n) + \
+        f" of {ref.numel()} elements where the exact result is finite"
+
+
 def _one_tensor(out: Any) -> str:
     """What a call returned instead of one tensor, and the rule."""
     what = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
     return f"{what}: an op target returns one tensor (register one target per output)"
+
+
+def _dtypes(values: dict[str, torch.Tensor]) -> list[str]:
+    return list(dict.fromkeys(str(v.dtype).removeprefix("torch.") for v in values.values()))
 
 
 def _callable(name: str, key: str, value: Any) -> Callable:
@@ -208,6 +226,8 @@ class OpKind(TensorKind):
                 "else the exact result rounded",
         "grads": "names of the floating inputs whose gradients are judged (arg0, ... or keywords); default: all",
         "error": "'abs' (default: absolute error, floors scaled by the output's magnitude) or 'ulp'",
+        "out_dtype": "the dtype of its output in every config (a float32 loss from 16-bit logits), judged in it; "
+                     "default: the inputs' dtype (or autocast's)",
         "examples": f"how many examples the drawn regime tries (default {DEFAULT_EXAMPLES})",
         "batch_dim": "the dimension along which rows are independent: an int (of the output and every tensor input) "
                      "or {input name or 'out': dim}; enables the batch-invariance probes",
@@ -226,6 +246,11 @@ class OpKind(TensorKind):
             return _inputs(name, value)
         if key in ("reference", "peer"):
             return _callable(name, key, value)
+        if key == "out_dtype":
+            dtypes = declared_dtypes(name, value)
+            if len(dtypes) != 1:
+                raise ValueError(f"target {name!r} (op): out_dtype={value!r}: expected one dtype")
+            return dtypes[0]
         if key == "grads":
             names = (value,) if isinstance(value, str) else value
             if not isinstance(names, (tuple, list)) or not all(isinstance(n, str) for n in names):
@@ -314,15 +339,25 @@ class OpKind(TensorKind):
             "the target on float64 inputs"
         where = f"target {call.target.name!r} (op): its float64 reference ({which})"
         args, kwargs = call.arguments(values, device)
+        # a target declaring a float32 output upcasts on purpose: run as its oracle, its float32 is float64
+        exact = float32_as_float64() if declared is None and call.target.declared.get("out_dtype") == torch.float32 \
+            else contextlib.nullcontext()
         try:
-            out = (declared or call.target.fn)(*args, **kwargs)
+            with exact:
+                out = (declared or call.target.fn)(*args, **kwargs)
         except Exception as e:
             raise TargetError(f"{where} raised {type(e).__name__}: {e}") from e
         if not isinstance(out, torch.Tensor):
             raise TargetError(f"{where} returned {_one_tensor(out)}")
         if out.dtype != torch.float64:
-            raise TargetError(f"{where} returned {out.dtype} from float64 inputs: a cast inside it makes it no "
-                              "oracle; declare reference= computing in float64")
+            error = TargetError(f"{where} returned {out.dtype} from float64 inputs: a cast inside it makes it no "
+                                "oracle; declare reference= computing in float64")
+            if declared is None and out.dtype == torch.float32 and "out_dtype" not in call.target.declared:
+                # it computes in float32 on purpose (a loss from 16-bit logits): a contract it declares, and
+                # its oracle then reads its float32 as float64
+                error.declarations = (Declaration("out_dtype", torch.float32),)
+                error.features, error.by_design = ("it returns a float32 result (from float64 inputs too)",), True
+            raise error
         if any(v.requires_grad for v in values.values()) and not out.requires_grad:
             raise TargetError(f"{where}: its output has no gradient (detached, or computed outside torch); declare "
                               "forward_only=True or the grads= it has")
@@ -351,10 +386,23 @@ class OpKind(TensorKind):
     def output_rows(self, case, call: OpCall, out, rows):
         return out.index_select(batch_dims(call, case.target.declared["batch_dim"])["out"], rows.to(out.device))
 
-    def validate(self, case, out, values, call, where):
+    def validate(self, case, out, values, call, where, wider: bool = False):
         if isinstance(out, (tuple, list)):
             raise TargetError(f"{where} returned {_one_tensor(out)}")
-        super().validate(case, out, values, call, where)
+        declared = case.target.declared.get("out_dtype")
+        if declared is not None and isinstance(out, torch.Tensor) and not wider:
+            if out.dtype != declared:
+                raise TargetError(f"{where}: output dtype {out.dtype}, where it declares out_dtype={declared}")
+            wider = True  # the shape is checked below; its dtype is the declared one
+        try:
+            super().validate(case, out, values, call, where, wider=wider)
+        except TargetError as e:
+            # a float32 result from 16-bit inputs (a loss kept in float32): a contract it can declare
+            if isinstance(out, torch.Tensor) and out.dtype == torch.float32 and "output dtype" in str(e):
+                e.declarations = (Declaration("out_dtype", torch.float32),)
+                e.features = (f"it returned {out.dtype} from {', '.join(_dtypes(values))} inputs",)
+                e.by_design = True
+            raise
 
     def peer_for(self, target: Target) -> tuple[Callable, str]:
         """The declared peer, else the declared reference run in the config (an independent
@@ -395,8 +443,14 @@ class OpKind(TensorKind):
         if declared.get("peer") is None:
             if declared.get("reference") is None:
                 peer = ref  # no independent implementation: the exact result, rounded below as the output is
-            if peer.dtype != out.dtype:
-                peer = peer.to(out.dtype)
+            elif _lost(peer, ref):
+                # the declared reference run in the config overflowed or lost values (x.pow(2) at 300 in fp16):
+                # no careful implementation does; its error would set a budget that judges nothing
+                ctx.notes.append(f"{name}: the declared reference, run in {ctx.case.config.id} as the peer, "
+                                 f"{_lost(peer, ref)}; judged against the exact result rounded to {out.dtype} instead")
+                peer = ref
+        if peer.dtype != out.dtype and (declared.get("peer") is None or peer.dtype.itemsize > out.dtype.itemsize):
+            peer = peer.to(out.dtype)  # a float64 (or float32) result rounded once: the exact result rounded
         rule = super().output_rule(ctx, name, out, peer, ref)
         rule.peer_factor = PEER_FACTOR if name == self.forward_output else GRAD_PEER_FACTOR
         # the moved inputs' exact result: an error a correct implementation has, scaled as the peer's

@@ -72,5 +72,19 @@ def check_contract(kind, case: "Case", inputs: Any, m: "Measurement", grad_seed:
     why = degenerate(m.golden, {n: g.reference for n, g in m.golden.items()}, m.peer_budget)
     if why:
         m.contract.append(("degenerate", f"regime {case.regime} under {case.config_id}: {why}; it judges nothing "
-                                         "(its exact result's spread is within the budget's floor): the harness "
-                                         "refuses it"))
+                                         f"({_why_wide(m)}): the harness refuses it"))
+
+
+def _why_wide(m: "Measurement") -> str:
+    """What set the forward output's budget so wide: the peer's own error (its overflow or NaN named),
+    or the floors (the exact result's spread is within them)."""
+    name = next(iter(m.peer_budget))
+    peer, budget = m.peer[name], m.peer_budget[name]
+    lost = ", ".join(f"{n} {w}" for n, w in ((peer.overflow, "overflowed"), (peer.nan, "NaN"),
+                                              (peer.underflow, "underflowed")) if n)
+    error = peer.max_abs if budget.max_abs is not None else peer.max_ulp
+    unit = "max abs" if budget.max_abs is not None else "max ULP"
+    if lost or (error == error and budget.describe() and error > 0.25 * (budget.max_abs or budget.max_ulp or 0)):
+        what = f"{m.peer_name} in this config: {unit} {error:.4g}" + (f", {lost} elements" if lost else "")
+        return f"its budget, {budget.describe()}, is set by the peer's own error ({what})"
+    return "its exact result's spread is within the budget's floor"

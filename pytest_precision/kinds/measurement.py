@@ -163,6 +163,7 @@ class MeasureContext:
     grad_seed: int = 0
     facts: Any = None
     rules: dict[str, "OutputRule"] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # what output_rule decided that the message should say
 
     def upstream(self, shape) -> torch.Tensor:
         """The upstream gradient of an output of ``shape`` in this measurement."""

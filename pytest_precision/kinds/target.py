@@ -39,6 +39,7 @@ class TargetError(Exception):
     declarations: tuple = ()  # kinds.declarations.Declaration, alternatives
     features: tuple = ()  # phrases: "this regime has 4 query heads over 2 key heads"
     from_target = False  # raised by the target's own call (not its peer's or its reference's)
+    by_design = False  # ``features`` says what the target did (a float32 output), not what its inputs had
 
 
 def lacking_sentence(error: TargetError) -> str | None:
@@ -48,6 +49,8 @@ def lacking_sentence(error: TargetError) -> str | None:
         return None
     had = " and ".join(dict.fromkeys(f.removeprefix("this regime has ") for f in error.features))
     spelled = [d.python() for d in error.declarations]
+    if error.by_design:
+        return f"{had}: if it does so by design, declare {' or '.join(spelled)}"
     if len(spelled) == 1:
         return f"on inputs with {had}: if the target does not support that, declare {spelled[0]}"
     return (f"on inputs with {had}: a target that does not support one of them declares "

@@ -23,7 +23,8 @@ __all__ = ["call_target"]
 
 def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, grad_seed: int = 0, *,
                 where: str, check: bool = True, breaches: list | None = None,
-                upstream: torch.Tensor | None = None, forward_only: bool = False) -> dict[str, torch.Tensor]:
+                upstream: torch.Tensor | None = None, forward_only: bool = False,
+                peer: bool = False) -> dict[str, torch.Tensor]:
     """``fn`` on copies of ``values`` (see ``TensorKind.call``; ``kind`` a TensorKind)."""
     grads = () if forward_only else kind.case_grad_inputs(case, inputs)
     declared = case.target.declared
@@ -49,7 +50,7 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
             out = kind.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
             plain_output(out, where)
             if check:
-                kind.validate(case, out, values, inputs, where)
+                kind.validate(case, out, values, inputs, where, **({"wider": True} if peer else {}))
             if breaches is not None:
                 with as_harness():
                     breaches += watch.changes(leaves, "forward")

@@ -172,15 +172,20 @@ class TensorKind(Kind):
                 dtypes.append(extra)
         return tuple(dtypes)
 
-    def validate(self, case: Case, out: Any, values: dict[str, torch.Tensor], inputs: Any, where: str) -> None:
+    def validate(self, case: Case, out: Any, values: dict[str, torch.Tensor], inputs: Any, where: str,
+                 wider: bool = False) -> None:
         """Raise TargetError when ``out`` breaks the kind's output contract: its type, its shape
-        (``expected_shape``) or its dtype (``output_dtypes``)."""
+        (``expected_shape``) or its dtype (``output_dtypes``); with ``wider`` (a peer's output), a
+        floating dtype more precise than the contract's is allowed too (rounded by ``output_rule``:
+        a float64 result rounded to the config's dtype is the best peer there is)."""
         if not isinstance(out, torch.Tensor):
             raise TargetError(f"{where} returned {type(out).__name__}, expected a tensor")
         expect = tuple(self.expected_shape(values, inputs))
         if tuple(out.shape) != expect:
             raise TargetError(f"{where}: shape mismatch, output {tuple(out.shape)}, expected {expect}")
         allowed = self.output_dtypes(case.config, values)
+        if wider and out.is_floating_point() and any(out.dtype.itemsize > d.itemsize for d in allowed):
+            return
         if out.dtype not in allowed:
             what = " or ".join(str(d) for d in allowed)
             raise TargetError(f"{where}: output dtype {out.dtype}, the kind gives {what} under {case.config.id}")
@@ -366,7 +371,8 @@ class TensorKind(Kind):
             peer = refs
         else:
             peer_where = f"peer ({peer_name}) under config {case.config.id} on regime {case.regime}"
-            peer = self.call(replace(case, variant=NO_VARIANT), peer_fn, values, inputs, grad_seed, where=peer_where)
+            peer = self.call(replace(case, variant=NO_VARIANT), peer_fn, values, inputs, grad_seed, where=peer_where,
+                             peer=True)
         m = Measurement(values, ctx.exact, mine, peer_name=peer_name, launches=launches, rng_state=rng_state)
         m.contract += [("contract", f"{case.target.name}: {b}", d) for b, d in breaches]
         for name, ref in refs.items():
@@ -379,6 +385,7 @@ class TensorKind(Kind):
                                           abs_budget=rule.abs_floor is not None,
                                           underflow_floor=rule.underflow_floor, error_floor=rule.abs_floor,
                                           rms_floor=rule.rms_floor, peer=m.peer[name])
+        m.notes += ctx.notes
         case.variant.beside(self, ctx, m)
         return m
 
@@ -392,14 +399,15 @@ class TensorKind(Kind):
     @final
     def call(self, case: Case, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, grad_seed: int = 0, *,
              where: str | None = None, check: bool = True, breaches: list | None = None,
-             upstream: torch.Tensor | None = None, forward_only: bool = False) -> dict[str, torch.Tensor]:
+             upstream: torch.Tensor | None = None, forward_only: bool = False,
+             peer: bool = False) -> dict[str, torch.Tensor]:
         """``fn`` on copies of ``values`` under the case's config and variant: the forward output and,
         for ``grad_inputs``, the gradients under a seeded upstream gradient (or ``upstream``). Anything
         it raises, and any break of the output contract, is a TargetError naming the target, config
         and regime; with ``breaches`` given, inputs changed in place and an output aliasing an input
         are sentences added to it (``kinds.contract``)."""
         return call_target(self, case, fn, values, inputs, grad_seed, where=where or case.where, check=check,
-                           breaches=breaches, upstream=upstream, forward_only=forward_only)
+                           breaches=breaches, upstream=upstream, forward_only=forward_only, peer=peer)
 
     @final
     def reference_outputs(self, exact: dict[str, torch.Tensor], inputs: Any, grad_seed: int,

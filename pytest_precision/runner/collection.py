@@ -138,7 +138,8 @@ def crash_fields(error: BaseException, reason: str) -> dict:
     declarations = getattr(error, "declarations", ())
     lacking = lacking_sentence(error) if isinstance(error, TargetError) else None
     if len(declarations) == 1:
-        return dict(categories=["unsupported"], crashed=reason, headline=f"FAIL unsupported ({reason}; {lacking})",
+        category = "contract" if getattr(error, "by_design", False) else "unsupported"
+        return dict(categories=[category], crashed=reason, headline=f"FAIL {category} ({reason}; {lacking})",
                     declare=[declarations[0].as_plain()], explained=True)
     fields = dict(categories=["crash"], crashed=reason, headline=f"FAIL crash ({reason})")
     if declarations:
@@ -364,7 +365,8 @@ class SuiteItem(pytest.Item):
             tb = "" if cause is None else "\n" + users_traceback(cause, full=bool(self.config.getoption("fulltrace")))
             lacking = lacking_sentence(error)
             if lacking and len(error.declarations) == 1:  # the cause and the keyword first
-                return f"{self.nodeid}: FAIL unsupported ({lacking})\n  {error}{crash_note(self.case)}{tb}"
+                category = "contract" if error.by_design else "unsupported"
+                return f"{self.nodeid}: FAIL {category} ({lacking})\n  {error}{crash_note(self.case)}{tb}"
             note = f"\n  {lacking}" if lacking else ""
             return f"{self.nodeid}: {error}{note}{crash_note(self.case)}{tb}"
         return super().repr_failure(excinfo, style)

@@ -1,0 +1,36 @@
+"""Code that casts to float32 run exactly: float32 read as float64.
+
+An oracle is a target's own code run on float64 inputs. Where that code upcasts on purpose (a loss
+that takes ``logits.float()`` and returns a float32 result from 16-bit inputs), the cast would
+round the float64 run back to float32, and the result would be no oracle. Inside
+``float32_as_float64()`` a cast to float32 (``.float()``, ``.to(torch.float32)``,
+``.type(torch.float32)``) is a cast to float64, and a tensor made with ``dtype=torch.float32`` is
+made in float64: the code's float32 is its "full precision", which the oracle makes exact. Casts to
+16-bit formats are kept: they are what the code computes.
+"""
+from __future__ import annotations
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["float32_as_float64"]
+
+_CASTS = {torch.Tensor.float, torch.Tensor.to, torch.Tensor.type}
+
+
+def _is_float32(value) -> bool:
+    return value is torch.float32 or value == "torch.FloatTensor"
+
+
+class float32_as_float64(TorchFunctionMode):
+    """A context (module docstring) in which float32 is read as float64."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.float:
+            return args[0].double()
+        if func in _CASTS:
+            args = (args[0], *(torch.float64 if _is_float32(a) else a for a in args[1:]))
+        if _is_float32(kwargs.get("dtype")):
+            kwargs["dtype"] = torch.float64
+        return func(*args, **kwargs)
