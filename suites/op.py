@@ -359,8 +359,12 @@ class OpKind(TensorKind):
                 error.features, error.by_design = ("it returns a float32 result (from float64 inputs too)",), True
             raise error
         if any(v.requires_grad for v in values.values()) and not out.requires_grad:
-            raise TargetError(f"{where}: its output has no gradient (detached, or computed outside torch); declare "
-                              "forward_only=True or the grads= it has")
+            error = TargetError(f"{where}: its output has no gradient (detached, or computed outside torch); declare "
+                                "forward_only=True or the grads= it has")
+            if declared is None:  # the target's own: what its call in the config shows too
+                error.declarations, error.by_design = (Declaration("forward_only", True),), True
+                error.features = ("it returns an output without gradients",)
+            raise error
         call.shape = tuple(out.shape)
         return out
 

@@ -7,10 +7,12 @@
   measurements, tensor evidence), ``drawn`` (the drawn regime's Hypothesis search), ``fault``
   (a failing case's first fault);
 - ``cases``: regimes, variants and the :class:`Case`; ``session``: :class:`RunState`, what one
-  session's cases learn for the next; ``declarations``: what targets may declare (dtypes, flags);
+  session's cases learn for the next; ``declarations``: what targets may declare (dtypes, flags), and
+  a declaration a run found one needs;
 - ``compiled``: the ``+compiled`` variant; ``outcome``: a case's outcome and message; ``tables``
   and ``details``: summary tables and report detail; ``registry``: the kinds and targets of a
-  session; ``target``: a registered target.
+  session; ``target``: a registered target; ``target_code``: a digest of a target's code, which
+  its fresh seed is derived from; ``fresh``: the fresh regime and the seeds of the drawn one.
 """
 from .cases import NO_VARIANT, Case, DrawnRegime, Regime, Variant
 from .kind import Kind

@@ -14,6 +14,7 @@ from ..numerics.global_state import guarded, leak_message
 from ..platform.launches import as_harness
 from ..platform.triton import bf16_as_on_gpu, triton_error
 from .contract import InputWatch, aliased_inputs, declared_names, plain_output
+from .declarations import Declaration
 from .kind import skip
 from .measurement import upstream_gradient
 from .target import TargetError
@@ -57,6 +58,12 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
                     breaches += aliased_inputs(out, {**leaves, **watch.others},
                                                declared_names(case.target.name, "aliases", declared.get("aliases", ()),
                                                               [*leaves, *watch.others]))
+            if grads and not out.requires_grad:
+                error = TargetError(f"{where}: its output carries no autograd graph (a kernel without a backward, or "
+                                    "a detached result), so no gradient can be judged")
+                error.declarations, error.by_design = (Declaration("forward_only", True),), True
+                error.features = ("it returns an output without gradients",)
+                raise error
             if grads:
                 # copied into place rather than cast with .to(): the audit flags Python-level
                 # 16-bit casts as the user's, and this one is the harness's

@@ -2,4 +2,5 @@
 reference (``metrics``), error budgets (``budgets``), the precision configs (``configs``), seeded
 inputs (``inputs``), gates across sigmoid's saturation for gated activations (``gates``), torch's
 random generators (``rng``), torch's process-wide state snapshotted around a user's call
-(``global_state``). Depends on nothing else of the package."""
+(``global_state``), code that casts to float32 run exactly (``promote``). Depends on nothing else of
+the package."""

@@ -1,2 +1,3 @@
 """What a run reports from its records: the terminal summary (``summary``), the JSON and Markdown
-reports (``report``) and the figures (``plots``)."""
+reports (``report``), the figures (``plots``), the block of declarations a run found its targets need
+(``declarations``) and several machines' reports in one table (``merge``)."""

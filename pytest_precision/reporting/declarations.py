@@ -8,9 +8,9 @@ gathered per target into one line to paste into its registration, with how many 
 explains; the failures they do not explain stay listed as failures.
 
 Per key one value: for input names (``mutates``, ``aliases``) the union of those found; for any
-other key the value most cases found (a target has one convention: a fully masked row returning
-the mean of v in fp32 and NaN in fp16 is the mean, and the fp16 cases are not explained), ties going
-to the fp32 cases'. A case is explained when every declaration it needs is in the block (or one of
+other key the value its fp32 cases found, else the one most cases found (a target has one
+convention, the one it keeps in fp32: a fully masked row returning the mean of v in fp32 and NaN in
+fp16 is the mean, and the fp16 cases, where the 16-bit arithmetic lost it, are not explained). A case is explained when every declaration it needs is in the block (or one of
 its alternatives is).
 """
 from __future__ import annotations
@@ -59,7 +59,8 @@ def _choose(found: list[tuple[Declaration, dict]]) -> list[Declaration]:
             votes.setdefault(d.python(), [d, 0, False])
             votes[d.python()][1] += 1
             votes[d.python()][2] |= str(record.get("config", "")).split("+")[0] == "fp32"
-        best = max(votes.values(), key=lambda v: (v[1], v[2]))
+        # what the target does in fp32 is its convention: a 16-bit config doing otherwise lost it there
+        best = max(votes.values(), key=lambda v: (v[2], v[1]))
         chosen.append(best[0])
     return chosen
 
@@ -83,7 +84,7 @@ def gather(records: list[dict]) -> list[TargetDeclarations]:
         needs = [(Declaration.from_plain(p), r) for r in failed for p in r.get("declare", [])]
         if not needs:
             continue
-        chosen = _choose(needs)
+        chosen = sorted(_choose(needs), key=lambda d: d.key)  # the same line whatever order the cases came in
         block = TargetDeclarations(target, kind, chosen)
         for r in sorted(failed, key=_case):
             need = [Declaration.from_plain(p) for p in r.get("declare", [])]
