@@ -408,11 +408,20 @@ class AttentionKind(TensorKind):
         return dataclasses.replace(a, causal_alignment=alignment, fully_masked=convention)
 
     def hint(self, case: Case, m, a: AttentionInputs) -> str | None:
-        """A failing case with fully masked query rows where the target is off its declared
-        convention, and in none of them: what it returned there (``conventions`` names the others)."""
-        return fully_masked_hint(m.outputs["out"], m.exact, a.causal, a.key_padding_mask,
-                                 a.causal_alignment == "bottom-right", a.fully_masked,
-                                 m.peer_budget["out"].max_abs or 0.0)
+        """A failing case not explained by a convention (``conventions``: one it declared otherwise, or
+        one under which it still fails): what it returned on fully masked query rows, or that its output
+        matches the other causal alignment."""
+        lower_right = a.causal_alignment == "bottom-right"
+        out, budget = m.outputs["out"], m.peer_budget["out"].max_abs or 0.0
+        masked_rows = fully_masked_hint(out, m.exact, a.causal, a.key_padding_mask, lower_right, a.fully_masked, budget)
+        if masked_rows or not a.causal or a.q.shape[-2] == a.k.shape[-2]:
+            return masked_rows
+        other = "top-left" if lower_right else "bottom-right"
+        error = _distance(out, m.exact, True, a, other == "bottom-right")
+        if error is None or error > budget:
+            return None
+        return (f"the output matches a {other} causal mask (max abs {error:.3g} within the budget {budget:.3g}): if "
+                f"that is the target's alignment, declare it at registration (causal=\"{other}\")")
 
     def target_variants(self, target: Target, device: str) -> list[Variant]:
         return self.variants(device) if reaches_sdpa(target, device) else [NO_VARIANT]

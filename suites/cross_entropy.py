@@ -181,30 +181,28 @@ def composite_cross_entropy(logits, target, ignore_index=IGNORE_INDEX, label_smo
     return torch.where(valid, nll, torch.zeros_like(nll)).sum() / valid.sum()
 
 
-# the row roundings' allowance, in units of the root sum of squares of their half steps: independent
-# roundings to nearest, each uniform within its half step, sum to at most k x that for 4 rows or fewer
-# (every case), and past it with probability about 5e-4 for many rows (3.5 standard deviations). A
-# loss computed on 16-bit logits errs the same way on every row (measured: bf16 scale40, 16 rows, 0.46
-# off where 0.5 ULP is 0.25 and this term 0.125), so it stays past the budget
-ROW_ROUNDINGS_K = 2.0
-
-
 def _row_roundings(logits: torch.Tensor, a: CrossEntropyInputs, dtype: torch.dtype) -> float:
-    """ROW_ROUNDINGS_K x the root sum of squares of half a step of ``dtype`` at each row's term of the
-    mean (its loss / the rows counted), on the exact logits."""
+    """How much further than half a step of ``dtype`` the loss is when each row's term of the mean (its loss
+    / the rows counted) is rounded to ``dtype`` first and the rounded terms summed, then rounded again
+    (Liger-Kernel's layout: a correct kernel, its float32 row losses stored in the logits' dtype): that
+    layout computed on the exact row losses. Its rounding errors fall as they fall on these inputs; a loss
+    computed on 16-bit logits errs past them (bf16 scale40: 0.46 off, where 0.5 ULP is 0.25)."""
     valid = a.target != a.ignore_index
     count = int(valid.sum())
     if not count:
         return 0.0
     with torch.no_grad():
-        x = logits[valid]
+        x = logits[valid].to(torch.float64)
         lse = torch.logsumexp(x, -1)
         per_row = lse - x.gather(-1, a.target[valid][:, None]).squeeze(-1)
         if a.label_smoothing:
             per_row = (1 - a.label_smoothing) * per_row + a.label_smoothing * (lse - x.mean(-1))
-        terms = (per_row / count).abs()
-    halves = [0.5 * float(ulp(max(float(t), float(torch.finfo(dtype).tiny)), dtype)) for t in terms]
-    return ROW_ROUNDINGS_K * math.sqrt(sum(h * h for h in halves))
+        terms = per_row / count
+        loss = float(terms.sum())
+        layered = float(terms.to(dtype).to(torch.float64).sum().to(dtype))
+    if not math.isfinite(layered):
+        return 0.0
+    return max(0.0, abs(layered - loss) - 0.5 * float(ulp(loss, dtype)))
 
 
 def _exp_condition(logits: torch.Tensor, a: CrossEntropyInputs) -> float:
@@ -392,8 +390,7 @@ class CrossEntropyKind(TensorKind):
             rule.abs_floor = ULP_FLOOR * (fp32_step + (lse + 0.5 * math.sqrt(max(1, logits.shape[-1]))) * 2.0 ** -24)
             if dtype != torch.float32:
                 # a loss computed in float32 and returned in 16 bits: half a step of its dtype at the loss,
-                # plus, for a loss summed from its rows' terms each rounded to that dtype first (Liger-Kernel's
-                # layout: row loss / n in the logits' dtype, then a sum), those roundings' likely sum
+                # plus what rounding each row's term to that dtype before the sum adds on these inputs
                 rule.abs_floor += 0.5 * float(ulp(loss, dtype)) + _row_roundings(logits, a, dtype)
             rule.rms_floor = rule.abs_floor
             return rule

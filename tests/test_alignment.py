@@ -104,7 +104,7 @@ def projected(q, k, v, causal=False, key_padding_mask=None):
     r = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "--precision-configs=bf16,fp32", *ON_CPU,
                            "--precision-update-baselines", "-k", "attention and flash and not pad and not fresh", "-W",
                            "always::pytest_precision.speed.alignment.TensorCoreAlignmentWarning")
-    r.assert_outcomes(passed=20)
+    r.assert_outcomes(passed=26, skipped=2)  # gqa: the flash backend cannot run it on a CPU
     flagged = [line for line in r.outlines if "not a multiple of" in line]
     assert len(flagged) == 1 and "target 'projected'" in flagged[0] and "N=100" in flagged[0], flagged
-    assert "head dim=59" not in r.stdout.str()
+    assert "head dim=59" not in r.stdout.str() and "head dim=40" not in r.stdout.str()

@@ -66,7 +66,7 @@ def test_a_crashed_case_keeps_its_golden(project, monkeypatch):
     result = project.runpytest(*ARGS, "--precision-report=report.json", "--precision-report-md=report.md")
     stdout = result.stdout.str()
     assert result.ret == 1, stdout[-3000:]
-    result.assert_outcomes(failed=2, passed=12, skipped=3)  # padded, padded-mha, causal-leftpad
+    result.assert_outcomes(failed=2, passed=16, skipped=3)  # padded, padded-mha, causal-leftpad
     assert "unused baseline" not in stdout  # softmax/mine/len1/fp32 and the user test's were not looked up
     out = io.StringIO()
     assert main(["baselines", "prune", "--dir", "gold", "--dry-run"], cwd=project.path, out=out) == 0
@@ -85,7 +85,7 @@ def test_a_crashed_case_keeps_its_golden(project, monkeypatch):
     report = json.loads((project.path / "report.json").read_text())
     jsonschema = pytest.importorskip("jsonschema")
     jsonschema.Draft202012Validator(REPORT_SCHEMA).validate(report)
-    assert report["totals"] == {"cases": 16, "passed": 12, "failed": 1, "skipped": 3}
+    assert report["totals"] == {"cases": 20, "passed": 16, "failed": 1, "skipped": 3}
     cases = {c["nodeid"]: c for c in report["cases"]}
     crashed = cases["precision-suite::softmax[mine-fp32-len1]"]
     assert crashed["verdict"] == "fail" and crashed["categories"] == ["crash"]
@@ -94,7 +94,7 @@ def test_a_crashed_case_keeps_its_golden(project, monkeypatch):
     assert skipped["verdict"] == "skip" and "key_padding_mask" in skipped["skip_reason"]
 
     md = (project.path / "report.md").read_text()
-    assert md.startswith("## pytest-precision: 1 failed, 12 passed, 3 skipped of 16 cases")
+    assert md.startswith("## pytest-precision: 1 failed, 16 passed, 3 skipped of 20 cases")
     assert "- `precision-suite::softmax[mine-fp32-len1]`: FAIL crash (target 'mine'" in md
     assert "1 case(s) skipped: mine_attention: the padded regime needs a key_padding_mask" in md
 

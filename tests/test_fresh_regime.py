@@ -348,13 +348,13 @@ def test_an_edit_of_the_target_draws_new_fresh_inputs(pytester, unpinned_fresh_s
 
 def test_a_failing_explored_seed_is_replayed_first_until_it_passes(pytester, unpinned_fresh_seed):
     _setup(pytester, PLAIN_SDPA)
-    own = _attention_fresh(pytester)
-    own_fails = own.parseoutcomes().get("failed", 0)
+    own_fails = _attention_fresh(pytester, cache=False).parseoutcomes().get("failed", 0)
     failing = None
     for _ in range(12):  # explore until a run draws grouped-query heads
         result = _attention_fresh(pytester, "--precision-explore")
         if result.parseoutcomes().get("failed"):
             failing = EXPLORING.search(result.stdout.str()).group(1)
+            assert SEED.search(result.stdout.str().split("FAILURES", 1)[1]).group(1) == failing
             break
     assert failing is not None
     # a run of the same code with no option replays it first, and says so

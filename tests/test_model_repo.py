@@ -116,20 +116,20 @@ def test_declared_limits_skip_the_cases_outside_with_the_reason(pytester):
     args = ("--precision-configs=fp32,fp16", "-rs")
     _run(pytester, "--precision-update-baselines", *args)
     result = _run(pytester, *args, "--precision-report=report.json")
-    # fp16: unit, sharp10, sharp40, causal, square128, square136, causal136 run; long and causal-cross
-    # (S_q != S_k), padded (grouped-query heads, padding), padded-mha and causal-leftpad (padding) and
-    # hd59 (head dim 59) are skipped; fp32: all 13
-    result.assert_outcomes(passed=8, skipped=6 + 14)  # fresh: within the limits in fp16
+    # fp16: unit, sharp10, sharp40, causal, batch2, square128, square136, causal136 run; long, causal-cross
+    # and short-keys (S_q != S_k), padded (grouped-query heads, padding), padded-mha and causal-leftpad
+    # (padding), gqa (grouped-query heads), hd59 and hd40 (head dims) are skipped; fp32: all 18
+    result.assert_outcomes(passed=9, skipped=9 + 18)  # fresh: within the limits in fp16
     result.stdout.fnmatch_lines([
         "*fp16_kernel: declares dtypes float16; fp32 feeds it float32*",
-        "*fp16_kernel: declares head dims 16, 32, 64, 128; this regime has 59*",
+        "*fp16_kernel: declares head dims 16, 32, 64, 128; this regime has head dim 59*",
         "*fp16_kernel: declares cross_lengths=False; this regime has S_q 8 != S_k 512*",
         "*fp16_kernel: declares grouped_query=False; this regime has 4 query heads over 2 key heads*",
     ])
     import json
     report = json.loads((pytester.path / "report.json").read_text())
     skipped = [c for c in report["cases"] if c["verdict"] == "skip"]
-    assert len(skipped) == 20 and all("declares" in c["skip_reason"] or "needs a key_padding_mask" in c["skip_reason"]
+    assert len(skipped) == 27 and all("declares" in c["skip_reason"] or "needs a key_padding_mask" in c["skip_reason"]
                                       for c in skipped)
     # judged on its forward output only: no gradient goldens
     outputs = {name for c in report["cases"] if c["verdict"] == "pass" for name in c.get("outputs", {})}
@@ -280,7 +280,7 @@ def test_an_ini_target_declares_its_limits_on_its_line(pytester):
     assert sorted(ids) == [f"precision-suite::attention[mykernels:eager-{c}-{r}]"
                            for c in ("fp16", "fp32") for r in ("hd59", "unit")]
     result = _run(pytester, "--precision-configs=fp32,fp16", "-k", "unit or hd59", "-rs")
-    result.stdout.fnmatch_lines(["*mykernels:eager: declares head dims 16, 32; this regime has 59*",
+    result.stdout.fnmatch_lines(["*mykernels:eager: declares head dims 16, 32; this regime has head dim 59*",
                                  "*mykernels:eager: declares dtypes float16; fp32 feeds it float32*"])
 
 

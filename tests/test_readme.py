@@ -109,7 +109,7 @@ def test_the_readme_declarations_run_as_written(pytester):
     args = ("--precision-configs=fp32,fp16", "-rs")
     _run(pytester, "--precision-update-baselines", *args)
     result = _run(pytester, *args)
-    result.assert_outcomes(passed=2 * 8, skipped=2 * (4 + 16))  # it calls SDPA: +math and +flash; fresh in both
+    result.assert_outcomes(passed=2 * 9, skipped=2 * (9 + 18))  # it calls SDPA: +math and +flash; fresh in both
     result.stdout.fnmatch_lines(["*fused_attention: declares dtypes float16; fp32 feeds it float32*"])
 
 

@@ -107,6 +107,16 @@ REPORT_SCHEMA: dict = {
                                  "accepted on (same seed and spec): judged against this run's oracle within its budget"},
                 "unjudged_limits": {"type": "string", "description": "the golden holds a limit as unlimited (what it "
                                     "accepted was not finite): which, and that the metric was not judged"},
+                "declare": {"type": "array", "items": {"type": "array", "prefixItems": [{"type": "string"}, {}],
+                                                        "minItems": 2, "maxItems": 2},
+                            "description": "declarations the failure names, [key, value] (a dtype as {\"dtype\": name}): "
+                                           "what the target does by design (reporting.declarations)"},
+                "declare_any": {"type": "array", "items": {"type": "array", "prefixItems": [{"type": "string"}, {}],
+                                                            "minItems": 2, "maxItems": 2},
+                                "description": "a crash on inputs with several features: any one of these declarations "
+                                               "would skip them"},
+                "explained": {"type": "boolean", "description": "with the declarations added, nothing but the golden "
+                                                                "would fail"},
                 "baseline_update": {"type": ["string", "null"]},
                 "baseline_refused": {"type": ["string", "null"],
                                      "description": "under the update flag: the golden not written, and why"},
