@@ -142,13 +142,17 @@ def _range_floor(ctx: MeasureContext, name: str) -> float:
 
 
 def _lost(peer: torch.Tensor, ref: torch.Tensor) -> str | None:
-    """What a peer lost where the exact result is finite (inf, NaN), said in a few words; None if nothing."""
+    """What a peer lost where the exact result is finite (inf, NaN, or 0 where the exact value is a normal
+    number of the peer's dtype: an intermediate that overflowed, as rsqrt(inf)), in a few words; None if
+    nothing."""
     finite = torch.isfinite(ref)
     p = peer.detach().to(ref.device)
+    tiny = torch.finfo(p.dtype).tiny if p.is_floating_point() else 0.0
     inf, nan = int((torch.isinf(p) & finite).sum()), int((torch.isnan(p) & finite).sum())
-    if not inf and not nan:
+    zero = int(((p == 0) & finite & (ref.abs() >= tiny)).sum())
+    if not inf and not nan and not zero:
         return None
-    return ", ".join(f"{n} {w}" for n, w in ((inf, "overflowed to inf"), (nan, "NaN")) if n) + \
+    return ", ".join(f"{n} {w}" for n, w in ((inf, "overflowed to inf"), (nan, "NaN"), (zero, "lost to 0")) if n) + \
         f" of {ref.numel()} elements where the exact result is finite"
 
 

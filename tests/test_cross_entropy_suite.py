@@ -263,8 +263,10 @@ def test_a_loss_on_16_bit_logits_fails_without_a_golden(pytester):
             "upcast the logits (logits.float()) before the loss*",
             "*(the oracle check compares with torch's cross_entropy on the logits upcast to float32 in the same config*"])
     out = result.stdout.str()
-    assert "[upcast_ce-fp16-vocab32768]: FAIL accuracy,baseline (oracle: loss: max abs" in out
-    # bf16's vocab32768: within the budget (0.84 of it), as its final rounding alone can be
+    # vocab32768's 2 rows: the loss on 16-bit logits rounds each row's log-probability and then their mean,
+    # as a correct kernel storing its rows in the logits' dtype does (Liger-Kernel's layout), and is within
+    # what that layout gives on these rows
+    assert "[upcast_ce-fp16-vocab32768]: FAIL baseline (" in out
     assert "[upcast_ce-bf16-vocab32768]: FAIL baseline (" in out
     assert "[upcast_ce-fp32-scale40]: FAIL baseline (" in out  # in fp32 it is the careful loss
 

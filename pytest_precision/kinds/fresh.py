@@ -228,16 +228,18 @@ def note_fresh(kind, case: Case, regime: Regime, inputs: Any, details: list[str]
         details.insert(0, f"{_advice(case)} ({regime.description}; {shapes})")
 
 
-def crash_note(case: Case) -> str:
+def crash_note(case: Case, named: bool = False) -> str:
     """A line to end the message of a fresh case that crashed (the target raised, broke its
     contract, ran past its limit): the seed, how to replay it and what was drawn (a target that
-    supports less than its kind draws, say no grouped-query heads, declares it); nothing for any
-    other case."""
+    supports less than its kind draws, say no grouped-query heads, declares it: ``named``, the
+    message named the declarations already); nothing for any other case."""
     if not is_fresh(case):
         return ""
     try:
         drawn = f" ({case.kind.fresh_regime(case.target, case_seed(case)).description})"
     except Exception:  # the crash may be the draw's own: its message says why
         drawn = ""
+    if named:
+        return f"\n  {_advice(case)}{drawn}"
     return (f"\n  {_advice(case)}{drawn}; a target that does not support all of that declares "
             f"its limits (its kind's declarations)")

@@ -47,7 +47,8 @@ def lacking_sentence(error: TargetError) -> str | None:
     and the declaration (or the choice of declarations) that says it lacks them; else None."""
     if not error.declarations:
         return None
-    had = " and ".join(dict.fromkeys(f.removeprefix("this regime has ") for f in error.features))
+    phrases = list(dict.fromkeys(f.removeprefix("this regime has ") for f in error.features))
+    had = phrases[0] if len(phrases) == 1 else f"{', '.join(phrases[:-1])} and {phrases[-1]}"
     spelled = [d.python() for d in error.declarations]
     if error.by_design:
         return f"{had}: if it does so by design, declare {' or '.join(spelled)}"

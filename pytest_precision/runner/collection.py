@@ -364,11 +364,12 @@ class SuiteItem(pytest.Item):
             cause = error.__cause__
             tb = "" if cause is None else "\n" + users_traceback(cause, full=bool(self.config.getoption("fulltrace")))
             lacking = lacking_sentence(error)
+            named = bool(lacking)
             if lacking and len(error.declarations) == 1:  # the cause and the keyword first
                 category = "contract" if error.by_design else "unsupported"
-                return f"{self.nodeid}: FAIL {category} ({lacking})\n  {error}{crash_note(self.case)}{tb}"
+                return f"{self.nodeid}: FAIL {category} ({lacking})\n  {error}{crash_note(self.case, named)}{tb}"
             note = f"\n  {lacking}" if lacking else ""
-            return f"{self.nodeid}: {error}{note}{crash_note(self.case)}{tb}"
+            return f"{self.nodeid}: {error}{note}{crash_note(self.case, named)}{tb}"
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
