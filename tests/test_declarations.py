@@ -231,3 +231,26 @@ def test_declarations_travel_as_plain_values():
         assert Declaration.from_plain(d.as_plain()) == d
     assert Declaration("causal", "bottom-right").python() == 'causal="bottom-right"'
     assert Declaration("mutates", ("x",)).ini() == "mutates=x"
+
+
+def test_an_in_place_write_is_not_hidden_behind_a_peer_that_raises(pytester):
+    pytester.makeconftest("""
+import torch
+import pytest_precision
+
+
+def scale(x):  # writes into its input, by design
+    return x.mul_(2).clone()
+
+
+def peer(x):
+    raise ValueError("the peer's own bug")
+
+
+pytest_precision.register("scale", scale, kind="op", peer=peer, forward_only=True, inputs={"unit": lambda g: torch.randn(4, 8, generator=g)})
+""")
+    result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*peer (peer peer) under config fp32 on regime unit raised ValueError: the peer's own "
+                                 "bug; and scale: its forward changed input arg0 in place *; declare mutates=('arg0',) *"])
+    assert '    pytest_precision.register("scale", ..., mutates=("arg0",))' in _block(result)

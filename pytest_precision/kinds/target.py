@@ -40,6 +40,7 @@ class TargetError(Exception):
     features: tuple = ()  # phrases: "this regime has 4 query heads over 2 key heads"
     from_target = False  # raised by the target's own call (not its peer's or its reference's)
     by_design = False  # ``features`` says what the target did (a float32 output), not what its inputs had
+    needs: tuple = ()  # declarations its call showed it needs besides (an input written in place), all of them
 
 
 def lacking_sentence(error: TargetError) -> str | None:

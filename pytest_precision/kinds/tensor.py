@@ -371,8 +371,14 @@ class TensorKind(Kind):
             peer = refs
         else:
             peer_where = f"peer ({peer_name}) under config {case.config.id} on regime {case.regime}"
-            peer = self.call(replace(case, variant=NO_VARIANT), peer_fn, values, inputs, grad_seed, where=peer_where,
-                             peer=True)
+            try:
+                peer = self.call(replace(case, variant=NO_VARIANT), peer_fn, values, inputs, grad_seed,
+                                 where=peer_where, peer=True)
+            except TargetError as e:
+                if breaches:  # what the target's own call showed is not hidden behind its peer's error
+                    e.args = (f"{e}; and {case.target.name}: " + "; ".join(b for b, _ in breaches),)
+                    e.needs = tuple(d for _, d in breaches)
+                raise
         m = Measurement(values, ctx.exact, mine, peer_name=peer_name, launches=launches, rng_state=rng_state)
         m.contract += [("contract", f"{case.target.name}: {b}", d) for b, d in breaches]
         for name, ref in refs.items():

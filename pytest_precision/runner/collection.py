@@ -144,6 +144,9 @@ def crash_fields(error: BaseException, reason: str) -> dict:
     fields = dict(categories=["crash"], crashed=reason, headline=f"FAIL crash ({reason})")
     if declarations:
         fields.update(declare_any=[d.as_plain() for d in declarations], explained=False)
+    needs = getattr(error, "needs", ())
+    if needs:  # the block lists them; the crash itself stays unexplained
+        fields.update(declare=[d.as_plain() for d in needs], explained=False)
     return fields
 
 
