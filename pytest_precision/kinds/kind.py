@@ -9,7 +9,7 @@ A kind has
   target may declare it supports (``declarations``, ``declare``, ``normalise_declaration``);
 - the case matrix: ``configs``, ``variants`` and ``target_variants`` (such as SDPA backends),
   ``regimes_for`` and ``drawn_for`` (named, seeded :class:`~.cases.Regime` s and a drawn one),
-  ``fresh_regime`` (inputs drawn anew every run, for kinds that set ``fresh``), ``regime_names``,
+  ``fresh_regime`` (inputs from a seed of each target's own, for kinds that set ``fresh``), ``regime_names``,
   and why a case does not run here (``skip_reason``, ``unsupported``, ``why_skipped``);
 - the case itself: ``run`` (its :class:`~.outcome.Outcome`), ``bench_call`` (what the speed gate
   times, or None), ``trace_call`` (what --precision-trace and --precision-audit run, or None).
@@ -71,7 +71,7 @@ class Kind(ABC):
     # inputs
     regimes: dict[str, Regime] = {}
     drawn: DrawnRegime | None = None
-    fresh: str | None = None  # the name of the regime drawn anew every run (``fresh_regime``), for kinds that run one
+    fresh: str | None = None  # the name of the regime drawn from each target's own seed (``fresh_regime``), if any
     audit_regime: str | None = "unit"  # --precision-audit looks at one regime per target and config
     compiles = False  # --precision-compile adds a compiled variant of each (kinds whose cases go through a call)
     # what a target may declare it supports at registration (register(..., **declared)): name ->

@@ -75,7 +75,7 @@ class TensorKind(Kind):
     identity and the inputs and override the hooks; the template methods are final."""
 
     compiles = True  # --precision-compile adds a compiled variant of each (cases go through ``call``)
-    fresh = FRESH  # inputs drawn anew every run (kinds.fresh), by ``fresh_regime``
+    fresh = FRESH  # inputs from each target's own seed (kinds.fresh), by ``fresh_regime``
     declarations = {**Kind.declarations, **CONTRACT_DECLARATIONS}
     # numerics
     peer_name: str = "torch's op"
@@ -411,7 +411,8 @@ class TensorKind(Kind):
         for ``grad_inputs``, the gradients under a seeded upstream gradient (or ``upstream``). Anything
         it raises, and any break of the output contract, is a TargetError naming the target, config
         and regime; with ``breaches`` given, inputs changed in place and an output aliasing an input
-        are sentences added to it (``kinds.contract``)."""
+        are sentences added to it (``kinds.contract``); ``peer``: a peer's call, whose output may be
+        more precise than the contract's (rounded by ``output_rule``)."""
         return call_target(self, case, fn, values, inputs, grad_seed, where=where or case.where, check=check,
                            breaches=breaches, upstream=upstream, forward_only=forward_only, peer=peer)
 
