@@ -369,6 +369,9 @@ class AttentionKind(TensorKind):
     def feature_declarations(self, target: Target) -> list[Declaration]:
         return list(self.LACKING)
 
+    def skipping_declarations(self, target: Target) -> list[Declaration]:
+        return [*self.LACKING, Declaration("causal_only", True)]
+
     def conventions(self, case: Case, m, a: AttentionInputs) -> list[tuple[Declaration, str]]:
         """A fully masked row's output in another convention (``fully_masked``), a causal mask of the
         other alignment (``causal``), a causal mask where none was asked (``causal_only``)."""

@@ -324,6 +324,11 @@ class NormKind(TensorKind):
         if key == "weight":
             return declared_flag(name, key, value)
         if key == "eps":
+            if isinstance(value, str) and value != "finfo":  # an ini line's 1e-6
+                try:
+                    value = float(value)
+                except ValueError:
+                    pass
             if value == "finfo" or (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0):
                 return value if value == "finfo" else float(value)
             raise ValueError(f"target {name!r}: eps={value!r}: expected a number or 'finfo' (torch.finfo(x.dtype).eps)")

@@ -251,7 +251,7 @@ class OpKind(TensorKind):
         if key in ("reference", "peer"):
             return _callable(name, key, value)
         if key == "out_dtype":
-            dtypes = declared_dtypes(name, value)
+            dtypes = declared_dtypes(name, value, key)
             if len(dtypes) != 1:
                 raise ValueError(f"target {name!r} (op): out_dtype={value!r}: expected one dtype")
             return dtypes[0]
@@ -402,15 +402,15 @@ class OpKind(TensorKind):
             if out.dtype != declared:
                 raise TargetError(f"{where}: output dtype {out.dtype}, where it declares out_dtype={declared}")
             wider = True  # the shape is checked below; its dtype is the declared one
-        try:
-            super().validate(case, out, values, call, where, wider=wider)
-        except TargetError as e:
+        if (isinstance(out, torch.Tensor) and out.dtype == torch.float32 and not wider and tuple(out.shape) == tuple(
+                self.expected_shape(values, call)) and torch.float32 not in self.output_dtypes(case.config, values)):
             # a float32 result from 16-bit inputs (a loss kept in float32): a contract it can declare
-            if isinstance(out, torch.Tensor) and out.dtype == torch.float32 and "output dtype" in str(e):
-                e.declarations = (Declaration("out_dtype", torch.float32),)
-                e.features = (f"it returned {out.dtype} from {', '.join(_dtypes(values))} inputs",)
-                e.by_design = True
-            raise
+            error = TargetError(f"{where}: output dtype {out.dtype}, the kind gives "
+                                f"{' or '.join(map(str, self.output_dtypes(case.config, values)))} under {case.config.id}")
+            error.declarations, error.by_design = (Declaration("out_dtype", torch.float32),), True
+            error.features = (f"it returned {out.dtype} from {', '.join(_dtypes(values))} inputs",)
+            raise error
+        super().validate(case, out, values, call, where, wider=wider)
 
     def peer_for(self, target: Target) -> tuple[Callable, str]:
         """The declared peer, else the declared reference run in the config (an independent
@@ -451,11 +451,11 @@ class OpKind(TensorKind):
         if declared.get("peer") is None:
             if declared.get("reference") is None:
                 peer = ref  # no independent implementation: the exact result, rounded below as the output is
-            elif _lost(peer, ref):
+            elif (lost := _lost(peer, ref)) is not None:
                 # the declared reference run in the config overflowed or lost values (x.pow(2) at 300 in fp16):
                 # no careful implementation does; its error would set a budget that judges nothing
                 ctx.notes.append(f"{name}: the declared reference, run in {ctx.case.config.id} as the peer, "
-                                 f"{_lost(peer, ref)}; judged against the exact result rounded to {out.dtype} instead")
+                                 f"{lost}; judged against the exact result rounded to {out.dtype} instead")
                 peer = ref
         if peer.dtype != out.dtype and (declared.get("peer") is None or peer.dtype.itemsize > out.dtype.itemsize):
             peer = peer.to(out.dtype)  # a float64 (or float32) result rounded once: the exact result rounded

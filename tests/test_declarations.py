@@ -212,7 +212,7 @@ def test_the_block_takes_fp32s_convention_and_leaves_the_other_configs_unexplain
     assert block.unexplained == ["attention[t-bf16-causal-leftpad]", "attention[t-fp16-causal-leftpad]"]
     assert [r["regime"] for r in block.explains["cross_lengths=False"]] == ["hd59", "long"]
     lines = declaration_lines(records, origins={"t": "ini precision_targets"})
-    assert "    precision_targets = t attention cross_lengths=false fully_masked=mean" in lines
+    assert "    add to its ini precision_targets line: cross_lengths=false fully_masked=mean" in lines
 
 
 def test_input_names_add_up_and_a_case_needing_more_than_the_block_is_not_explained():
@@ -254,3 +254,55 @@ pytest_precision.register("scale", scale, kind="op", peer=peer, forward_only=Tru
     result.stdout.fnmatch_lines(["*peer (peer peer) under config fp32 on regime unit raised ValueError: the peer's own "
                                  "bug; and scale: its forward changed input arg0 in place *; declare mutates=('arg0',) *"])
     assert '    pytest_precision.register("scale", ..., mutates=("arg0",))' in _block(result)
+
+
+def test_a_target_that_raises_everywhere_is_offered_nothing(pytester):
+    pytester.makeconftest("""
+import pytest_precision
+
+
+@pytest_precision.register("broken", kind="attention")
+def broken(q, k, v, causal):
+    raise NotImplementedError("not written yet")
+""")
+    result = _run(pytester, "--precision-configs=fp32", "-k", "math")
+    assert result.parseoutcomes()["failed"] > 10
+    assert _block(result) == []  # not "it lacks grouped-query heads": it lacks everything
+    result.stdout.fnmatch_lines(["precision-suite::attention[[]broken-fp32+math-gqa[]]: FAIL unsupported (*"])
+
+
+def test_a_declaration_that_would_skip_passing_cases_is_not_offered(pytester):
+    pytester.makeconftest("""
+import torch.nn.functional as F
+import pytest_precision
+
+
+@pytest_precision.register("long_rows_causal", kind="attention")
+def long_rows_causal(q, k, v, causal):
+    # a defect: past 100 keys it masks causally whatever it is asked
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal or k.shape[-2] > 100)
+""")
+    result = _run(pytester, "--precision-configs=fp32", "-k", "math and (unit or square128)")
+    failed = [line for line in result.outlines if line.startswith("precision-suite::") and "]: FAIL convention" in line]
+    assert failed, result.stdout.str()[-2000:]  # square128, taken alone, looks causal-only
+    assert _block(result) == []  # but unit passes without a causal mask: no causal_only=True offered
+
+
+def test_input_names_found_add_to_those_the_target_declared(pytester):
+    pytester.makeconftest("""
+import torch
+import pytest_precision
+
+
+def add_inplace(a, b):  # writes both inputs; it declared one
+    a.add_(1)
+    b.add_(1)
+    return (a + b).clone()
+
+
+pytest_precision.register("add_inplace", add_inplace, kind="op", mutates=("arg0",), forward_only=True,
+                          inputs={"unit": lambda g: (torch.randn(4, generator=g), torch.randn(4, generator=g))})
+""")
+    result = _run(pytester, "--precision-configs=fp32", "-k", "unit")
+    assert _block(result)[2:4] == ['    pytest_precision.register("add_inplace", ..., mutates=("arg0", "arg1"))',
+                                   '      (in place of its own mutates=)']

@@ -18,18 +18,18 @@ _DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "fp16": torch.f
                 "float64": torch.float64}
 
 
-def declared_dtypes(name: str, value: Any) -> tuple[torch.dtype, ...]:
-    """A ``dtypes`` declaration as torch dtypes (one dtype, or several; torch's or their names)."""
+def declared_dtypes(name: str, value: Any, key: str = "dtypes") -> tuple[torch.dtype, ...]:
+    """A ``dtypes`` declaration (or ``key``'s) as torch dtypes (one dtype, or several; torch's or their names)."""
     items = value if isinstance(value, (list, tuple, set, frozenset)) else (value,)
     out = []
     for item in items:
         dtype = _DTYPE_NAMES.get(item.lower().removeprefix("torch.")) if isinstance(item, str) else item
         if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"target {name!r}: dtypes={value!r}: {item!r} is not a dtype (torch.float16, 'fp16', "
+            raise ValueError(f"target {name!r}: {key}={value!r}: {item!r} is not a dtype (torch.float16, 'fp16', "
                              f"'bf16', 'fp32')")
         out.append(dtype)
     if not out:
-        raise ValueError(f"target {name!r}: dtypes=() leaves nothing to run")
+        raise ValueError(f"target {name!r}: {key}=() leaves nothing to run")
     return tuple(out)
 
 

@@ -144,7 +144,7 @@ def input_seed(case: Case) -> int | None:
     the drawn one, None for a seeded regime (whose seed is the regime's own)."""
     if is_fresh(case):
         return case_seed(case)
-    drawn = case.kind.drawn_for(case.target) if hasattr(case.kind, "drawn_for") else None
+    drawn = case.kind.drawn_for(case.target)
     return drawn_seed(case) if drawn is not None and case.regime == drawn.name else None
 
 

@@ -42,12 +42,12 @@ class Problem:
 
 def declaration_fields(problems: list[Problem]) -> dict:
     """The record's fields about declarations: ``declare``, those the problems name (as plain lists),
-    and ``explained``, whether every problem but the golden's names one (adding them leaves at most a
-    missing or outdated golden)."""
+    and ``explained``, whether every problem but a missing golden names one (adding them leaves at most
+    the golden to write)."""
     found = [p.declaration for p in problems if p.declaration is not None]
     if not found:
         return {}
-    judged = [p for p in problems if p.check != "golden"]
+    judged = [p for p in problems if p.category != "baseline"]  # a missing golden: what a first run has
     return {"declare": [d.as_plain() for d in dict.fromkeys(found)],
             "explained": all(p.declaration is not None for p in judged)}
 
@@ -94,6 +94,7 @@ class Outcome:
     problems: list[Problem] = field(default_factory=list)
     details: list[str] = field(default_factory=list)  # lines after the fault (a shrunk input, a shown rate)
     fault: Fault | None = None
+    skipped_by: list = field(default_factory=list)  # Declarations that would skip this case
 
     def add(self, check: str, category: str, sentence: str, declaration: Declaration | None = None) -> None:
         self.problems.append(Problem(check, category, sentence, declaration))
@@ -126,6 +127,8 @@ class Outcome:
                             borrowed_across_devices=b.borrowed_across_devices)
         record.add(**self.evidence.record_fields(self))
         record.add(**declaration_fields(self.problems))
+        if self.skipped_by:
+            record.skipped_by = [d.as_plain() for d in self.skipped_by]
         if b.moved_inputs:
             record.inputs_moved = True
         if b.unjudged:

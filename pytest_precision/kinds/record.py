@@ -52,6 +52,7 @@ class CaseRecord:
     declare: list = _field("case")
     declare_any: list = _field("case")
     explained: bool = _field("case")
+    skipped_by: list = _field()  # declarations that would skip the case ([key, value]; the summary's block reads it)
     headline: str = _field("case")  # the failure message's first line (with the report's detail, or a crash)
     # tensor kinds: the forward output against the float64 oracle; the counts over every output
     max_ulp: float = _field("metrics")

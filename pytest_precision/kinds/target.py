@@ -6,7 +6,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Target", "TargetError", "lacking_sentence"]
+__all__ = ["Target", "TargetError", "crash_category", "lacking_sentence"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,16 @@ class TargetError(Exception):
     from_target = False  # raised by the target's own call (not its peer's or its reference's)
     by_design = False  # ``features`` says what the target did (a float32 output), not what its inputs had
     needs: tuple = ()  # declarations its call showed it needs besides (an input written in place), all of them
+
+
+def crash_category(error: BaseException) -> str:
+    """A crashed case's category: ``contract`` where the target does by design what it can declare (a
+    float32 output), ``unsupported`` where it raised on inputs of one feature it can declare it lacks,
+    else ``crash``."""
+    declarations = getattr(error, "declarations", ())
+    if len(declarations) != 1:
+        return "crash"
+    return "contract" if getattr(error, "by_design", False) else "unsupported"
 
 
 def lacking_sentence(error: TargetError) -> str | None:

@@ -58,7 +58,7 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
                     breaches += aliased_inputs(out, {**leaves, **watch.others},
                                                declared_names(case.target.name, "aliases", declared.get("aliases", ()),
                                                               [*leaves, *watch.others]))
-            if grads and not out.requires_grad:
+            if grads and not out.requires_grad and not peer:
                 error = TargetError(f"{where}: its output carries no autograd graph (a kernel without a backward, or "
                                     "a detached result), so no gradient can be judged")
                 error.declarations, error.by_design = (Declaration("forward_only", True),), True

@@ -176,8 +176,8 @@ class TensorKind(Kind):
                  wider: bool = False) -> None:
         """Raise TargetError when ``out`` breaks the kind's output contract: its type, its shape
         (``expected_shape``) or its dtype (``output_dtypes``); with ``wider`` (a peer's output), a
-        floating dtype more precise than the contract's is allowed too (rounded by ``output_rule``:
-        a float64 result rounded to the config's dtype is the best peer there is)."""
+        floating dtype more precise than the contract's is allowed too (``measure`` rounds it once to
+        the target's: a float64 result rounded to the config's dtype is the best peer there is)."""
         if not isinstance(out, torch.Tensor):
             raise TargetError(f"{where} returned {type(out).__name__}, expected a tensor")
         expect = tuple(self.expected_shape(values, inputs))
@@ -263,6 +263,11 @@ class TensorKind(Kind):
         fails ``unsupported`` (a regime of that one feature) naming it, not ``crash``."""
         return []
 
+    def skipping_declarations(self, target: Target) -> list[Declaration]:
+        """Every declaration that skips regimes (``feature_declarations`` and conventions that do, as
+        attention's ``causal_only``): each case records which would skip it."""
+        return self.feature_declarations(target)
+
     def known_limit(self, case: Case, example: Any, m: Measurement) -> str | None:
         """Why a drawn input on which ``case`` failed lies at a known limit of the built-in target
         (torch's op), making the failure expected: its reason, or None (checked before the first
@@ -330,6 +335,9 @@ class TensorKind(Kind):
         result = fresh_result(self, case) or baseline.check_outputs(
             m.golden, inputs=self.checksum_input(inputs), seed=regime.seed, input_spec=self.input_spec(regime, inputs))
         outcome = self.outcome(case, m, result, self.magnitude_input(inputs))
+        # the declarations that would skip this case: one the run finds elsewhere is not offered when it
+        # would skip a case that passes (reporting.declarations)
+        outcome.skipped_by = list(self._lacking(case, inputs, self.skipping_declarations(case.target))[0])
         if not outcome.passed:
             excuse = interpreter_excuse(m.launches)
             if excuse:
@@ -379,6 +387,9 @@ class TensorKind(Kind):
                     e.args = (f"{e}; and {case.target.name}: " + "; ".join(b for b, _ in breaches),)
                     e.needs = tuple(d for _, d in breaches)
                 raise
+        out = self.forward_output
+        if peer[out].is_floating_point() and peer[out].dtype not in self.output_dtypes(case.config, values):
+            peer = {**peer, out: peer[out].to(mine[out].dtype)}  # a more precise peer, rounded once as the target's
         m = Measurement(values, ctx.exact, mine, peer_name=peer_name, launches=launches, rng_state=rng_state)
         m.contract += [("contract", f"{case.target.name}: {b}", d) for b, d in breaches]
         for name, ref in refs.items():
@@ -412,7 +423,7 @@ class TensorKind(Kind):
         it raises, and any break of the output contract, is a TargetError naming the target, config
         and regime; with ``breaches`` given, inputs changed in place and an output aliasing an input
         are sentences added to it (``kinds.contract``); ``peer``: a peer's call, whose output may be
-        more precise than the contract's (rounded by ``output_rule``)."""
+        more precise than the contract's (``measure`` rounds it)."""
         return call_target(self, case, fn, values, inputs, grad_seed, where=where or case.where, check=check,
                            breaches=breaches, upstream=upstream, forward_only=forward_only, peer=peer)
 
@@ -449,12 +460,15 @@ class TensorKind(Kind):
         outcome.problems += baseline_problems(result)
         return outcome
 
-    def _lacking(self, case: Case, inputs: Any) -> tuple[tuple[Declaration, ...], tuple[str, ...]]:
-        """The declarations that would skip ``inputs`` (``feature_declarations``), and what the inputs
-        have that each names (the kind's skip reason, after its "declares ...; " part)."""
+    def _lacking(self, case: Case, inputs: Any, candidates: list[Declaration] | None = None
+                 ) -> tuple[tuple[Declaration, ...], tuple[str, ...]]:
+        """The declarations of ``candidates`` (default ``feature_declarations``) that would skip
+        ``inputs``, and what the inputs have that each names (the kind's skip reason, after its
+        "declares ...; " part). A key the target declared is left out: what it declared it supports,
+        it is held to."""
         found, features = [], []
-        for d in self.feature_declarations(case.target):
-            if case.target.declared.get(d.key, object()) == d.value:
+        for d in self.feature_declarations(case.target) if candidates is None else candidates:
+            if d.key in case.target.declared:
                 continue
             reason = self.unsupported(replace(case, target=self.declaring(case.target, [d])), inputs)
             if reason:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..kinds.declarations import NAME_LISTS, Declaration, spell
+from ..kinds.registry import INI_ORIGIN
 
 __all__ = ["TargetDeclarations", "gather", "render", "declaration_lines"]
 
@@ -72,23 +73,53 @@ def _covers(chosen: list[Declaration], d: Declaration) -> bool:
     return False
 
 
-def gather(records: list[dict]) -> list[TargetDeclarations]:
+def _from_crashes_trusted(records: list[dict]) -> bool:
+    """Whether a target's crashes can tell what it lacks: some of its cases ran, and none crashed on
+    inputs without a feature it could declare away (a target that raises everywhere is broken, not
+    lacking grouped-query heads)."""
+    crashed = [r for r in records if "crashed" in r]
+    ran = [r for r in records if "crashed" not in r and "skipped" not in r]
+    return bool(ran) and all(r.get("declare") or r.get("declare_any") for r in crashed)
+
+
+def _inferred(record: dict) -> bool:
+    """Whether the record's declarations are inferred from a crash on inputs with features (the target
+    raised on grouped-query heads), rather than seen (an input written, a float32 output)."""
+    return "unsupported" in record.get("categories", []) or bool(record.get("declare_any"))
+
+
+def gather(records: list[dict], existing: dict[str, dict] | None = None) -> list[TargetDeclarations]:
     """Per target whose failed cases name declarations: the block's declarations, what each explains,
-    and the target's failures left unexplained; in the order the targets come."""
-    per_target: dict[tuple[str, str], list[dict]] = {}
+    and the target's failures left unexplained; in the order the targets come. ``existing``: target ->
+    what it declared already (input names found add to those). A declaration that would skip a case
+    of the target that passes is not offered (a kernel that ignores ``causal=False`` on long rows only is
+    no causal-only one); nor one found only from crashes of a target that crashes on featureless inputs
+    too, or runs nowhere."""
+    by_target: dict[tuple[str, str], list[dict]] = {}
     for r in records:
-        if _failed(r):
-            per_target.setdefault((r.get("kind", ""), r["target"]), []).append(r)
+        by_target.setdefault((r.get("kind", ""), r["target"]), []).append(r)
     out = []
-    for (kind, target), failed in per_target.items():
-        needs = [(Declaration.from_plain(p), r) for r in failed for p in r.get("declare", [])]
+    for (kind, target), rs in by_target.items():
+        failed = [r for r in rs if _failed(r)]
+        trusted = _from_crashes_trusted(rs)
+        needs = [(Declaration.from_plain(p), r) for r in failed for p in r.get("declare", []) if trusted or not _inferred(r)]
         if not needs:
             continue
-        chosen = sorted(_choose(needs), key=lambda d: d.key)  # the same line whatever order the cases came in
+        # passing: all but a missing golden, as on a first run
+        passing = {tuple(map(repr, p)) for r in rs if "passed" in r and not _failed(r) for p in r.get("skipped_by", [])}
+        chosen = [d for d in _choose(needs) if (repr(d.key), repr(d.as_plain()[1])) not in passing]
+        declared = (existing or {}).get(target, {})
+        chosen = sorted((Declaration(d.key, tuple(dict.fromkeys((*declared[d.key], *d.value))))
+                         if d.key in NAME_LISTS and isinstance(declared.get(d.key), tuple) else d for d in chosen),
+                        key=lambda d: d.key)  # the same line whatever order the cases came in
+        if not chosen:
+            continue
         block = TargetDeclarations(target, kind, chosen)
         for r in sorted(failed, key=_case):
             need = [Declaration.from_plain(p) for p in r.get("declare", [])]
-            any_of = [Declaration.from_plain(p) for p in r.get("declare_any", [])]
+            any_of = [Declaration.from_plain(p) for p in r.get("declare_any", [])] if trusted else []
+            if _inferred(r) and not trusted:
+                need = []
             if need and r.get("explained") and all(_covers(chosen, d) for d in need):
                 for d in need:
                     block.explains.setdefault(next(c for c in chosen if _covers([c], d)).python(), []).append(r)
@@ -102,9 +133,9 @@ def gather(records: list[dict]) -> list[TargetDeclarations]:
 
 
 def _registration(block: TargetDeclarations, origin: str | None) -> str:
-    """The line to paste: the register call's new keywords, or the ini line's."""
-    if origin == "ini precision_targets":
-        return f"precision_targets = {block.target} {block.kind} " + " ".join(d.ini() for d in block.declarations)
+    """The line to paste: the register call's new keywords, or what its ini line adds."""
+    if origin == INI_ORIGIN:
+        return f"add to its {INI_ORIGIN} line: " + " ".join(d.ini() for d in block.declarations)
     return f"pytest_precision.register({spell(block.target)}, ..., " + \
         ", ".join(d.python() for d in block.declarations) + ")"
 
@@ -114,10 +145,11 @@ def _regimes(cases: list[dict]) -> str:
 
 
 def declaration_lines(records: list[dict], origins: dict[str, str] | None = None,
-                      wheres: dict[str, str] | None = None) -> list[str]:
+                      wheres: dict[str, str] | None = None, existing: dict[str, dict] | None = None) -> list[str]:
     """The block's lines (none where no failure names a declaration). ``origins``: target name ->
-    how it was registered (an ini line is pasted as one); ``wheres``: target name -> where."""
-    blocks = gather(records)
+    how it was registered (an ini line gets what to add to it); ``wheres``: target name -> where;
+    ``existing``: target name -> what it declared (a key it has already is said to be replaced)."""
+    blocks = gather(records, existing)
     if not blocks:
         return []
     explained = len({id(r) for b in blocks for v in b.explains.values() for r in v})
@@ -127,6 +159,9 @@ def declaration_lines(records: list[dict], origins: dict[str, str] | None = None
         where = (wheres or {}).get(b.target)
         lines.append(f"{b.target} ({b.kind}{', registered at ' + where if where else ''}):")
         lines.append(f"    {_registration(b, (origins or {}).get(b.target))}")
+        replaced = [d.key for d in b.declarations if d.key in (existing or {}).get(b.target, {})]
+        if replaced:
+            lines.append(f"      (in place of its own {', '.join(replaced)}=)")
         for d in b.declarations:
             cases = b.explains.get(d.python(), [])
             lines.append(f"      {d.python()}: explains {len(cases)} failed case(s)"

@@ -88,10 +88,17 @@ def speed_lines(records: list[dict], fingerprint: str) -> list[str]:
     return lines
 
 
+def _crash_word(record: dict) -> str:
+    """How a case without measurements failed: ``crashed``, or the declaration's category (``unsupported``,
+    ``contract``) where it raised on what its target can declare."""
+    category = (record.get("categories") or ["crash"])[0]
+    return "crashed" if category == "crash" else category
+
+
 def case_lines(records: list[dict]) -> list[str]:
     """The cases the tables cannot explain: each crashed case with its reason, and the skipped ones
     by reason (a whole row's skip shows in its row too)."""
-    lines = [f"crashed: {r.get('nodeid') or r['target']}: {r['crashed']}"
+    lines = [f"{_crash_word(r)}: {r.get('nodeid') or r['target']}: {r['crashed']}"
              for r in sorted(records, key=lambda r: r.get("nodeid") or r["target"]) if "crashed" in r]
     skipped: dict[str, int] = {}
     for r in records:
@@ -166,7 +173,8 @@ def write_terminal_summary(tr, options, records: list[dict]) -> None:
         tr.write_line(line)
     targets = [*registered(), *options.ini_targets]
     block = declaration_lines(records, origins={t.name: t.origin for t in targets},
-                              wheres={t.name: t.where for t in targets if t.where})
+                              wheres={t.name: t.where for t in targets if t.where},
+                              existing={t.name: t.declared for t in targets})
     if block:
         tr.write_sep("=", "precision: declarations this run found (one edit)")
         for line in block:

@@ -26,7 +26,7 @@ from ..kinds.outcome import PrecisionFailure
 from ..kinds.record import CaseRecord
 from ..kinds.registry import kinds, registered, target_names_problem
 from ..kinds.session import RunState
-from ..kinds.target import Target, TargetError, lacking_sentence
+from ..kinds.target import Target, TargetError, crash_category, lacking_sentence
 from ..speed.alignment import tensor_core_misalignments, warn_misalignments
 from ..speed.gate import check_speed
 from .exits import THREADS_KEY, ThreadWatch, TargetEnded, refuse_process_exits, suspend_capture
@@ -136,10 +136,9 @@ def crash_fields(error: BaseException, reason: str) -> dict:
     of one feature it can declare it lacks (the declaration explains the failure), else ``crash``
     (with the declarations any one of which may explain it, where the inputs had several)."""
     declarations = getattr(error, "declarations", ())
-    lacking = lacking_sentence(error) if isinstance(error, TargetError) else None
-    if len(declarations) == 1:
-        category = "contract" if getattr(error, "by_design", False) else "unsupported"
-        return dict(categories=[category], crashed=reason, headline=f"FAIL {category} ({reason}; {lacking})",
+    category = crash_category(error)
+    if category != "crash":
+        return dict(categories=[category], crashed=reason, headline=f"FAIL {category} ({reason}; {lacking_sentence(error)})",
                     declare=[declarations[0].as_plain()], explained=True)
     fields = dict(categories=["crash"], crashed=reason, headline=f"FAIL crash ({reason})")
     if declarations:
@@ -284,6 +283,7 @@ class SuiteItem(pytest.Item):
         runs (the latest first): the first that still fails is the outcome, one that passes is
         forgotten; then its own seed, remembered if it fails."""
         case = self.case
+        case.state.replays.pop(case.name, None)  # a rerun of the item starts from its own seed
         memory = self._seed_memory(options)
         own = input_seed(case)
         if memory is None or own is None:
@@ -368,9 +368,8 @@ class SuiteItem(pytest.Item):
             tb = "" if cause is None else "\n" + users_traceback(cause, full=bool(self.config.getoption("fulltrace")))
             lacking = lacking_sentence(error)
             named = bool(lacking)
-            if lacking and len(error.declarations) == 1:  # the cause and the keyword first
-                category = "contract" if error.by_design else "unsupported"
-                return f"{self.nodeid}: FAIL {category} ({lacking})\n  {error}{crash_note(self.case, named)}{tb}"
+            if crash_category(error) != "crash":  # the cause and the keyword first
+                return f"{self.nodeid}: FAIL {crash_category(error)} ({lacking})\n  {error}{crash_note(self.case, named)}{tb}"
             note = f"\n  {lacking}" if lacking else ""
             return f"{self.nodeid}: {error}{note}{crash_note(self.case, named)}{tb}"
         return super().repr_failure(excinfo, style)
