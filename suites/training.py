@@ -146,6 +146,12 @@ def judge(outcome: Outcome) -> None:
                         f"at step {worst} > {c.loss_rtol:g} allowed for {c.id}", "the loss limit")
     if c.id != "fp32" and finite:
         _judge_gradients(m, c, shown_or_failed)
+    if m.unresolved and c.id != "fp32":
+        groups = ", ".join(f"{g} ({v:.3g} dB)" for g, v in sorted(m.unresolved.items()))
+        outcome.details.append(f"gradient SQNR not judged at step {_first_applied(m)} in {groups}: what {c.precision_name} "
+                               "can keep of them, fp32's SQNR against the float64 step less 6.02 dB per mantissa bit it "
+                               "lacks, is nothing (a group whose exact gradient is 0 or tiny beside the terms it sums, "
+                               "as a residual scalar beside zero-initialised blocks); every run holds noise there")
     low, high = UPDATE_RATIO_BAND
     if m.update_ratio is not None and not low <= m.update_ratio <= high:
         s = f"the parameter update is {m.update_ratio:.3g} x the fp32 update (median over steps)"
@@ -184,10 +190,11 @@ def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed) -> None:
         step = next(i for i, r in enumerate(m.grad_norm_ratio) if r == ratio)
         shown_or_failed("underflow", "accuracy", f"gradient norm {ratio:.3g} x fp32's at step {step} (a correct step "
                         f"stays within {low:.3g} to {high:.3g} in {name}){_clip_cause(m, ratio)}", "the band")
-    bad = {g: v for g, v in m.group_grad_sqnr_db.items() if not v >= first}
+    floors = {g: min(first, m.group_floor_db.get(g, first)) for g in m.group_grad_sqnr_db}
+    bad = {g: v for g, v in m.group_grad_sqnr_db.items() if not v >= floors[g]}
     later_bad = not (math.isnan(m.worst_grad_sqnr_db) or m.worst_grad_sqnr_db >= later)
     if bad or later_bad:
-        parts = [f"{v:.3g} dB in {g} at the first step < {first:.3g} dB" for g, v in sorted(bad.items())]
+        parts = [f"{v:.3g} dB in {g} at the first step < {floors[g]:.3g} dB" for g, v in sorted(bad.items())]
         step, group = m.worst_grad_sqnr_at or (None, None)
         if later_bad and not (step == _first_applied(m) and group in bad):
             parts.append(f"{m.worst_grad_sqnr_db:.3g} dB in {group} at step {step} < {later:.3g} dB")
@@ -365,31 +372,12 @@ class TrainStepKind(Kind):
         return outcome
 
     def _judge_step_features(self, case: Case, spec: TrainSpec, run: Trajectory, outcome: Outcome) -> None:
-        """The verdicts of a spec that accumulates micro-batches (training.accumulation) or checkpoints
-        activations (training.checkpointing)."""
+        """The verdicts of a spec that accumulates micro-batches (training.accumulation), declared or
+        not, or checkpoints activations (training.checkpointing)."""
         where = self._where(case.target, case.config)
         try:
-            if spec.accumulate != 1 and run.first_step is not None:
-                step, rng = run.first_step, run.rng_states[run.first_step]
-                cache, key = case.state.memo(BATCH_GRADIENTS), (spec, case.device, step, rng.digest)
-                if key not in cache:
-                    try:
-                        cache[key] = exact_batch_gradients(spec, step, case.device,
-                                                           f"{where}: the float64 gradients", rng)
-                    except GlobalStateError:
-                        raise
-                    except TrainingError as e:  # a model that cannot run in float64: the verdict is not made
-                        cache[key] = str(e)
-                if isinstance(cache[key], str):
-                    outcome.details.append(f"accumulation: not judged ({cache[key]})")
-                else:
-                    accum = judge_accumulation(spec, case.config, run, cache[key])
-                    outcome.details.append(accum.detail)
-                    if accum.problem and accum.shown:
-                        outcome.details.append(f"{case.config.id} shows this: {accum.problem} (reported, not held to "
-                                               "it)")
-                    elif accum.problem:
-                        outcome.add("oracle", "accuracy", accum.problem)
+            if run.first_step is not None:
+                self._judge_accumulation(case, spec, run, outcome, where)
             if spec.checkpoint is not None and run.first_step is not None:
                 check = judge_checkpoint(spec, case.config, run, case.device, where)
                 outcome.details.append(check.detail)
@@ -397,6 +385,47 @@ class TrainStepKind(Kind):
                     outcome.add("oracle", "accuracy", check.problem)
         except (TrainingError, ValueError) as e:
             raise TargetError(str(e)) from e.__cause__
+
+    @staticmethod
+    def _judge_accumulation(case: Case, spec: TrainSpec, run: Trajectory, outcome: Outcome, where: str) -> None:
+        """A declared ``accumulate=N``, or a step that ran N > 1 backward passes before its one
+        ``optimizer.step()`` and declares nothing (a loop that accumulates as users write it): judged
+        as ``TrainSpec(accumulate=N)``, its batch split in N along dim 0, against the whole batch's
+        float64 gradient."""
+        step = run.first_step
+        passes = run.backward_passes[step] if step < len(run.backward_passes) else 1
+        undeclared = (spec.accumulate == 1 and passes > 1 and not run.closure
+                      and step < len(run.optimizer_steps) and run.optimizer_steps[step] == 1)
+        if spec.accumulate == 1 and not undeclared:
+            return
+        judged = dataclasses.replace(spec, accumulate=passes) if undeclared else spec
+        n = judged.accumulate
+        said = (f"{n} backward passes per optimizer.step() with no accumulate= declared (judged as "
+                f"TrainSpec(accumulate={n}), the batch split in {n} along dim 0)")
+        rng = run.rng_states[step]
+        cache, key = case.state.memo(BATCH_GRADIENTS), (judged, case.device, step, rng.digest)
+        if key not in cache:
+            try:
+                cache[key] = exact_batch_gradients(judged, step, case.device, f"{where}: the float64 gradients", rng)
+            except GlobalStateError:
+                raise
+            except (TrainingError, ValueError) as e:  # no float64 gradient, or a batch that does not split
+                cache[key] = str(e)
+        if isinstance(cache[key], str):
+            if undeclared:  # the split cannot be known: the declaration that says it is the fix
+                outcome.add("oracle", "contract", f"{said}, and that could not be judged ({cache[key]}): declare "
+                            f"TrainSpec(accumulate={n}) and take accumulate= in step_fn, with a batch of the whole "
+                            "step that splits along dim 0 and a loss_fn for one micro-batch")
+            else:
+                outcome.not_judged.append(f"accumulation ({cache[key]})")
+            return
+        accum = judge_accumulation(judged, case.config, run, cache[key])
+        outcome.details.append(accum.detail + (f" ({said})" if undeclared else ""))
+        problem = f"{said}: {accum.problem}" if undeclared and accum.problem else accum.problem
+        if problem and accum.shown:
+            outcome.details.append(f"{case.config.id} shows this: {problem} (reported, not held to it)")
+        elif problem:
+            outcome.add("oracle", "accuracy", problem)
 
     @staticmethod
     def _step_call(spec: TrainSpec, config: TrainConfig, device: str, rng: RngState | None = None):

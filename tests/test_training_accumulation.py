@@ -203,3 +203,76 @@ def test_a_step_fn_taking_accumulate_is_given_it_at_one_too():
                                          r"declares 1: declare TrainSpec\(accumulate=4\)"):
         TrainSpec(lambda: None, lambda p: None, lambda i: None, step_fn=four)
     assert TrainSpec(lambda: None, lambda p: None, lambda i: None, step_fn=four, accumulate=4).step()(*[None] * 5) == 4
+
+
+# loops as users write them: 2 micro-batches and one optimizer step, no accumulate= declared, in a
+# model that keeps its head in float32 the README's way (h.float() with autocast off)
+UNDECLARED = HEADER + """
+class HeadInFloat32(Net):
+    def forward(self, x, y):
+        h = torch.relu(self.fc1(x))
+        with torch.autocast(h.device.type, enabled=False):
+            return F.mse_loss(self.fc2(h.float()), y)
+
+
+def loop(divide=True, zero_inside=False, float64=True):
+    def step_fn(model, optimizer, scaler, batch, autocast):
+        x, y = batch
+        optimizer.zero_grad()
+        for xs, ys in zip(x.chunk(2), y.chunk(2)):
+            if zero_inside:
+                optimizer.zero_grad()  # the defect
+            with autocast():
+                loss = model(xs, ys) / (2 if divide else 1)  # the defect: undivided
+            scaler.scale(loss).backward()
+        scaler.unscale_(optimizer)
+        scaler.step(optimizer)
+        scaler.update()
+        return loss
+    return step_fn
+
+
+for name, fn in (("correct", loop()), ("undivided", loop(divide=False)), ("zero_inside", loop(zero_inside=True))):
+    pytest_precision.register(name, pytest_precision.TrainSpec(HeadInFloat32, sgd, batch, steps=2, step_fn=fn),
+                              kind="train_step")
+"""
+
+
+def test_a_loop_that_accumulates_without_declaring_it_is_judged_on_its_first_run(pytester):
+    """Before, the two defects passed every config on a first run (nothing declared accumulate=), and
+    with accumulate=2 declared the float64 step could not run the h.float() head: not judged."""
+    pytester.makeconftest(UNDECLARED)
+    result = run_suite(pytester, "--precision-configs=fp32,amp-fp16", "--precision-update-baselines")
+    result.assert_outcomes(passed=3, failed=6)
+    said = ("2 backward passes per optimizer.step() with no accumulate= declared (judged as TrainSpec(accumulate=2), "
+            "the batch split in 2 along dim 0): accumulated gradient of 2 micro-batches at step 0: SQNR")
+    for config in ("fp32", "amp-fp16", "amp-fp16-noscale"):
+        result.stdout.fnmatch_lines([f"*train_step[[]undivided-{config}-trajectory[]]: FAIL accuracy ({said} 0 dB *: the "
+                                     "loss of each micro-batch was not divided by the 2 micro-batches (loss / 2))",
+                                     f"*train_step[[]zero_inside-{config}-trajectory[]]: FAIL accuracy ({said} *: only the "
+                                     "last micro-batch's gradient reached the optimizer: the gradients were zeroed "
+                                     "(zero_grad) inside the accumulation loop*"], consecutive=False)
+        result.stdout.fnmatch_lines([f"| correct *| {config} *| pass *|"])
+
+
+NO_FLOAT64 = HEADER + """
+class NoFloat64(Net):
+    def forward(self, x, y):
+        if self.fc1.weight.dtype == torch.float64:
+            raise RuntimeError("no float64 kernel")
+        return super().forward(x, y)
+
+
+pytest_precision.register("declared", pytest_precision.TrainSpec(NoFloat64, sgd, batch, steps=2, accumulate=2),
+                          kind="train_step")
+"""
+
+
+def test_an_accumulation_that_cannot_be_judged_is_a_skip_saying_so_not_a_pass(pytester):
+    pytester.makeconftest(NO_FLOAT64)
+    result = run_suite(pytester, "--precision-configs=fp32", "--precision-update-baselines", "-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["SKIPPED*not judged: accumulation (target 'declared' (train_step) under config fp32: "
+                                 "the float64 gradients: step 0 raised RuntimeError: no float64 kernel) (every other "
+                                 "verdict passed)*"])
+    assert (pytester.path / "precision_baselines/train_step/declared/trajectory/fp32.npz").exists()  # golden written

@@ -95,6 +95,9 @@ class Outcome:
     details: list[str] = field(default_factory=list)  # lines after the fault (a shrunk input, a shown rate)
     fault: Fault | None = None
     skipped_by: list = field(default_factory=list)  # Declarations that would skip this case
+    # verdicts the case could not give, each with why: a case that passes every other is skipped
+    # saying so (runner.collection), a failing one says it under its headline; never inside a pass
+    not_judged: list[str] = field(default_factory=list)
 
     def add(self, check: str, category: str, sentence: str, declaration: Declaration | None = None) -> None:
         self.problems.append(Problem(check, category, sentence, declaration))
@@ -144,6 +147,7 @@ class Outcome:
         lines = [f"{nodeid}: {self.headline()}"]
         if self.fault is not None:
             lines.append(f"  {self.fault.describe(self.config)}")
+        lines += [f"  not judged: {line}" for line in self.not_judged]
         lines += ["  " + line for line in self.details]
         lines += self.evidence.message_lines(self)
         lines += self.baseline.message_lines(update_command)

@@ -6,9 +6,14 @@ round the float64 run back to float32, and the result would be no oracle. Inside
 ``float32_as_float64()`` a cast to float32 (``.float()``, ``.to(torch.float32)``,
 ``.type(torch.float32)``) is a cast to float64, and a tensor made with ``dtype=torch.float32`` is
 made in float64: the code's float32 is its "full precision", which the oracle makes exact. Casts to
-16-bit formats are kept: they are what the code computes.
+16-bit formats are kept: they are what the code computes. Only the code's own calls are read so:
+torch's library code keeps its float32 (a ``GradScaler``'s scale and its fused unscale kernel need
+float32 tensors).
 """
 from __future__ import annotations
+
+import os
+import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -22,11 +27,27 @@ def _is_float32(value) -> bool:
     return value is torch.float32 or value == "torch.FloatTensor"
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OVERRIDES = os.path.join(_TORCH_DIR, "overrides.py")
+
+
+def _called_by_torch(func) -> bool:
+    """Whether the code that called ``func`` is torch's own (past ``torch.overrides``' dispatch and a
+    Python-implemented ``func``'s own frame)."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename == _OVERRIDES or
+                                 frame.f_code is getattr(func, "__code__", None)):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename.startswith(_TORCH_DIR)
+
+
 class float32_as_float64(TorchFunctionMode):
     """A context (module docstring) in which float32 is read as float64."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if _called_by_torch(func):
+            return func(*args, **kwargs)
         if func is torch.Tensor.float:
             return args[0].double()
         if func in _CASTS:

@@ -33,7 +33,7 @@ import torch
 
 from ..numerics.metrics import sqnr_db
 from .batches import split_batch
-from .configs import FLOAT64, TrainConfig
+from .configs import TrainConfig
 from .limits import first_step_floor_db
 
 __all__ = ["BatchGradients", "exact_batch_gradients", "AccumulationCheck", "judge_accumulation",
@@ -82,7 +82,7 @@ def exact_batch_gradients(spec, step: int, device: str, where: str = "", rng_sta
     """Step ``step``'s batch in float64 from the seeded initial model (``run.prepare_training`` builds
     it as every config's run): each micro-batch's loss / N first, from ``rng_state`` (the random
     state the run had at that step), then the whole batch's loss in one pass."""
-    from .run import prepare_training  # run imports spec, which imports this module
+    from .run import float64_step  # run imports spec, which imports this module
 
     n = spec.accumulate
     out: dict[str, Any] = {}
@@ -101,7 +101,7 @@ def exact_batch_gradients(spec, step: int, device: str, where: str = "", rng_sta
         return loss.detach()
 
     one = dataclasses.replace(spec, steps=1, batch_fn=lambda _i: spec.batch_fn(step), step_fn=gradients, accumulate=1)
-    prepare_training(one, FLOAT64, device, where or f"the float64 gradients of batch {step}", rng_state)()
+    float64_step(one, device, where or f"the float64 gradients of batch {step}", rng_state)
     return BatchGradients(out["whole"], out["parts"])
 
 

@@ -15,6 +15,14 @@ an attention bias (softmax ignores a constant added to a query's scores), holds 
 rounding noise in float64, 1e-11 to 1e-9 in fp32, and 0 or noise in 16 bits: it is not counted.
 Lost gradients whose exact value is below the format's range are counted apart (reported, not a
 defect of the code: the format cannot hold them).
+
+A parameter group's floor at the first step comes from the model too: fp32's own SQNR there against
+the float64 step, less 6.02 dB per mantissa bit the config lacks, is what the config's format can
+keep of that group (``resolvable_db``). Where that is below the format's floor (a group whose
+exact gradient is tiny beside the terms it sums, as a residual scalar beside zero-initialised
+blocks behind a scale-invariant norm, whose exact gradient is 0 or the norm's eps), the floor is
+that less the margin; where nothing is left of it (0 dB or less), the group is not judged at that
+step (``TrainMetrics.unresolved``, said in the case's details): every run holds noise there.
 """
 from __future__ import annotations
 
@@ -25,15 +33,17 @@ import torch
 
 from ..numerics.formats import format_of, ulp as ulp_of
 from ..numerics.metrics import sqnr_db
+from .limits import DB_PER_BIT, FIRST_STEP_MARGIN_DB
 from .configs import TrainConfig
 from .run import ExactStep, Trajectory
 
 __all__ = ["TrainMetrics", "compare_trajectories", "tensors_sqnr_db", "underflow_rates", "update_lost_rates",
-           "significant", "mantissa_eps", "NOISE_FLOOR", "GradientLoss"]
+           "significant", "mantissa_eps", "NOISE_FLOOR", "GradientLoss", "resolvable_db"]
 
 # below this fraction of a tensor's largest exact value an element is rounding noise: the sum that
 # gave it cancels (float64 leaves about 1e-16 of the terms' size, fp32 1e-8; 2^-24 sits between)
 NOISE_FLOOR = 2.0 ** -24
+FP32_BITS = 23  # float32's mantissa bits, as format_of counts them
 
 
 def tensors_sqnr_db(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], names=None) -> float:
@@ -139,6 +149,10 @@ class TrainMetrics:
     update_elements: dict[str, int] = field(default_factory=dict)  # significant first updates per parameter
     below_range_elements: dict[str, int] = field(default_factory=dict)  # significant gradients below the range
     built_dtypes: dict[str, list[str]] = field(default_factory=dict)  # parameters model_fn built not in float32
+    # per group at the first step, what the format can keep of it (compare.resolvable_db): the floor
+    # where it is below the format's, and the groups not judged where nothing is left (the module docstring)
+    group_floor_db: dict[str, float] = field(default_factory=dict)
+    unresolved: dict[str, float] = field(default_factory=dict)
 
     def worst(self, rates: dict[str, float]) -> tuple[str, float]:
         name = max(rates, key=lambda n: (rates[n], n)) if rates else None
@@ -177,7 +191,11 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
     ref_grads = ref.grads.get(first, {}) if first is not None else {}
     groups = group_labels(ref.groups or [list(ref.initial)])
 
-    group_sqnr = {g: tensors_sqnr_db(run.grads0, ref_grads, names) for g, names in groups.items()} if ref_grads else {}
+    resolvable = (resolvable_db(groups, ref_grads, exact.grads, config.mantissa_bits)
+                  if exact is not None and first is not None and config is not None and ref_grads else {})
+    noise = {g: db for g, db in resolvable.items() if not db - FIRST_STEP_MARGIN_DB > 0}
+    group_sqnr = {g: tensors_sqnr_db(run.grads0, ref_grads, names) for g, names in groups.items()
+                  if g not in noise} if ref_grads else {}
     worst, worst_at = math.nan, None
     ratios: list[float | None] = []
     for i in range(len(run.losses)):
@@ -188,6 +206,8 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
         na, nb = run.grad_norms[i], ref.grad_norms[i]
         ratios.append(na / nb if nb else (1.0 if na == 0 else math.inf))
         for g, names in groups.items():
+            if i == first and g in noise:
+                continue
             s = tensors_sqnr_db(a, b, names)
             if worst_at is None or s < worst:
                 worst, worst_at = s, (i, g)
@@ -228,7 +248,20 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
         step_time_spread=step_spread(run), fp32_step_time_spread=step_spread(ref),
         groups=groups, truth=truth if exact is not None or first is None else "the fp32 run (no float64 step)",
         underflow_elements=loss.elements, update_elements=lost_elements, below_range_elements=loss.below_elements,
-        built_dtypes=dict(run.built_dtypes))
+        built_dtypes=dict(run.built_dtypes), unresolved=noise,
+        group_floor_db={g: db - FIRST_STEP_MARGIN_DB for g, db in resolvable.items() if g not in noise})
+
+
+def resolvable_db(groups: dict[str, list[str]], fp32: dict[str, torch.Tensor], exact: dict[str, torch.Tensor],
+                  bits: int) -> dict[str, float]:
+    """Per group, what a format of ``bits`` mantissa bits can keep of its first-step gradient: fp32's
+    SQNR against the float64 one less 6.02 dB per bit fp32 has beyond ``bits``."""
+    out = {}
+    for g, names in groups.items():
+        db = tensors_sqnr_db(fp32, exact, names)
+        if not math.isnan(db):
+            out[g] = db - DB_PER_BIT * (FP32_BITS - bits)
+    return out
 
 
 def _cosine(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> float:

@@ -48,6 +48,7 @@ from torch import nn
 
 from ..numerics.configs import tf32_flags
 from ..numerics.global_state import guarded, leak_message
+from ..numerics.promote import float32_as_float64
 from ..numerics.rng import RngState, forked_rng
 from ..speed.timing import synchronized_perf_counter
 from .batches import map_tensors
@@ -60,7 +61,7 @@ from .spec import TrainSpec, takes_model
 
 __all__ = ["Trajectory", "TrainingError", "GlobalStateError", "judged_state", "step_owner", "run_training",
            "prepare_training", "check_determinism", "ExactStep", "exact_first_step", "data_digest", "RngState",
-           "built_dtype_note", "built_dtypes", "ModelDtypeWarning"]
+           "built_dtype_note", "built_dtypes", "ModelDtypeWarning", "float64_step"]
 
 
 @dataclass
@@ -270,13 +271,33 @@ def built_dtype_note(built: dict[str, list[str]], total: int | None = None) -> s
             "initialisation, return the model in float32 (drop .to(torch.bfloat16) or torch_dtype=torch.bfloat16)")
 
 
+def _parameters_to(model: nn.Module, dtype: torch.dtype) -> None:
+    """The floating parameters of ``model`` to ``dtype``, its buffers left as built (a parameter
+    shared by two modules stays one parameter)."""
+    done: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is None or not p.is_floating_point():
+                continue
+            if id(p) not in done:
+                done[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+            module._parameters[name] = done[id(p)]
+
+
 def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "",
-                     rng_state: RngState | None = None) -> Callable[[], Trajectory]:
+                     rng_state: RngState | None = None, buffers_as_built: bool = False) -> Callable[[], Trajectory]:
     """Build the seeded model, optimizer and scaler now; the returned call runs the steps. The
     tracer and the audit trace only that call, not the model's construction. The steps start from
     ``rng_state`` (default: the generators' state once the model and optimizer are built, the state
     every run of the spec starts its first step from), inside ``fork_rng``: each call draws the same
-    random numbers, and neither the construction nor the call moves the caller's generators."""
+    random numbers, and neither the construction nor the call moves the caller's generators.
+
+    The float64 step (``FLOAT64``) runs its steps inside ``numerics.promote.float32_as_float64``: the
+    model's own float32 (``h.float()`` for a head kept in float32, a mask made with
+    ``dtype=torch.float32`` or the default dtype) is read as float64 there, so a model that upcasts on purpose runs exactly
+    instead of meeting a float32 tensor with float64 parameters. ``buffers_as_built`` casts only the
+    parameters to the config's dtype (``float64_step`` retries so for a model whose code needs its
+    buffers in the dtype it built them in)."""
     where = where or f"train_step under {config.id}"
     if config.ddp_hook is not None or config.fsdp is not None:
         raise ValueError(f"{config.id} is a {'DDP' if config.ddp_hook else 'FSDP2'} comparison (training.distributed, "
@@ -303,7 +324,11 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
         built = built_dtypes(model)
         if built:  # the float32 master weights every config starts from (the module docstring)
             model = model.to(dtype=torch.float32)
-        model = model.to(device=device, dtype=config.param_dtype)
+        if buffers_as_built:
+            model = model.to(device=device)
+            _parameters_to(model, config.param_dtype)
+        else:
+            model = model.to(device=device, dtype=config.param_dtype)
         if spec.keep_fp32 and config.param_dtype in (torch.float16, torch.bfloat16):
             keep_fp32_params(model, spec.keep_fp32)  # as the repository keeps them (training.module_dtypes)
         model.train()
@@ -386,6 +411,10 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
                     raise TrainingError(f"{where}: the model has no nn.Linear layer for the fp8 emulation to replace")
             if device == "cuda":
                 stack.enter_context(tf32_flags(config.tf32))
+            if config is FLOAT64:  # the model's float32 is its full precision: exact here
+                stack.enter_context(float32_as_float64())
+                stack.callback(torch.set_default_dtype, torch.get_default_dtype())
+                torch.set_default_dtype(torch.float64)
             autocast = config.autocast(device)
             for i in range(spec.steps):
                 t.rng_states.append(RngState.capture(device))
@@ -484,7 +513,34 @@ def exact_first_step(spec: TrainSpec, step: int, device: str, where: str = "",
     the start of that step (``Trajectory.rng_states[step]``; default: a first step's). Raises
     TrainingError when the model cannot run in float64."""
     one = dataclasses.replace(spec, steps=1, batch_fn=lambda _i: spec.batch_fn(step))
-    t = prepare_training(one, FLOAT64, device, where or f"the float64 step {step}", rng_state)()
+    t = float64_step(one, device, where or f"the float64 step {step}", rng_state)
     if t.first_step is None:
         raise TrainingError(f"{where or 'the float64 step'}: optimizer.step() did not run")
     return ExactStep(step, t.grads0, {n: t.final[n] - t.initial[n] for n in t.initial}, t.initial)
+
+
+def float64_step(spec: TrainSpec, device: str, where: str, rng_state: RngState | None = None) -> Trajectory:
+    """``spec`` run in float64 (``FLOAT64``): parameters and floating buffers cast to float64, and
+    where that raises, the parameters alone, its buffers in the dtypes the model built them in (a
+    model that asserts its rotary tables are in the compute dtype it fixed at import). Raises the
+    first try's TrainingError, the second's beside it, when neither runs; a change of torch's state
+    (GlobalStateError) is raised at once."""
+    try:
+        return prepare_training(spec, FLOAT64, device, where, rng_state)()
+    except GlobalStateError:
+        raise
+    except TrainingError as first:
+        try:
+            return prepare_training(spec, FLOAT64, device, where, rng_state, buffers_as_built=True)()
+        except GlobalStateError:
+            raise
+        except TrainingError as second:
+            def cause(e):  # the message without the ``where`` both share
+                text = str(e)
+                return text[len(where) + 2:] if text.startswith(where + ": ") else text
+            if cause(second) == cause(first):
+                raise first from first.__cause__
+            raise TrainingError(f"{first}; with its buffers kept in the dtypes model_fn built them in: "
+                                f"{cause(second)}") from first.__cause__
+            raise TrainingError(f"{first}; with its buffers kept in the dtypes model_fn built them in: "
+                                f"{str(second).split(': ', 1)[-1]}") from first.__cause__
