@@ -409,7 +409,7 @@ class TrainStepKind(Kind):
                 cache[key] = exact_batch_gradients(judged, step, case.device, f"{where}: the float64 gradients", rng)
             except GlobalStateError:
                 raise
-            except (TrainingError, ValueError) as e:  # no float64 gradient, or a batch that does not split
+            except TrainingError as e:  # no float64 gradient, or a batch that does not split (split_batch's error)
                 cache[key] = str(e)
         if isinstance(cache[key], str):
             if undeclared:  # the split cannot be known: the declaration that says it is the fix

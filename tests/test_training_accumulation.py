@@ -215,15 +215,15 @@ class HeadInFloat32(Net):
             return F.mse_loss(self.fc2(h.float()), y)
 
 
-def loop(divide=True, zero_inside=False, float64=True):
+def loop(divide=True, zero_inside=False, parts=2):
     def step_fn(model, optimizer, scaler, batch, autocast):
         x, y = batch
         optimizer.zero_grad()
-        for xs, ys in zip(x.chunk(2), y.chunk(2)):
+        for xs, ys in zip(x.chunk(parts), y.chunk(parts)):
             if zero_inside:
                 optimizer.zero_grad()  # the defect
             with autocast():
-                loss = model(xs, ys) / (2 if divide else 1)  # the defect: undivided
+                loss = model(xs, ys) * (xs.shape[0] / x.shape[0] if divide else 1)  # the defect: undivided
             scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
         scaler.step(optimizer)
@@ -232,7 +232,8 @@ def loop(divide=True, zero_inside=False, float64=True):
     return step_fn
 
 
-for name, fn in (("correct", loop()), ("undivided", loop(divide=False)), ("zero_inside", loop(zero_inside=True))):
+for name, fn in (("correct", loop()), ("undivided", loop(divide=False)), ("zero_inside", loop(zero_inside=True)),
+                 ("three_parts", loop(parts=3))):
     pytest_precision.register(name, pytest_precision.TrainSpec(HeadInFloat32, sgd, batch, steps=2, step_fn=fn),
                               kind="train_step")
 """
@@ -243,7 +244,7 @@ def test_a_loop_that_accumulates_without_declaring_it_is_judged_on_its_first_run
     with accumulate=2 declared the float64 step could not run the h.float() head: not judged."""
     pytester.makeconftest(UNDECLARED)
     result = run_suite(pytester, "--precision-configs=fp32,amp-fp16", "--precision-update-baselines")
-    result.assert_outcomes(passed=3, failed=6)
+    result.assert_outcomes(passed=3, failed=9)
     said = ("2 backward passes per optimizer.step() with no accumulate= declared (judged as TrainSpec(accumulate=2), "
             "the batch split in 2 along dim 0): accumulated gradient of 2 micro-batches at step 0: SQNR")
     for config in ("fp32", "amp-fp16", "amp-fp16-noscale"):
@@ -253,6 +254,12 @@ def test_a_loop_that_accumulates_without_declaring_it_is_judged_on_its_first_run
                                      "last micro-batch's gradient reached the optimizer: the gradients were zeroed "
                                      "(zero_grad) inside the accumulation loop*"], consecutive=False)
         result.stdout.fnmatch_lines([f"| correct *| {config} *| pass *|"])
+        # 64 rows in 3 micro-batches of 22, 22 and 20: no split along dim 0 says which; the declaration does
+        result.stdout.fnmatch_lines([f"*train_step[[]three_parts-{config}-trajectory[]]: FAIL contract (3 backward passes "
+                                     "per optimizer.step() with no accumulate= declared (judged as "
+                                     "TrainSpec(accumulate=3), the batch split in 3 along dim 0), and that could not be "
+                                     "judged (*accumulate=3: the batch's dim-0 size 64 is not a multiple of 3*): declare "
+                                     "TrainSpec(accumulate=3) and take accumulate= in step_fn*"])
 
 
 NO_FLOAT64 = HEADER + """

@@ -20,7 +20,7 @@ from torch.overrides import TorchFunctionMode
 
 __all__ = ["float32_as_float64"]
 
-_CASTS = {torch.Tensor.float, torch.Tensor.to, torch.Tensor.type}
+_CASTS = {torch.Tensor.float, torch.Tensor.to, torch.Tensor.type}  # Tensor.float first among them
 
 
 def _is_float32(value) -> bool:
@@ -46,7 +46,9 @@ class float32_as_float64(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
-        if _called_by_torch(func):
+        # only a call that names float32 is read anew, and only from the code's own frames (the
+        # frame walk is the costly part: most calls name no dtype)
+        if not (func in _CASTS or _is_float32(kwargs.get("dtype"))) or _called_by_torch(func):
             return func(*args, **kwargs)
         if func is torch.Tensor.float:
             return args[0].double()

@@ -542,5 +542,3 @@ def float64_step(spec: TrainSpec, device: str, where: str, rng_state: RngState |
                 raise first from first.__cause__
             raise TrainingError(f"{first}; with its buffers kept in the dtypes model_fn built them in: "
                                 f"{cause(second)}") from first.__cause__
-            raise TrainingError(f"{first}; with its buffers kept in the dtypes model_fn built them in: "
-                                f"{str(second).split(': ', 1)[-1]}") from first.__cause__
