@@ -29,6 +29,7 @@ from pytest_precision.kinds.outcome import Evidence, Outcome, baseline_problems
 from pytest_precision.kinds.target import TargetError
 from pytest_precision.training import TRAIN_CONFIGS, LossContractError, TrainConfig, TrainingError, TrainSpec
 from pytest_precision.training.baseline import DDPEntry, rates_line
+from pytest_precision.training.compare import unresolved_reason
 from pytest_precision.training.distributed import DDPComparisonError
 from pytest_precision.training.fsdp import BatchShardError, FSDPComparison, compare_fsdp
 from pytest_precision.training.limits import UNDERFLOW_LIMIT, first_step_floor_db, limit_sentence
@@ -112,11 +113,17 @@ def run_case(kind, case: Case, spec: TrainSpec, baseline: BaselineCheck) -> Outc
     if sentence:
         outcome.add("oracle", "underflow", sentence)
     floor = first_step_floor_db(config.compute_dtype)
-    low = {name: v for name, v in r.group_grad_sqnr_db.items() if not v >= floor}
+    floors = {name: min(floor, r.group_floor_db.get(name, floor)) for name in r.group_grad_sqnr_db}
+    low = {name: v for name, v in r.group_grad_sqnr_db.items() if not v >= floors[name]}
     if low and not g.overflow:
-        parts = ", ".join(f"{v:.4g} dB in {name}" for name, v in sorted(low.items()))
-        outcome.add("oracle", "accuracy", f"gradient SQNR {parts} < {floor:.4g} dB, what {r.param_dtype} keeps in a "
-                                          "correct step")
+        if all(floors[name] == floor for name in low):
+            parts = ", ".join(f"{v:.4g} dB in {name}" for name, v in sorted(low.items())) + f" < {floor:.4g} dB"
+        else:  # a group's own conditioning set its floor (compare.group_floors)
+            parts = ", ".join(f"{v:.4g} dB in {name} < {floors[name]:.4g} dB" for name, v in sorted(low.items()))
+        outcome.add("oracle", "accuracy", f"gradient SQNR {parts}, what {r.param_dtype} keeps in a correct step")
+    if r.unresolved:
+        groups = ", ".join(f"{name} ({v:.3g} dB)" for name, v in sorted(r.unresolved.items()))
+        outcome.details.append(f"gradient SQNR not judged in {groups}: {unresolved_reason(r.param_dtype)}")
     if math.isfinite(r.loss) and not r.loss_deviation <= config.loss_rtol:
         outcome.add("oracle", "accuracy", f"loss deviates from fp32 by {r.loss_deviation:.3g} (relative) > "
                                           f"{config.loss_rtol:g} allowed for {config.id}")

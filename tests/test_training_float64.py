@@ -153,3 +153,45 @@ def test_a_group_the_format_cannot_resolve_is_not_judged_and_the_others_are(eps)
     # without the float64 step nothing says what the format can keep: the group is judged, below its floor
     blind = compare_trajectories(run, fp32, TRAIN_CONFIGS["amp-bf16"], None)
     assert blind.group_grad_sqnr_db["group 1"] < first_step_floor_db(7) and not blind.unresolved
+
+
+NOISE_DRIVEN = """
+import pytest_precision
+from modern_gpt import GPT, data, loop, optimizer
+
+for name, clip in (("gpt", False), ("clipped", True)):
+    pytest_precision.register(name, pytest_precision.TrainSpec(GPT, optimizer, data, steps=8, step_fn=loop(clip)),
+                              kind="train_step")
+"""
+
+
+def test_a_modern_gpt_is_green_on_its_first_run_and_its_planted_defect_red(pytester, monkeypatch):
+    """tests/modern_gpt.py: its residual scalars' exact gradient is 0 at the first step, so every run's
+    first update moves them by the rounding noise's sign times 0.5: the later steps follow noise."""
+    pytester.makeconftest(NOISE_DRIVEN)
+    args = ("--precision-suite", "-p", "no:cacheprovider", "-k", "train_step and trajectory and not fsdp and not ddp",
+            "--precision-configs=fp32,amp-bf16,amp-fp16,bf16", "--precision-update-baselines")
+    result = pytester.runpytest(*args)
+    result.stdout.fnmatch_lines(["*train_step[[]clipped-amp-fp16-trajectory[]]: FAIL accuracy (gradient norm * x fp32's at "
+                                 "step 0 (*clipped to norm 1 before scaler.unscale_(optimizer)*",
+                                 "  steps after 0 not judged against fp32: fp32's own first update is * dB from the float64 "
+                                 "step's, no clearer than amp-fp16's * dB*"])
+    for config in ("fp32", "amp-bf16", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr"):
+        result.stdout.fnmatch_lines([f"| gpt *| {config} *| pass *|"])
+    result.assert_outcomes(passed=11, failed=1)  # clipping is caught where a scaler scales the loss
+    # judged against fp32 at every step, as before, the correct GPT fails pure bf16 (gradient norm 6 x)
+    monkeypatch.setattr("pytest_precision.suites.training.noise_driven", lambda *a: False)
+    again = pytester.runpytest(*args, "--override-ini=precision_baseline_dir=judged_throughout", "-k", "gpt and bf16")
+    again.stdout.fnmatch_lines(["*train_step[[]gpt-bf16-trajectory[]]: FAIL accuracy (gradient norm * x fp32's at step 1*"])
+
+
+def test_fp32s_own_drift_from_the_float64_run_widens_only_the_later_steps():
+    from pytest_precision.training.drift import fp32_drift, noise_driven
+
+    spec = TrainSpec(TableChecked, adamw, DATA, steps=3)
+    fp32 = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu")
+    from pytest_precision.training.run import float64_step
+    drift = fp32_drift(fp32, float64_step(spec, "cpu", "f64"), {"all parameters": list(fp32.initial)}, tensors_sqnr_db)
+    assert drift.loss[0] < 1e-6 and drift.loss == sorted(drift.loss)  # the largest so far: never shrinks
+    assert drift.loss_allowance(2) < 1e-5 and drift.params < 1e-5  # a well-conditioned run: limits as they were
+    assert noise_driven(17.3, 18.7) and not noise_driven(19.8, 86.6)  # the GPT above; the built-in GPT

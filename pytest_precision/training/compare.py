@@ -26,6 +26,7 @@ step (``TrainMetrics.unresolved``, said in the case's details): every run holds 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -35,10 +36,11 @@ from ..numerics.formats import format_of, ulp as ulp_of
 from ..numerics.metrics import sqnr_db
 from .limits import DB_PER_BIT, FIRST_STEP_MARGIN_DB
 from .configs import TrainConfig
+from .drift import Fp32Drift, fp32_drift
 from .run import ExactStep, Trajectory
 
 __all__ = ["TrainMetrics", "compare_trajectories", "tensors_sqnr_db", "underflow_rates", "update_lost_rates",
-           "significant", "mantissa_eps", "NOISE_FLOOR", "GradientLoss", "resolvable_db"]
+           "significant", "mantissa_eps", "NOISE_FLOOR", "GradientLoss", "resolvable_db", "group_floors", "unresolved_reason"]
 
 # below this fraction of a tensor's largest exact value an element is rounding noise: the sum that
 # gave it cancels (float64 leaves about 1e-16 of the terms' size, fp32 1e-8; 2^-24 sits between)
@@ -153,6 +155,11 @@ class TrainMetrics:
     # where it is below the format's, and the groups not judged where nothing is left (the module docstring)
     group_floor_db: dict[str, float] = field(default_factory=dict)
     unresolved: dict[str, float] = field(default_factory=dict)
+    grad_sqnr_by_step: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> group -> SQNR
+    drift: Fp32Drift | None = None  # fp32's own distance from the float64 run (training.drift)
+    # the first applied update's SQNR against the float64 step's, this run's and fp32's (NaN without it)
+    first_update_db: float = math.nan
+    fp32_first_update_db: float = math.nan
 
     def worst(self, rates: dict[str, float]) -> tuple[str, float]:
         name = max(rates, key=lambda n: (rates[n], n)) if rates else None
@@ -162,6 +169,7 @@ class TrainMetrics:
         d = dict(self.__dict__)
         d["first_nonfinite"] = list(self.first_nonfinite) if self.first_nonfinite else None
         d["worst_grad_sqnr_at"] = list(self.worst_grad_sqnr_at) if self.worst_grad_sqnr_at else None
+        d["drift"] = dataclasses.asdict(self.drift) if self.drift is not None else None
         return d
 
 
@@ -181,9 +189,11 @@ def _log_distance(ratio: float | None) -> float:
 
 
 def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig | None = None,
-                         exact: ExactStep | None = None, truth: str = "float64") -> TrainMetrics:
+                         exact: ExactStep | None = None, truth: str = "float64",
+                         float64: Trajectory | None = None) -> TrainMetrics:
     """``run`` against the fp32 run ``ref``; the rates against ``exact`` (the float64 first step;
-    without it, against the fp32 run's gradients at that step, as ``truth`` should then say)."""
+    without it, against the fp32 run's gradients at that step, as ``truth`` should then say); with
+    ``float64``, the spec's whole run in float64, how far fp32 itself drifted from it (``drift``)."""
     dev = []
     for a, b in zip(run.losses, ref.losses):
         dev.append(abs(a - b) / abs(b) if math.isfinite(a) and b != 0 else (0.0 if a == b else math.inf))
@@ -191,12 +201,12 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
     ref_grads = ref.grads.get(first, {}) if first is not None else {}
     groups = group_labels(ref.groups or [list(ref.initial)])
 
-    resolvable = (resolvable_db(groups, ref_grads, exact.grads, config.mantissa_bits)
-                  if exact is not None and first is not None and config is not None and ref_grads else {})
-    noise = {g: db for g, db in resolvable.items() if not db - FIRST_STEP_MARGIN_DB > 0}
+    floors, noise = (group_floors(groups, ref_grads, exact.grads, config.mantissa_bits)
+                     if exact is not None and first is not None and config is not None and ref_grads else ({}, {}))
     group_sqnr = {g: tensors_sqnr_db(run.grads0, ref_grads, names) for g, names in groups.items()
                   if g not in noise} if ref_grads else {}
     worst, worst_at = math.nan, None
+    by_step: dict[int, dict[str, float]] = {}
     ratios: list[float | None] = []
     for i in range(len(run.losses)):
         a, b = run.grads.get(i), ref.grads.get(i)
@@ -209,6 +219,7 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
             if i == first and g in noise:
                 continue
             s = tensors_sqnr_db(a, b, names)
+            by_step.setdefault(i, {})[g] = s
             if worst_at is None or s < worst:
                 worst, worst_at = s, (i, g)
     worst_ratio = max((r for r in ratios if r is not None), key=_log_distance, default=None)
@@ -248,8 +259,36 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
         step_time_spread=step_spread(run), fp32_step_time_spread=step_spread(ref),
         groups=groups, truth=truth if exact is not None or first is None else "the fp32 run (no float64 step)",
         underflow_elements=loss.elements, update_elements=lost_elements, below_range_elements=loss.below_elements,
-        built_dtypes=dict(run.built_dtypes), unresolved=noise,
-        group_floor_db={g: db - FIRST_STEP_MARGIN_DB for g, db in resolvable.items() if g not in noise})
+        built_dtypes=dict(run.built_dtypes), unresolved=noise, grad_sqnr_by_step=by_step,
+        drift=fp32_drift(ref, float64, groups, tensors_sqnr_db) if float64 is not None else None, group_floor_db=floors,
+        first_update_db=_first_update_db(run, exact), fp32_first_update_db=_first_update_db(ref, exact))
+
+
+def _first_update_db(t: Trajectory, exact: ExactStep | None) -> float:
+    """The SQNR of ``t``'s first applied update against the float64 step's (NaN where either is missing)."""
+    if exact is None or not t.after_first or t.first_step != exact.step:
+        return math.nan
+    moved = {n: t.after_first[n].double() - t.initial[n].double() for n in t.after_first}
+    return tensors_sqnr_db(moved, exact.update)
+
+
+def group_floors(groups: dict[str, list[str]], fp32: dict[str, torch.Tensor], exact: dict[str, torch.Tensor] | None,
+                 bits: int) -> tuple[dict[str, float], dict[str, float]]:
+    """The first-step floor each group's own conditioning gives (``resolvable_db`` less the margin),
+    and the groups with nothing left to judge, with what the format can keep of them (the module
+    docstring); none without the float64 gradients."""
+    if exact is None:
+        return {}, {}
+    resolvable = resolvable_db(groups, fp32, exact, bits)
+    noise = {g: db for g, db in resolvable.items() if not db - FIRST_STEP_MARGIN_DB > 0}
+    return {g: db - FIRST_STEP_MARGIN_DB for g, db in resolvable.items() if g not in noise}, noise
+
+
+def unresolved_reason(precision: str) -> str:
+    """Why a group ``group_floors`` left unresolved is not judged, in a sentence."""
+    return (f"what {precision} can keep of them, fp32's SQNR against the float64 step less 6.02 dB per mantissa bit "
+            "it lacks, is nothing (a group whose exact gradient is 0 or tiny beside the terms it sums, as a residual "
+            "scalar beside zero-initialised blocks); every run holds noise there")
 
 
 def resolvable_db(groups: dict[str, list[str]], fp32: dict[str, torch.Tensor], exact: dict[str, torch.Tensor],

@@ -41,7 +41,8 @@ import torch
 import torch.distributed as dist
 
 from .batches import batch_sizes, map_tensors, split_batch
-from .compare import group_labels, tensors_sqnr_db
+from ..numerics.formats import format_of
+from .compare import group_floors, group_labels, tensors_sqnr_db
 from .distributed import (HookComparison, RankStage, averaged_gradients, compare_gradients, ddp_skip_reason,
                           rank_imports, run_ranks)
 from .module_dtypes import declared_modules
@@ -69,10 +70,17 @@ class FSDPComparison:
     ref_loss: float  # the fp32 losses of the same shares, averaged
     loss_deviation: float  # |loss - ref_loss| / |ref_loss|
     groups: dict[str, list[str]] = field(default_factory=dict)
+    # per group, the floor from what param_dtype can keep of it, where below the format's, and the
+    # groups it cannot resolve at all, left out of group_grad_sqnr_db (compare.resolvable_db)
+    group_floor_db: dict[str, float] = field(default_factory=dict)
+    unresolved: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
-        return dict(self.__dict__, gradients=self.gradients.as_dict(), group_grad_sqnr_db=dict(self.group_grad_sqnr_db),
-                    groups={g: list(names) for g, names in self.groups.items()})
+        out = dict(self.__dict__, gradients=self.gradients.as_dict(), group_grad_sqnr_db=dict(self.group_grad_sqnr_db),
+                   groups={g: list(names) for g, names in self.groups.items()})
+        out.pop("group_floor_db")
+        out.pop("unresolved")
+        return out
 
 
 def fsdp_skip_reason(device: str = "cpu", world_size: int = 2) -> str | None:
@@ -199,15 +207,17 @@ def compare_fsdp(spec: TrainSpec, policies: dict[str, tuple[torch.dtype, torch.d
     for config_id, (param_dtype, reduce_dtype) in policies.items():
         grads, losses = ranks[config_id]["grads"], ranks[config_id]["losses"]
         loss = float(losses.mean())
+        floors, unresolved = group_floors(groups, ref, exact, format_of(param_dtype).mantissa_bits)
         out[config_id] = FSDPComparison(
             config=config_id, param_dtype=_name(param_dtype), reduce_dtype=_name(reduce_dtype),
             gradients=compare_gradients(config_id, param_dtype, grads, ref, ref if exact is None else exact),
-            group_grad_sqnr_db={g: tensors_sqnr_db(grads, ref, names) for g, names in groups.items()},
+            group_grad_sqnr_db={g: tensors_sqnr_db(grads, ref, names) for g, names in groups.items()
+                                if g not in unresolved},
             exact_grad_sqnr_db=math.nan if exact is None else tensors_sqnr_db(grads, exact),
             loss=loss, ref_loss=ref_loss,
             loss_deviation=abs(loss - ref_loss) / abs(ref_loss) if ref_loss and math.isfinite(loss) else
             (0.0 if loss == ref_loss else math.inf),
-            groups=groups)
+            groups=groups, group_floor_db=floors, unresolved=unresolved)
     return out
 
 

@@ -61,7 +61,7 @@ from .spec import TrainSpec, takes_model
 
 __all__ = ["Trajectory", "TrainingError", "GlobalStateError", "judged_state", "step_owner", "run_training",
            "prepare_training", "check_determinism", "ExactStep", "exact_first_step", "data_digest", "RngState",
-           "built_dtype_note", "built_dtypes", "ModelDtypeWarning", "float64_step"]
+           "built_dtype_note", "built_dtypes", "ModelDtypeWarning", "float64_step", "run_casting_buffers"]
 
 
 @dataclass
@@ -103,6 +103,7 @@ class Trajectory:
     # an optimizer.step(closure) ran (LBFGS): its gradients were recorded after the step, where the
     # closure's backward had run (the last evaluation's, for an optimizer that evaluates it more than once)
     closure: bool = False
+    after_first: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)  # parameters after the first applied step
 
     @property
     def module_table(self) -> list[list]:
@@ -236,8 +237,9 @@ def run_training(spec: TrainSpec, config: TrainConfig, device: str, where: str =
     gradients of every step the optimizer ran (a run whose first steps the scaler skipped is
     compared with fp32 on the same batch). A run in float32's range and precision that trained
     nothing raises TrainingError (``_nothing_trained``): there no GradScaler skips a step and no
-    gradient underflows, and every case runs fp32, its reference."""
-    t = prepare_training(spec, config, device, where)()
+    gradient underflows, and every case runs fp32, its reference. A model that raises with its
+    buffers in the config's dtype runs again with them as it built them (``run_casting_buffers``)."""
+    t = run_casting_buffers(spec, config, device, where or f"train_step under {config.id}")
     full = config.compute_dtype in (torch.float32, torch.float64) and not config.loss_scaling
     if full and not any(bool(g.any()) for grads in t.grads.values() for g in grads.values()):
         _nothing_trained(t, spec, where or f"train_step under {config.id}")
@@ -460,6 +462,8 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
                 now = _snapshot(model)
                 t.update_norms.append(float(torch.linalg.vector_norm(torch.stack(
                     [torch.linalg.vector_norm(now[n] - previous[n]) for n in now]))) if ran else None)
+                if ran and not t.after_first:
+                    t.after_first = now
                 for n in now:
                     changed[n] |= now[n] != previous[n]
                 previous = now
@@ -520,18 +524,27 @@ def exact_first_step(spec: TrainSpec, step: int, device: str, where: str = "",
 
 
 def float64_step(spec: TrainSpec, device: str, where: str, rng_state: RngState | None = None) -> Trajectory:
-    """``spec`` run in float64 (``FLOAT64``): parameters and floating buffers cast to float64, and
-    where that raises, the parameters alone, its buffers in the dtypes the model built them in (a
-    model that asserts its rotary tables are in the compute dtype it fixed at import). Raises the
-    first try's TrainingError, the second's beside it, when neither runs; a change of torch's state
+    """``spec`` run in float64 (``FLOAT64``; ``run_casting_buffers``)."""
+    return run_casting_buffers(spec, FLOAT64, device, where, rng_state)
+
+
+def run_casting_buffers(spec: TrainSpec, config: TrainConfig, device: str, where: str,
+                        rng_state: RngState | None = None) -> Trajectory:
+    """``spec`` run under ``config`` with its parameters and floating buffers cast to the config's
+    parameter dtype, and where that raises, the parameters alone, its buffers in the dtypes the model
+    built them in (a model that asserts its rotary tables are in the compute dtype it fixed at
+    import; pure bf16 and the float64 step cast, float32 configs cast nothing). Raises the first
+    try's TrainingError, the second's beside it, when neither runs; a change of torch's state
     (GlobalStateError) is raised at once."""
     try:
-        return prepare_training(spec, FLOAT64, device, where, rng_state)()
+        return prepare_training(spec, config, device, where, rng_state)()
     except GlobalStateError:
         raise
     except TrainingError as first:
+        if config.param_dtype == torch.float32:
+            raise
         try:
-            return prepare_training(spec, FLOAT64, device, where, rng_state, buffers_as_built=True)()
+            return prepare_training(spec, config, device, where, rng_state, buffers_as_built=True)()
         except GlobalStateError:
             raise
         except TrainingError as second:
