@@ -36,6 +36,7 @@ Metrics (hook run against the uncompressed run, both fp32 models, no autocast):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import importlib
@@ -55,7 +56,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .batches import map_tensors
 from .compare import significant, tensors_sqnr_db, underflow_rates
-from .run import GlobalStateError, judged_state
+from .run import GlobalStateError, judged_state, parameters_to, read_as_float64
 from .spec import LossContractError, TrainSpec
 
 __all__ = ["HOOKS", "HookComparison", "DDPComparisonError", "ddp_skip_reason", "compare_ddp_hooks", "exact_gradients",
@@ -305,11 +306,12 @@ def exact_gradients(spec: TrainSpec, batches: list, device: str = "cpu") -> dict
     return averaged_gradients(spec, batches, device)[0]
 
 
-def averaged_gradients(spec: TrainSpec, batches: list, device: str = "cpu",
-                       dtype: torch.dtype = torch.float64) -> tuple[dict[str, torch.Tensor], float]:
+def averaged_gradients(spec: TrainSpec, batches: list, device: str = "cpu", dtype: torch.dtype = torch.float64,
+                       buffers_as_built: bool = False) -> tuple[dict[str, torch.Tensor], float]:
     """What data-parallel training computes, in one process: the gradient of each of ``batches``
     from the seeded model in ``dtype``, averaged (on the CPU), and the losses' mean; as
-    ``exact_gradients`` says."""
+    ``exact_gradients`` says. In float64 the model's own float32 is read as float64
+    (``run.read_as_float64``); ``buffers_as_built`` casts its parameters alone."""
     total: dict[str, torch.Tensor] = {}
     losses = []
     forward, owner = (("loss_fn(model, batch) and its backward", "loss_fn") if spec.loss_fn is not None
@@ -317,8 +319,13 @@ def averaged_gradients(spec: TrainSpec, batches: list, device: str = "cpu",
     for batch in batches:
         torch.manual_seed(spec.seed)
         with judged_state("model_fn()"):
-            model = spec.model_fn().to(device, dtype)
-        with judged_state(forward, owner=owner):
+            model = spec.model_fn().to(device)
+        if buffers_as_built:
+            parameters_to(model, dtype)
+        else:
+            model = model.to(dtype=dtype)
+        with read_as_float64() if dtype == torch.float64 else contextlib.nullcontext(), \
+                judged_state(forward, owner=owner):
             loss = spec.loss(model, _to_device(batch, device, dtype))
             loss.backward()
         losses.append(float(loss.detach()))

@@ -61,7 +61,7 @@ from .spec import TrainSpec, takes_model
 
 __all__ = ["Trajectory", "TrainingError", "GlobalStateError", "judged_state", "step_owner", "run_training",
            "prepare_training", "check_determinism", "ExactStep", "exact_first_step", "data_digest", "RngState",
-           "built_dtype_note", "built_dtypes", "ModelDtypeWarning", "float64_step", "run_casting_buffers"]
+           "built_dtype_note", "built_dtypes", "ModelDtypeWarning", "float64_step", "run_casting_buffers", "read_as_float64", "parameters_to"]
 
 
 @dataclass
@@ -273,7 +273,20 @@ def built_dtype_note(built: dict[str, list[str]], total: int | None = None) -> s
             "initialisation, return the model in float32 (drop .to(torch.bfloat16) or torch_dtype=torch.bfloat16)")
 
 
-def _parameters_to(model: nn.Module, dtype: torch.dtype) -> None:
+@contextlib.contextmanager
+def read_as_float64():
+    """Where a model runs in float64 as the truth: its own float32 (``h.float()``, ``dtype=torch.float32``,
+    the default dtype) is read as float64 (``numerics.promote.float32_as_float64``)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with float32_as_float64():
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def parameters_to(model: nn.Module, dtype: torch.dtype) -> None:
     """The floating parameters of ``model`` to ``dtype``, its buffers left as built (a parameter
     shared by two modules stays one parameter)."""
     done: dict[int, nn.Parameter] = {}
@@ -328,7 +341,7 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
             model = model.to(dtype=torch.float32)
         if buffers_as_built:
             model = model.to(device=device)
-            _parameters_to(model, config.param_dtype)
+            parameters_to(model, config.param_dtype)
         else:
             model = model.to(device=device, dtype=config.param_dtype)
         if spec.keep_fp32 and config.param_dtype in (torch.float16, torch.bfloat16):
@@ -414,9 +427,7 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
             if device == "cuda":
                 stack.enter_context(tf32_flags(config.tf32))
             if config is FLOAT64:  # the model's float32 is its full precision: exact here
-                stack.enter_context(float32_as_float64())
-                stack.callback(torch.set_default_dtype, torch.get_default_dtype())
-                torch.set_default_dtype(torch.float64)
+                stack.enter_context(read_as_float64())
             autocast = config.autocast(device)
             for i in range(spec.steps):
                 t.rng_states.append(RngState.capture(device))
