@@ -104,7 +104,14 @@ def _about_one_over(ratio: float, scale: float | None) -> bool:
 
 
 def _clip_cause(m: TrainMetrics, ratio: float) -> str:
-    """Why the applied gradients are far smaller than fp32's, when a loss scale explains it."""
+    """Why the applied gradients are far from fp32's, when a loss scale explains it: far larger,
+    about the scale (the optimizer stepped on gradients never unscaled); far smaller, clipped or
+    changed before ``unscale_``."""
+    scale = next((s for s in m.scales_used if s), None)
+    if ratio > 2 and _about_one_over(1 / ratio, scale):
+        return (f", about the loss scale {scale:g}: the optimizer applied gradients still multiplied by it; step "
+                "through the scaler (scaler.step(optimizer), which unscales first) or call "
+                "scaler.unscale_(optimizer) before optimizer.step()")
     ran = [i for i, r in enumerate(m.grad_norm_ratio) if r is not None]
     scaled = [m.grad_norms[i] * m.scales_used[i] for i in ran if i < len(m.scales_used) and m.scales_used[i]]
     if not scaled or not ratio < 0.5:

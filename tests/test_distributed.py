@@ -179,3 +179,14 @@ def test_a_rank_sets_its_device_before_the_process_group(monkeypatch, device, ex
     dev = distributed._join_process_group(3, 4, 12345, device, "nccl", 5.0)
     assert calls == expected
     assert dev == (torch.device("cuda", 1) if device == "cuda" else torch.device("cpu"))
+
+
+def test_a_rank_that_cannot_start_raises_its_own_error_not_the_cleanups():
+    """A body the spawn cannot pickle fails at the first start(); the cleanup once joined the ranks
+    never started too, and torch's 'can only join a started process' hid the cause."""
+    from pytest_precision.training.distributed import run_ranks
+
+    with pytest.raises(Exception) as raised:
+        run_ranks(tiny_gpt.SPEC, [tiny_gpt.SPEC.batch_fn(0)] * 2, "cpu", 2, None, 30, body=lambda *a: None)
+    assert "can only join a started process" not in str(raised.value)
+    assert "pickle" in f"{type(raised.value).__name__} {raised.value}".lower()

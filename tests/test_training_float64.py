@@ -15,6 +15,10 @@ from pytest_precision.training import TRAIN_CONFIGS, MarkovText, TrainSpec, Trai
 from pytest_precision.training.compare import tensors_sqnr_db
 from pytest_precision.training.limits import first_step_floor_db
 
+# imported here, outside the pytester sessions: a module first imported inside one is dropped from
+# sys.modules when it ends, and the FSDP2 ranks' entry point (pickled by reference) must be found there
+import pytest_precision.training.fsdp  # noqa: F401,E402
+
 DATA = MarkovText(vocab_size=32, batch_size=4, block_size=8)
 
 

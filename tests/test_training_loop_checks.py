@@ -226,3 +226,49 @@ def test_no_ratio_is_read_where_the_first_step_did_not_move():
         "first-step gradient norm 2.00 x the golden's, loss 2.00 x: exactly the 2 micro-batches a step accumulates: the "
         "loss is no longer divided by the number of micro-batches")
     assert first_step_ratios({"fp32_loss": [math.nan, 1], "fp32_grad_norm": [1.0, 1]}, recorded) is None
+
+
+SCALER_MISUSE = HEADER + """
+def optimizer_step_not_scaler(model, optimizer, scaler, batch, autocast):
+    optimizer.zero_grad()
+    with autocast():
+        loss = model(*batch)
+    scaler.scale(loss).backward()
+    optimizer.step()  # the defect, in place of scaler.step and scaler.update: gradients still scaled
+    return loss
+
+
+def update_per_micro_batch(model, optimizer, scaler, batch, autocast):
+    optimizer.zero_grad()
+    for micro in split_batch(batch, 2):
+        with autocast():
+            loss = model(*micro) / 2
+        scaler.scale(loss).backward()
+        scaler.update()  # the defect: per micro-batch, before scaler.step
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+from pytest_precision.training import split_batch
+
+def adam(params):  # its update's size does not follow the gradient's: the run stays finite
+    return torch.optim.Adam(params, lr=1e-3)
+
+
+for name, fn in (("optimizer_step", optimizer_step_not_scaler), ("update_per_micro_batch", update_per_micro_batch)):
+    pytest_precision.register(name, pytest_precision.TrainSpec(lambda: Net(), adam, batch, steps=2, step_fn=fn),
+                              kind="train_step")
+"""
+
+
+def test_a_misused_gradscaler_is_named_with_its_cause(pytester):
+    """Before, the first read 'gradient norm 6.55e+04 x fp32's' without naming the loss scale, and the
+    second surfaced as torch's 'No inf checks were recorded prior to update' alone."""
+    pytester.makeconftest(SCALER_MISUSE)
+    result = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
+    result.stdout.fnmatch_lines(["*optimizer_step-amp-fp16-trajectory*FAIL accuracy*gradient norm 6.55e+04 x fp32's at step * "
+                                 "(*), about the loss scale 65536: the optimizer applied gradients still multiplied by it; "
+                                 "step through the scaler (scaler.step(optimizer), which unscales first)*"])
+    result.stdout.fnmatch_lines(["*update_per_micro_batch*No inf checks were recorded prior to update*; scaler.update() ran "
+                                 "with no scaler.step(optimizer) before it, as when it is called per micro-batch*"])

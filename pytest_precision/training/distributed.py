@@ -292,6 +292,8 @@ def run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, payl
                         p.join()
         finally:
             for p in procs:  # a failed rank leaves the others blocked in a collective: kill them
+                if p.pid is None:  # never started (the start itself raised): the error raised is that one
+                    continue
                 if p.is_alive():
                     p.kill()
                 p.join()

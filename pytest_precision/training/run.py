@@ -273,6 +273,15 @@ def built_dtype_note(built: dict[str, list[str]], total: int | None = None) -> s
             "initialisation, return the model in float32 (drop .to(torch.bfloat16) or torch_dtype=torch.bfloat16)")
 
 
+def _known_cause(e: Exception) -> str:
+    """What a step did to raise ``e``, where torch's own message does not say it."""
+    if "No inf checks were recorded prior to update" in str(e):
+        return ("; scaler.update() ran with no scaler.step(optimizer) before it, as when it is called per "
+                "micro-batch or after optimizer.step(): call scaler.step(optimizer), then scaler.update(), once per "
+                "optimizer step, after the last micro-batch's backward")
+    return ""
+
+
 @contextlib.contextmanager
 def read_as_float64():
     """Where a model runs in float64 as the truth: its own float32 (``h.float()``, ``dtype=torch.float32``,
@@ -329,7 +338,7 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
         except TrainingError:
             raise
         except Exception as e:
-            raise TrainingError(f"{where}: {what} raised {type(e).__name__}: {e}") from e
+            raise TrainingError(f"{where}: {what} raised {type(e).__name__}: {e}{_known_cause(e)}") from e
 
     with forked_rng(device):
         torch.manual_seed(spec.seed)
