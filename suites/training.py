@@ -69,8 +69,9 @@ from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainC
                                        TrainSpec, Trajectory, check_determinism, compare_trajectories, exact_first_step,
                                        prepare_training, run_training)
 from pytest_precision.training.baseline import TrajectoryEntry
-from pytest_precision.training.run import (GlobalStateError, ModelDtypeWarning, RngState, built_dtype_note, float64_step,
-                                          judged_state)
+from pytest_precision.numerics.rng import RngState
+from pytest_precision.training.float64 import float64_step
+from pytest_precision.training.run import GlobalStateError, ModelDtypeWarning, built_dtype_note, judged_state
 from pytest_precision.training.distributed import ddp_skip_reason
 from pytest_precision.training.fp8 import fp8_problem
 from pytest_precision.training.fsdp import fsdp_skip_reason
@@ -385,8 +386,7 @@ class TrainStepKind(Kind):
         rng = run.rng_states[step]
         whole = self._float64_run(case, spec)
         if isinstance(whole, Trajectory) and step == 0 == whole.first_step and whole.rng_states[0].digest == rng.digest:
-            return ExactStep(0, whole.grads0, {n: whole.after_first[n] - whole.initial[n] for n in whole.initial},
-                             whole.initial)
+            return ExactStep.first_of(whole)
         cache = case.state.memo(EXACT)
         key = (spec, case.device, step, rng.digest)
         if key not in cache:

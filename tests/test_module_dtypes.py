@@ -130,15 +130,15 @@ def test_recorded_dtypes_of_a_step_under_autocast():
 
 def test_fp8_recipes_leave_the_modules_declared_float32_alone():
     from pytest_precision.training.configs import TRAIN_CONFIGS
-    from pytest_precision.training.fp8 import float8_linears
-    from pytest_precision.training.recipes import fp8_linears
+    from pytest_precision.training.fp8 import scaled_mm_fp8_linears
+    from pytest_precision.training.recipes import emulated_fp8_linears
 
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))
-    with float8_linears(model, TRAIN_CONFIGS["fp8-tensorwise"].float8, keep_fp32=("2",)) as counts:
+    with scaled_mm_fp8_linears(model, TRAIN_CONFIGS["fp8-tensorwise"].float8, keep_fp32=("2",)) as counts:
         assert counts.linears == ["0"] and "forward" not in vars(model[2])
-    with fp8_linears(model, ("2",)) as n:
+    with emulated_fp8_linears(model, ("2",)) as n:
         assert n == 1 and "forward" in vars(model[0]) and "forward" not in vars(model[2])
-    with fp8_linears(model) as n:
+    with emulated_fp8_linears(model) as n:
         assert n == 2
 
 

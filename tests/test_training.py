@@ -14,7 +14,7 @@ from torch import nn
 from pytest_precision.numerics.configs import fp8_roundtrip
 from pytest_precision.numerics.inputs import seeded_normal
 from pytest_precision.training import (TRAIN_CONFIGS, MarkovText, TrainSpec, TrainingError, check_determinism,
-                                       compare_trajectories, exact_first_step, fp8_linears, run_training, significant,
+                                       compare_trajectories, exact_first_step, emulated_fp8_linears, run_training, significant,
                                        stochastic_round, underflow_rates)
 
 
@@ -50,7 +50,7 @@ def test_fp8_linears_quantise_forward_and_gradients_and_restore():
     lin = nn.Linear(16, 8)
     x = seeded_normal(torch.Generator().manual_seed(1), 4, 16).requires_grad_(True)
     exact = lin(x)
-    with fp8_linears(lin) as n:
+    with emulated_fp8_linears(lin) as n:
         assert n == 1
         y = lin(x)
         y.backward(torch.ones_like(y))

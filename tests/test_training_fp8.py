@@ -10,7 +10,7 @@ from torch import nn
 
 from pytest_precision.training import TRAIN_CONFIGS, run_training
 from pytest_precision.training import fp8
-from pytest_precision.training.fp8 import (Float8Cast, Float8Recipe, Fp8Counts, float8_linears, fp8_problem,
+from pytest_precision.training.fp8 import (Float8Cast, Float8Recipe, Fp8Counts, scaled_mm_fp8_linears, fp8_problem,
                                            scaled_linear)
 from machine import ON_CPU
 from training_helpers import HEADER, accept_then_run, run_suite
@@ -128,7 +128,7 @@ def test_a_checkpoints_recompute_casts_at_its_forwards_scales_and_counts_nothing
         if checkpointed:
             checkpoint_blocks(model, "blocks")
         grads = []
-        with float8_linears(model, Float8Recipe(scaling)) as counts:
+        with scaled_mm_fp8_linears(model, Float8Recipe(scaling)) as counts:
             for step in x:  # 3 steps of 2 micro-batches; the weights grow between steps
                 model.zero_grad()
                 for micro in step:
@@ -160,7 +160,7 @@ def test_linears_are_restored_and_a_model_without_one_is_named():
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16))
     x = torch.randn(4, 16)
     before = model(x)
-    with float8_linears(model, Float8Recipe()) as counts:
+    with scaled_mm_fp8_linears(model, Float8Recipe()) as counts:
         assert not torch.equal(model(x), before)
     assert torch.equal(model(x), before) and counts.linears == ["0", "2"]
     from pytest_precision.training import TrainSpec, TrainingError
@@ -270,7 +270,7 @@ def test_the_forward_is_torchaos_float8linear_bit_for_bit():
     x = torch.randn(4, 16, 64)
     y_theirs = theirs(x)
     y_theirs.square().sum().backward()
-    with float8_linears(model, Float8Recipe()):
+    with scaled_mm_fp8_linears(model, Float8Recipe()):
         y = model(x)
         y.square().sum().backward()
     assert torch.equal(y, y_theirs)

@@ -12,13 +12,14 @@ float32 tensors).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["float32_as_float64"]
+__all__ = ["float32_as_float64", "read_as_float64"]
 
 _CASTS = {torch.Tensor.float, torch.Tensor.to, torch.Tensor.type}  # Tensor.float first among them
 
@@ -57,3 +58,16 @@ class float32_as_float64(TorchFunctionMode):
         if _is_float32(kwargs.get("dtype")):
             kwargs["dtype"] = torch.float64
         return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def read_as_float64():
+    """Where code runs in float64 as the truth: its own float32 (``h.float()``, ``dtype=torch.float32``,
+    the default dtype) is read as float64 (``float32_as_float64`` and the default dtype float64)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with float32_as_float64():
+            yield
+    finally:
+        torch.set_default_dtype(previous)

@@ -2,7 +2,7 @@
 synthetic data (``data``), the training configs (``configs``), pure-bf16 stochastic rounding and
 fp8 Linear emulation (``recipes``), fp8 Linears on ``torch._scaled_mm`` with current or delayed
 scaling and what their casts saturate and lose (``fp8``), the loss scale and backward passes a step used
-(``loop_watch``), where each module ran (``module_dtypes``), a run of a few steps and the float64 first step (``run``), its comparison with
+(``loop_watch``), where each module ran (``module_dtypes``), a run of a few steps (``run``, recording into a ``trajectory`` through a ``recorder``), the float64 step (``float64``), its comparison with
 the fp32 run (``compare``), the float16 loss scale's health (``loss_scale``), the floors and
 spreads the verdicts use (``limits``), DDP gradient compression on the real engine
 (``distributed``), what a training golden holds (``baseline``), what moved in its fp32 reference
@@ -15,8 +15,10 @@ from .compare import (GradientLoss, TrainMetrics, compare_trajectories, mantissa
                       underflow_rates, update_lost_rates)
 from .configs import FLOAT64, TRAIN_CONFIGS, TrainConfig
 from .data import MarkovText
-from .recipes import fp8_linears, stochastic_round
-from .run import ExactStep, TrainingError, Trajectory, check_determinism, exact_first_step, prepare_training, run_training
+from .recipes import emulated_fp8_linears, stochastic_round
+from .float64 import ExactStep, exact_first_step
+from .run import TrainingError, check_determinism, prepare_training, run_training
+from .trajectory import Trajectory
 from .spec import LossContractError, TrainSpec, compute_loss, standard_step
 from .batches import split_batch
 from .checkpointing import checkpoint_blocks
@@ -24,5 +26,5 @@ from .checkpointing import checkpoint_blocks
 __all__ = ["TrainSpec", "TrainConfig", "TRAIN_CONFIGS", "FLOAT64", "Trajectory", "TrainMetrics", "TrainingError",
            "LossContractError", "standard_step", "compute_loss", "run_training", "prepare_training", "check_determinism",
            "exact_first_step", "ExactStep", "compare_trajectories", "tensors_sqnr_db", "underflow_rates",
-           "update_lost_rates", "significant", "GradientLoss", "mantissa_eps", "stochastic_round", "fp8_linears",
+           "update_lost_rates", "significant", "GradientLoss", "mantissa_eps", "stochastic_round", "emulated_fp8_linears",
            "MarkovText", "split_batch", "checkpoint_blocks"]

@@ -82,7 +82,7 @@ def exact_batch_gradients(spec, step: int, device: str, where: str = "", rng_sta
     """Step ``step``'s batch in float64 from the seeded initial model (``run.prepare_training`` builds
     it as every config's run): each micro-batch's loss / N first, from ``rng_state`` (the random
     state the run had at that step), then the whole batch's loss in one pass."""
-    from .run import float64_step  # run imports spec, which imports this module
+    from .float64 import float64_step  # run imports spec, which imports this module
 
     n = spec.accumulate
     out: dict[str, Any] = {}

@@ -46,7 +46,7 @@ from .distributed import HookComparison
 from .limits import CROSS_KEY_RTOL, SAME_KEY_RTOL, count_text, db_to_error, error_to_db, percent, spread_floor
 from .moved import fp32_moved
 from .rates import rates_budget, rates_describe, rates_problem, with_count_slack
-from .run import Trajectory
+from .trajectory import Trajectory
 
 __all__ = ["TrajectoryEntry", "DDPEntry", "OUTPUT", "rates_line", "fp32_reference", "budget_for"]
 

@@ -37,7 +37,8 @@ from ..numerics.metrics import sqnr_db
 from .limits import DB_PER_BIT, FIRST_STEP_MARGIN_DB
 from .configs import TrainConfig
 from .drift import Fp32Drift, fp32_drift
-from .run import ExactStep, Trajectory
+from .float64 import ExactStep
+from .trajectory import Trajectory
 
 __all__ = ["TrainMetrics", "compare_trajectories", "tensors_sqnr_db", "underflow_rates", "update_lost_rates",
            "significant", "mantissa_eps", "NOISE_FLOOR", "GradientLoss", "resolvable_db", "group_floors", "unresolved_reason"]

@@ -56,7 +56,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .batches import map_tensors
 from .compare import significant, tensors_sqnr_db, underflow_rates
-from .run import GlobalStateError, judged_state, parameters_to, read_as_float64
+from ..numerics.promote import read_as_float64
+from .module_dtypes import parameters_to
+from .run import GlobalStateError, judged_state
 from .spec import LossContractError, TrainSpec
 
 __all__ = ["HOOKS", "HookComparison", "DDPComparisonError", "ddp_skip_reason", "compare_ddp_hooks", "exact_gradients",

@@ -51,7 +51,7 @@ from ..numerics.formats import format_of
 from .limits import count_text, limit_count, percent
 from .loop_watch import recomputing
 
-__all__ = ["Float8Recipe", "TensorCounts", "Fp8Counts", "float8_linears", "Float8Cast", "scaled_linear",
+__all__ = ["Float8Recipe", "TensorCounts", "Fp8Counts", "scaled_mm_fp8_linears", "Float8Cast", "scaled_linear",
            "fp8_problem", "worst_text", "SATURATION_LIMIT", "UNDERFLOW_LIMIT", "ROLES"]
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
@@ -274,7 +274,7 @@ def scaled_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 @contextlib.contextmanager
-def float8_linears(model: nn.Module, recipe: Float8Recipe, counts: Fp8Counts | None = None,
+def scaled_mm_fp8_linears(model: nn.Module, recipe: Float8Recipe, counts: Fp8Counts | None = None,
                    keep_fp32: tuple[str, ...] = ()) -> Iterator[Fp8Counts]:
     """Every nn.Linear of ``model`` runs through ``scaled_linear`` inside the block, each with its
     own casts (and amax histories, fresh for the block), but those declared float32 (``keep_fp32``,

@@ -45,7 +45,7 @@ from ..numerics.formats import format_of
 from .compare import group_floors, group_labels, tensors_sqnr_db
 from .distributed import (HookComparison, RankStage, averaged_gradients, compare_gradients, ddp_skip_reason,
                           rank_imports, run_ranks)
-from .module_dtypes import declared_modules
+from .module_dtypes import cast_then_as_built, declared_modules
 from .run import GlobalStateError, judged_state
 from .spec import LossContractError, TrainSpec
 
@@ -194,15 +194,13 @@ def compare_fsdp(spec: TrainSpec, policies: dict[str, tuple[torch.dtype, torch.d
     with judged_state("batch_fn(0)"):
         shares = shard_batch(spec.batch_fn(0), world_size)
     ref, ref_loss = averaged_gradients(spec, shares, dtype=torch.float32)  # a forward that is not a loss fails here
-    exact = None
-    for as_built in (False, True):  # as the float64 step: with its buffers cast, then as built (run_casting_buffers)
-        try:
-            exact = averaged_gradients(spec, shares, buffers_as_built=as_built)[0]
-            break
-        except (LossContractError, GlobalStateError):
-            raise
-        except Exception:  # a model that cannot run in float64: the rates are judged against fp32
-            continue
+    try:  # as the float64 step: with its buffers cast, then as built (run.run_casting_buffers)
+        exact = cast_then_as_built(lambda as_built: averaged_gradients(spec, shares, buffers_as_built=as_built)[0],
+                                   passes=(LossContractError, GlobalStateError))
+    except (LossContractError, GlobalStateError):
+        raise
+    except Exception:  # a model that cannot run in float64: the rates are judged against fp32
+        exact = None
     groups = _groups(spec)
     ranks = run_ranks(spec, shares, device, world_size, tuple(policies.items()), timeout_s, body=_fsdp_body,
                       what="FSDP2 comparison")

@@ -27,12 +27,12 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 import torch
 from torch import nn
 
-__all__ = ["ModuleRun", "record_module_dtypes", "declared_fp32", "declared_modules", "keep_fp32_params", "module_flags",
+__all__ = ["ModuleRun", "record_module_dtypes", "declared_fp32", "declared_modules", "keep_fp32_params", "parameters_to", "cast_then_as_built", "module_flags",
            "module_rows", "MATMUL_MODULES"]
 
 MATMUL_MODULES = (nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -168,3 +168,38 @@ def module_flags(runs: dict[str, ModuleRun], autocast_dtype: torch.dtype | None,
 def module_rows(runs: dict[str, ModuleRun]) -> list[list]:
     """The audit's table rows: module, class, parameters, inputs, outputs, recompute."""
     return [run.as_row(name) for name, run in runs.items()]
+
+
+def parameters_to(model: nn.Module, dtype: torch.dtype) -> None:
+    """The floating parameters of ``model`` to ``dtype``, its buffers left as built (a parameter
+    shared by two modules stays one parameter)."""
+    done: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is None or not p.is_floating_point():
+                continue
+            if id(p) not in done:
+                done[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
+            module._parameters[name] = done[id(p)]
+
+
+_T = TypeVar("_T")
+
+
+def cast_then_as_built(attempt: Callable[[bool], _T], passes: tuple[type[BaseException], ...] = ()) -> _T:
+    """``attempt(False)`` (the model with its buffers cast to the run's dtype) and, where that raises,
+    ``attempt(True)`` (its parameters alone cast, its buffers as built: a model that asserts its rotary
+    tables are in the compute dtype it fixed at import). An error of a type in ``passes`` is raised at
+    once; where both raise, the first is raised with the second as its ``as_built_error``."""
+    try:
+        return attempt(False)
+    except passes:
+        raise
+    except Exception as first:
+        try:
+            return attempt(True)
+        except passes:
+            raise
+        except Exception as second:
+            first.as_built_error = second
+            raise first

@@ -10,7 +10,7 @@ from torch import nn
 
 from ..numerics.configs import fp8_roundtrip
 
-__all__ = ["stochastic_round", "stochastic_rounding_updates", "fp8_linears"]
+__all__ = ["stochastic_round", "stochastic_rounding_updates", "emulated_fp8_linears"]
 
 
 def stochastic_round(x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
@@ -93,7 +93,7 @@ class _Fp8Linear(torch.autograd.Function):
 
 
 @contextlib.contextmanager
-def fp8_linears(model: nn.Module, keep_fp32: tuple[str, ...] = ()) -> Iterator[int]:
+def emulated_fp8_linears(model: nn.Module, keep_fp32: tuple[str, ...] = ()) -> Iterator[int]:
     """Every nn.Linear of ``model`` but those declared float32 (``keep_fp32``) runs through the fp8
     emulation inside the block; yields how many."""
     from .module_dtypes import declared_fp32

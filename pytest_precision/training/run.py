@@ -37,78 +37,31 @@ fp32 reference, the AMP configs, pure bf16 and the float64 step all start from t
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import math
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from ..numerics.configs import tf32_flags
 from ..numerics.global_state import guarded, leak_message
-from ..numerics.promote import float32_as_float64
+from ..numerics.promote import read_as_float64
 from ..numerics.rng import RngState, forked_rng
 from ..speed.timing import synchronized_perf_counter
 from .batches import map_tensors
 from .configs import FLOAT64, TrainConfig
 from .loop_watch import watch_loop
-from .module_dtypes import keep_fp32_params, module_flags, module_rows, record_module_dtypes
-from .fp8 import Fp8Counts, float8_linears
-from .recipes import fp8_linears, stochastic_rounding_updates
+from .fp8 import scaled_mm_fp8_linears
+from .module_dtypes import cast_then_as_built, keep_fp32_params, module_flags, parameters_to, record_module_dtypes
+from .recipes import emulated_fp8_linears, stochastic_rounding_updates
+from .recorder import StepRecorder, wide_dtype
 from .spec import TrainSpec, takes_model
+from .trajectory import Trajectory
 
-__all__ = ["Trajectory", "TrainingError", "GlobalStateError", "judged_state", "step_owner", "run_training",
-           "prepare_training", "check_determinism", "ExactStep", "exact_first_step", "data_digest", "RngState",
-           "built_dtype_note", "built_dtypes", "ModelDtypeWarning", "float64_step", "run_casting_buffers", "read_as_float64", "parameters_to"]
-
-
-@dataclass
-class Trajectory:
-    """What a run of ``steps`` steps under one config recorded. Gradients and parameters are fp32
-    copies on the CPU; per-step entries are None at a step the scaler skipped."""
-
-    config: str
-    losses: list[float]
-    grad_norms: list[float | None]
-    update_norms: list[float | None]
-    scales: list[float | None]  # GradScaler scale after each step (None without a scaler; 1 in ``unscaled``)
-    skipped: list[int]  # steps whose optimizer.step() did not run
-    first_nonfinite: tuple[int, str] | None  # (step, "loss"/"gradient of <param>") at a step not skipped
-    first_step: int | None  # the first step whose optimizer.step() ran
-    grads0: dict[str, torch.Tensor]  # the gradients optimizer.step() saw at that step
-    initial: dict[str, torch.Tensor]  # parameters before the first step, as stored
-    final: dict[str, torch.Tensor]  # parameters after the last step, as stored
-    changed: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)  # bool: element ever changed
-    grads: dict[int, dict[str, torch.Tensor]] = field(repr=False, default_factory=dict)  # per step the optimizer ran
-    step_times: list[float] = field(default_factory=list)  # wall seconds of each step (synchronised)
-    groups: list[list[str]] = field(default_factory=list)  # parameter names of each optimizer param group
-    scales_used: list[float | None] = field(default_factory=list)  # loss scale each step ran with (None: no scaler)
-    backward_passes: list[int] = field(default_factory=list)  # per step: gradient accumulations (micro-batches)
-    batch_digests: list[str] = field(default_factory=list)  # sha256 of each step's batch as batch_fn returned it
-    rng_states: list["RngState"] = field(repr=False, default_factory=list)  # torch's generators at each step's start
-    built_dtypes: dict[str, list[str]] = field(default_factory=dict)  # dtype -> parameters model_fn built not in float32
-    unscaled: list[int] = field(default_factory=list)  # steps of a loss-scaling config no GradScaler scaled
-    modules: dict = field(repr=False, default_factory=dict)  # name -> module_dtypes.ModuleRun, first step
-    module_failures: list[str] = field(default_factory=list)  # module_dtypes.module_flags: what fails the case
-    module_notes: list[str] = field(default_factory=list)  # and what it reports
-    # per step: optimizer.step() calls, enabled GradScaler.unscale_ calls, GradScalers that scaled a
-    # loss, and the factors clip_grad_norm_ scaled the gradients by (an accumulation loop's verdict)
-    optimizer_steps: list[int] = field(default_factory=list)
-    unscales: list[int] = field(default_factory=list)
-    scalers: list[int] = field(default_factory=list)
-    clips: list[list[float]] = field(default_factory=list)
-    fp8: Fp8Counts | None = None  # a float8 recipe's saturated and underflowed elements per Linear and role
-    # an optimizer.step(closure) ran (LBFGS): its gradients were recorded after the step, where the
-    # closure's backward had run (the last evaluation's, for an optimizer that evaluates it more than once)
-    closure: bool = False
-    after_first: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)  # parameters after the first applied step
-
-    @property
-    def module_table(self) -> list[list]:
-        """Where each module ran in the first step (--precision-audit prints it)."""
-        return module_rows(self.modules)
+__all__ = ["TrainingError", "GlobalStateError", "judged_state", "step_owner", "run_training", "prepare_training",
+           "PreparedRun", "run_casting_buffers", "check_determinism", "data_digest", "built_dtype_note", "built_dtypes",
+           "ModelDtypeWarning"]
 
 
 class TrainingError(Exception):
@@ -158,13 +111,9 @@ def _cast_batch(batch: Any, dtype: torch.dtype, device: str) -> Any:
     return map_tensors(lambda t: t.to(device=device, dtype=dtype) if t.is_floating_point() else t.to(device), batch)
 
 
-def _wide(t: torch.Tensor) -> torch.dtype:
-    return torch.float64 if t.dtype == torch.float64 else torch.float32
-
-
 def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     """Parameters as fp32 CPU copies (float64 ones stay float64)."""
-    return {n: p.detach().to(device="cpu", dtype=_wide(p), copy=True) for n, p in model.named_parameters()}
+    return {n: p.detach().to(device="cpu", dtype=wide_dtype(p), copy=True) for n, p in model.named_parameters()}
 
 
 def data_digest(obj: Any) -> str:
@@ -282,56 +231,72 @@ def _known_cause(e: Exception) -> str:
     return ""
 
 
-@contextlib.contextmanager
-def read_as_float64():
-    """Where a model runs in float64 as the truth: its own float32 (``h.float()``, ``dtype=torch.float32``,
-    the default dtype) is read as float64 (``numerics.promote.float32_as_float64``)."""
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    try:
-        with float32_as_float64():
-            yield
-    finally:
-        torch.set_default_dtype(previous)
-
-
-def parameters_to(model: nn.Module, dtype: torch.dtype) -> None:
-    """The floating parameters of ``model`` to ``dtype``, its buffers left as built (a parameter
-    shared by two modules stays one parameter)."""
-    done: dict[int, nn.Parameter] = {}
-    for module in model.modules():
-        for name, p in module._parameters.items():
-            if p is None or not p.is_floating_point():
-                continue
-            if id(p) not in done:
-                done[id(p)] = nn.Parameter(p.detach().to(dtype), requires_grad=p.requires_grad)
-            module._parameters[name] = done[id(p)]
-
-
 def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "",
-                     rng_state: RngState | None = None, buffers_as_built: bool = False) -> Callable[[], Trajectory]:
-    """Build the seeded model, optimizer and scaler now; the returned call runs the steps. The
+                     rng_state: RngState | None = None, buffers_as_built: bool = False) -> "PreparedRun":
+    """Build the seeded model, optimizer and scaler now; calling the result runs the steps. The
     tracer and the audit trace only that call, not the model's construction. The steps start from
     ``rng_state`` (default: the generators' state once the model and optimizer are built, the state
     every run of the spec starts its first step from), inside ``fork_rng``: each call draws the same
     random numbers, and neither the construction nor the call moves the caller's generators.
 
-    The float64 step (``FLOAT64``) runs its steps inside ``numerics.promote.float32_as_float64``: the
+    The float64 step (``FLOAT64``) runs its steps inside ``numerics.promote.read_as_float64``: the
     model's own float32 (``h.float()`` for a head kept in float32, a mask made with
-    ``dtype=torch.float32`` or the default dtype) is read as float64 there, so a model that upcasts on purpose runs exactly
-    instead of meeting a float32 tensor with float64 parameters. ``buffers_as_built`` casts only the
-    parameters to the config's dtype (``float64_step`` retries so for a model whose code needs its
-    buffers in the dtype it built them in)."""
+    ``dtype=torch.float32`` or the default dtype) is read as float64 there, so a model that upcasts on
+    purpose runs exactly instead of meeting a float32 tensor with float64 parameters.
+    ``buffers_as_built`` casts only the parameters to the config's dtype (``float64.run_casting_buffers``
+    retries so for a model whose code needs its buffers in the dtype it built them in)."""
     where = where or f"train_step under {config.id}"
     if config.ddp_hook is not None or config.fsdp is not None:
         raise ValueError(f"{config.id} is a {'DDP' if config.ddp_hook else 'FSDP2'} comparison (training.distributed, "
                          "training.fsdp), not a run of run_training")
+    return PreparedRun(spec, config, device, where, rng_state, buffers_as_built)
 
-    def call(what, fn, *a, step=False):
+
+class PreparedRun:
+    """A seeded model, optimizer and scaler, built; ``run()`` (or calling it) runs the steps once."""
+
+    def __init__(self, spec: TrainSpec, config: TrainConfig, device: str, where: str,
+                 rng_state: RngState | None, buffers_as_built: bool):
+        self.spec, self.config, self.device, self.where = spec, config, device, where
+        self.step_shown, self.step_owner = step_owner(spec)
+        with forked_rng(device):
+            torch.manual_seed(spec.seed)
+            model = self._call("model_fn()", spec.model_fn)
+            if not isinstance(model, nn.Module):
+                raise TrainingError(f"{where}: model_fn() returned {type(model).__name__}, expected an nn.Module")
+            built = built_dtypes(model)
+            if built:  # the float32 master weights every config starts from (the module docstring)
+                model = model.to(dtype=torch.float32)
+            if buffers_as_built:
+                model = model.to(device=device)
+                parameters_to(model, config.param_dtype)
+            else:
+                model = model.to(device=device, dtype=config.param_dtype)
+            if spec.keep_fp32 and config.param_dtype in (torch.float16, torch.bfloat16):
+                keep_fp32_params(model, spec.keep_fp32)  # as the repository keeps them (training.module_dtypes)
+            model.train()
+            self.model = model
+            self.optimizer = self._call("optimizer_fn(model)" if takes_model(spec.optimizer_fn) else
+                                        "optimizer_fn(params)", spec.make_optimizer, model)
+            if not isinstance(self.optimizer, torch.optim.Optimizer):
+                raise TrainingError(f"{where}: optimizer_fn returned {type(self.optimizer).__name__}, expected a "
+                                    "torch.optim.Optimizer")
+            self.scaler = torch.amp.GradScaler(device, enabled=config.loss_scaling)
+            self.rng_start = rng_state if rng_state is not None else RngState.capture(device)
+        self.step_fn = spec.step()
+        names = {p: n for n, p in model.named_parameters()}
+        self.trajectory = Trajectory(config=config.id, initial=_snapshot(model), built_dtypes=built,
+                                     groups=[[names[p] for p in g["params"] if p in names]
+                                             for g in self.optimizer.param_groups])
+        self.recorder = StepRecorder(names, self.trajectory)
+
+    def _call(self, what: str, fn, *a, step: bool = False):
         # every call of the user's code: snapshotted inside the harness's contexts (the config's
         # TF32 flags, the fp8 and stochastic-rounding recipes), so only the callable's change is judged
+        where = self.where
         try:
-            with (judged_state(f"{what} ({shown})", where, owner) if step else judged_state(what, where)):
+            with (judged_state(f"{what} ({self.step_shown})", where, self.step_owner) if step else
+                  judged_state(what, where)):
                 return fn(*a)
         except torch.OutOfMemoryError as e:
             raise TrainingError(f"{where}: {what} ran out of memory ({e})") from e
@@ -340,146 +305,73 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
         except Exception as e:
             raise TrainingError(f"{where}: {what} raised {type(e).__name__}: {e}{_known_cause(e)}") from e
 
-    with forked_rng(device):
-        torch.manual_seed(spec.seed)
-        model = call("model_fn()", spec.model_fn)
-        if not isinstance(model, nn.Module):
-            raise TrainingError(f"{where}: model_fn() returned {type(model).__name__}, expected an nn.Module")
-        built = built_dtypes(model)
-        if built:  # the float32 master weights every config starts from (the module docstring)
-            model = model.to(dtype=torch.float32)
-        if buffers_as_built:
-            model = model.to(device=device)
-            parameters_to(model, config.param_dtype)
-        else:
-            model = model.to(device=device, dtype=config.param_dtype)
-        if spec.keep_fp32 and config.param_dtype in (torch.float16, torch.bfloat16):
-            keep_fp32_params(model, spec.keep_fp32)  # as the repository keeps them (training.module_dtypes)
-        model.train()
-        names = {p: n for n, p in model.named_parameters()}
-        optimizer = call("optimizer_fn(model)" if takes_model(spec.optimizer_fn) else "optimizer_fn(params)",
-                         spec.make_optimizer, model)
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TrainingError(f"{where}: optimizer_fn returned {type(optimizer).__name__}, expected a "
-                                "torch.optim.Optimizer")
-        scaler = torch.amp.GradScaler(device, enabled=config.loss_scaling)
-        rng_start = rng_state if rng_state is not None else RngState.capture(device)
-    step_fn = spec.step()
-    shown, owner = step_owner(spec)
-
-    def timed_step(*a):  # the step's time, without the state's snapshots around it
+    def _timed_step(self, *a):  # the step's time, without the state's snapshots around it
         start = synchronized_perf_counter()
-        loss = step_fn(*a)
-        t.step_times.append(synchronized_perf_counter() - start)
+        loss = self.step_fn(*a)
+        self.trajectory.step_times.append(synchronized_perf_counter() - start)
         return loss
 
-    seen: dict = {}
+    def _recipes(self, stack: contextlib.ExitStack) -> None:
+        """The config's numerics around the steps: stochastic rounding, fp8, TF32, float64's reading."""
+        config, t, spec, where = self.config, self.trajectory, self.spec, self.where
+        if config.stochastic_rounding:
+            stack.enter_context(stochastic_rounding_updates(self.optimizer, spec.seed + 1))
+        if config.float8 is not None:
+            t.fp8 = stack.enter_context(scaled_mm_fp8_linears(self.model, config.float8, keep_fp32=spec.keep_fp32))
+            if not t.fp8.linears:
+                raise TrainingError(f"{where}: the model has no nn.Linear layer for {config.id} to run in fp8")
+        elif config.fp8:
+            if stack.enter_context(emulated_fp8_linears(self.model, spec.keep_fp32)) == 0:
+                raise TrainingError(f"{where}: the model has no nn.Linear layer for the fp8 emulation to replace")
+        if self.device == "cuda":
+            stack.enter_context(tf32_flags(config.tf32))
+        if config is FLOAT64:  # the model's float32 is its full precision: exact here
+            stack.enter_context(read_as_float64())
 
-    def watch(opt, args, kwargs):  # registered first: sees the grads before the SR hook casts them
-        given = args[1:] if args and args[0] is opt else args  # the hook's args begin with the optimizer
-        if (given and given[0] is not None) or kwargs.get("closure") is not None:
-            # step(closure): the closure's backward runs inside the step, after this hook; its
-            # gradients are recorded once the step has run (watch_closure_step)
-            t.closure = True
-            seen["closure"] = True
-            return
-        record(opt)
+    def __call__(self) -> Trajectory:
+        return self.run()
 
-    def watch_closure_step(opt, args, kwargs):
-        if seen.pop("closure", False):
-            record(opt)
-
-    def record(opt):
-        # a fused optimizer (AdamW(fused=True), the Hugging Face Trainer's default) stepped by a GradScaler
-        # not unscaled before gets the gradients still scaled, with the scale and the overflow flag to
-        # apply itself: it applies grad / grad_scale, and nothing where found_inf (a skipped step)
-        found_inf = getattr(opt, "found_inf", None)
-        if isinstance(found_inf, torch.Tensor) and bool(found_inf.any()):
-            return
-        scale = getattr(opt, "grad_scale", None)
-        grads = {names[p]: p.grad if scale is None else p.grad / scale.to(p.grad.device)
-                 for g in opt.param_groups for p in g["params"] if p.grad is not None and p in names}
-        seen["calls"] = seen.get("calls", 0) + 1
-        seen["grads"] = grads
-        seen["norm"] = float(torch.linalg.vector_norm(
-            torch.stack([torch.linalg.vector_norm(g.float()) for g in grads.values()]))) if grads else 0.0
-        bad = next((n for n, g in grads.items() if not bool(torch.isfinite(g).all())), None)
-        seen["bad"] = bad
-        copy = {n: g.detach().to(device="cpu", dtype=_wide(g), copy=True) for n, g in grads.items()}
-        seen.setdefault("grads0", copy)
-        seen.setdefault("first", seen["step"])
-        t.grads[seen["step"]] = copy
-
-    initial = _snapshot(model)
-    changed = {n: torch.zeros(p.shape, dtype=torch.bool) for n, p in initial.items()}
-    t = Trajectory(config.id, [], [], [], [], [], None, None, {}, initial, {})
-    t.built_dtypes = built
-    t.groups = [[names[p] for p in g["params"] if p in names] for g in optimizer.param_groups]
-
-    def run() -> Trajectory:
+    def run(self) -> Trajectory:
+        spec, config, device, t, rec = self.spec, self.config, self.device, self.trajectory, self.recorder
+        changed = {n: torch.zeros(p.shape, dtype=torch.bool) for n, p in t.initial.items()}
         previous = t.initial
         with contextlib.ExitStack() as stack:
-            stack.enter_context(rng_start.replayed())
-            hook = optimizer.register_step_pre_hook(watch)
-            stack.callback(hook.remove)
-            stack.callback(optimizer.register_step_post_hook(watch_closure_step).remove)
-            loop = stack.enter_context(watch_loop(model))
-            if config.stochastic_rounding:
-                stack.enter_context(stochastic_rounding_updates(optimizer, spec.seed + 1))
-            if config.float8 is not None:
-                t.fp8 = stack.enter_context(float8_linears(model, config.float8, keep_fp32=spec.keep_fp32))
-                if not t.fp8.linears:
-                    raise TrainingError(f"{where}: the model has no nn.Linear layer for {config.id} to run in fp8")
-            elif config.fp8:
-                if stack.enter_context(fp8_linears(model, spec.keep_fp32)) == 0:
-                    raise TrainingError(f"{where}: the model has no nn.Linear layer for the fp8 emulation to replace")
-            if device == "cuda":
-                stack.enter_context(tf32_flags(config.tf32))
-            if config is FLOAT64:  # the model's float32 is its full precision: exact here
-                stack.enter_context(read_as_float64())
+            stack.enter_context(self.rng_start.replayed())
+            stack.enter_context(rec.watching(self.optimizer))  # first: sees the grads before the SR hook casts them
+            loop = stack.enter_context(watch_loop(self.model))
+            self._recipes(stack)
             autocast = config.autocast(device)
             for i in range(spec.steps):
                 t.rng_states.append(RngState.capture(device))
-                raw = call(f"batch_fn({i})", spec.batch_fn, i)
+                raw = self._call(f"batch_fn({i})", spec.batch_fn, i)
                 t.batch_digests.append(data_digest(raw))
                 batch = _cast_batch(raw, config.param_dtype, device)
-                seen.pop("grads", None)
-                seen.pop("bad", None)
-                seen["calls"] = 0
-                seen["step"] = i
+                rec.start_step(i)
                 loop.start_step()
-                with record_module_dtypes(model) if i == 0 else contextlib.nullcontext() as modules:
-                    loss = call(f"step {i}", timed_step, model, optimizer, scaler, batch, autocast, step=True)
+                with record_module_dtypes(self.model) if i == 0 else contextlib.nullcontext() as modules:
+                    loss = self._call(f"step {i}", self._timed_step, self.model, self.optimizer, self.scaler, batch,
+                                      autocast, step=True)
                 if modules is not None:
                     t.modules = modules
                     t.module_failures, t.module_notes = module_flags(modules, config.autocast_dtype,
                                                                      config.param_dtype, spec.keep_fp32)
-                # the scale of the scaler that scaled the loss, the step's own where it used one; under a
-                # loss-scaling config a step that scaled nothing ran at 1, as a scaler stuck at 1 would
-                if loop.scaler is None and config.loss_scaling:
-                    t.unscaled.append(i)
-                used = loop.scale if loop.scaler is not None else (1.0 if config.loss_scaling else None)
-                t.scales_used.append(used)
-                t.backward_passes.append(loop.backward_passes)
-                t.optimizer_steps.append(seen["calls"])
-                t.unscales.append(loop.unscales)
-                t.scalers.append(len(loop.scalers))
-                t.clips.append(list(loop.clips))
+                self._record_loop(i, loop)
                 if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                    raise TrainingError(f"{where}: step {i} returned {type(loss).__name__}; step_fn must return the loss")
+                    raise TrainingError(f"{self.where}: step {i} returned {type(loss).__name__}; step_fn must return "
+                                        "the loss")
                 value = float(loss.detach().float())
                 t.losses.append(value)
-                t.scales.append(loop.scale_after() if loop.scaler is not None else used)
-                ran = "grads" in seen
+                t.scales.append(loop.scale_after() if loop.scaler is not None else t.scales_used[-1])
+                ran = rec.applied is not None
                 if not ran:
                     t.skipped.append(i)
                 if t.first_nonfinite is None:
                     if not math.isfinite(value):
                         t.first_nonfinite = (i, "loss")
-                    elif ran and seen["bad"] is not None:
-                        t.first_nonfinite = (i, f"gradient of {seen['bad']}")
-                t.grad_norms.append(seen["norm"] if ran else None)
-                now = _snapshot(model)
+                    elif ran and rec.nonfinite is not None:
+                        t.first_nonfinite = (i, f"gradient of {rec.nonfinite}")
+                t.grad_norms.append(rec.norm if ran else None)
+                now = _snapshot(self.model)
                 t.update_norms.append(float(torch.linalg.vector_norm(torch.stack(
                     [torch.linalg.vector_norm(now[n] - previous[n]) for n in now]))) if ran else None)
                 if ran and not t.after_first:
@@ -487,24 +379,23 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
                 for n in now:
                     changed[n] |= now[n] != previous[n]
                 previous = now
-        t.grads0 = seen.get("grads0", {})
-        t.first_step = seen.get("first")
-        t.final = previous
-        t.changed = changed
+        t.grads0, t.first_step = rec.first_grads, rec.first_step
+        t.final, t.changed = previous, changed
         return t
 
-    return run
-
-
-@dataclass
-class ExactStep:
-    """The first applied step of a spec in float64: the gradients the optimizer saw and the update
-    it made, per parameter (float64, CPU), and the batch it ran on."""
-
-    step: int
-    grads: dict[str, torch.Tensor]
-    update: dict[str, torch.Tensor]
-    initial: dict[str, torch.Tensor]
+    def _record_loop(self, i: int, loop) -> None:
+        """What the step's loop did (``loop_watch``): the loss scale it ran with, its backward passes,
+        optimizer steps, unscales, scalers and clips. Under a loss-scaling config a step that scaled
+        nothing ran at 1, as a scaler stuck at 1 would."""
+        t = self.trajectory
+        if loop.scaler is None and self.config.loss_scaling:
+            t.unscaled.append(i)
+        t.scales_used.append(loop.scale if loop.scaler is not None else (1.0 if self.config.loss_scaling else None))
+        t.backward_passes.append(loop.backward_passes)
+        t.optimizer_steps.append(self.recorder.calls)
+        t.unscales.append(loop.unscales)
+        t.scalers.append(len(loop.scalers))
+        t.clips.append(list(loop.clips))
 
 
 def _nothing_trained(t: Trajectory, spec: TrainSpec, where: str) -> None:
@@ -529,49 +420,28 @@ def _nothing_trained(t: Trajectory, spec: TrainSpec, where: str) -> None:
                         "the parameters, or multiplied by 0)")
 
 
-def exact_first_step(spec: TrainSpec, step: int, device: str, where: str = "",
-                     rng_state: RngState | None = None) -> ExactStep:
-    """Step ``step``'s batch run once in float64 from the seeded initial model (a step the scaler
-    skipped leaves the model as it was, so the first applied step starts from the initial
-    weights), drawing its random numbers from ``rng_state``: the state the run it judges had at
-    the start of that step (``Trajectory.rng_states[step]``; default: a first step's). Raises
-    TrainingError when the model cannot run in float64."""
-    one = dataclasses.replace(spec, steps=1, batch_fn=lambda _i: spec.batch_fn(step))
-    t = float64_step(one, device, where or f"the float64 step {step}", rng_state)
-    if t.first_step is None:
-        raise TrainingError(f"{where or 'the float64 step'}: optimizer.step() did not run")
-    return ExactStep(step, t.grads0, {n: t.final[n] - t.initial[n] for n in t.initial}, t.initial)
-
-
-def float64_step(spec: TrainSpec, device: str, where: str, rng_state: RngState | None = None) -> Trajectory:
-    """``spec`` run in float64 (``FLOAT64``; ``run_casting_buffers``)."""
-    return run_casting_buffers(spec, FLOAT64, device, where, rng_state)
-
-
 def run_casting_buffers(spec: TrainSpec, config: TrainConfig, device: str, where: str,
                         rng_state: RngState | None = None) -> Trajectory:
     """``spec`` run under ``config`` with its parameters and floating buffers cast to the config's
     parameter dtype, and where that raises, the parameters alone, its buffers in the dtypes the model
-    built them in (a model that asserts its rotary tables are in the compute dtype it fixed at
-    import; pure bf16 and the float64 step cast, float32 configs cast nothing). Raises the first
-    try's TrainingError, the second's beside it, when neither runs; a change of torch's state
-    (GlobalStateError) is raised at once."""
-    try:
+    built them in (``module_dtypes.cast_then_as_built``; pure bf16 and the float64 step cast, float32
+    configs cast nothing). Raises the first try's TrainingError, the second's beside it, when neither
+    runs; a change of torch's state (GlobalStateError) is raised at once."""
+    if config.param_dtype == torch.float32:
         return prepare_training(spec, config, device, where, rng_state)()
-    except GlobalStateError:
-        raise
+    try:
+        return cast_then_as_built(lambda as_built: prepare_training(spec, config, device, where, rng_state,
+                                                                    buffers_as_built=as_built)(),
+                                  passes=(GlobalStateError,))
     except TrainingError as first:
-        if config.param_dtype == torch.float32:
+        second = getattr(first, "as_built_error", None)
+        if not isinstance(second, TrainingError):
             raise
-        try:
-            return prepare_training(spec, config, device, where, rng_state, buffers_as_built=True)()
-        except GlobalStateError:
-            raise
-        except TrainingError as second:
-            def cause(e):  # the message without the ``where`` both share
-                text = str(e)
-                return text[len(where) + 2:] if text.startswith(where + ": ") else text
-            if cause(second) == cause(first):
-                raise first from first.__cause__
-            raise TrainingError(f"{first}; with its buffers kept in the dtypes model_fn built them in: "
-                                f"{cause(second)}") from first.__cause__
+
+        def cause(e):  # the message without the ``where`` both share
+            text = str(e)
+            return text[len(where) + 2:] if text.startswith(where + ": ") else text
+        if cause(second) == cause(first):
+            raise first from first.__cause__
+        raise TrainingError(f"{first}; with its buffers kept in the dtypes model_fn built them in: "
+                            f"{cause(second)}") from first.__cause__
