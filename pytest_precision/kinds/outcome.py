@@ -13,31 +13,15 @@ from dataclasses import dataclass, field
 
 from ..baselines.entry import BaselineResult
 from ..explain.faults import Fault
+from ..problem import CATEGORY_ORDER, Problem
 from .declarations import Declaration
 from .record import CaseRecord
 
 __all__ = ["CATEGORY_ORDER", "Problem", "Evidence", "Outcome", "PrecisionFailure", "baseline_problems",
            "declaration_fields"]
 
-# headline order: the most specific cause first; categories a kind adds beyond these sort after them
-# ``convention`` (the output follows another convention the target can declare) and ``unsupported``
-# (it raised on inputs with a feature it can declare it lacks) come with the declaration to add
-CATEGORY_ORDER = ("convention", "unsupported", "contract", "degenerate", "overflow", "underflow", "nan", "missing_nan", "accuracy", "regression",
-                  "baseline", "hypothesis", "nondeterministic", "batch_variant", "speed", "memory")
-
-
 class PrecisionFailure(AssertionError):
     """A precision verdict that failed; its message is the full report."""
-
-
-@dataclass(frozen=True)
-class Problem:
-    check: str  # what found it: "oracle" (against the exact result or the fp32 run), "golden", "speed", ...
-    category: str  # one of CATEGORY_ORDER, or the kind's own
-    sentence: str
-    # what the target declares if it does this by design (a convention, an input written in place): the
-    # problem is then gone, and the run's block of declarations lists it (reporting.declarations)
-    declaration: Declaration | None = None
 
 
 def declaration_fields(problems: list[Problem]) -> dict:
