@@ -39,7 +39,7 @@ from the compute format's mantissa bits):
   first step's gradients differ from the same step's without checkpointing (training.checkpointing);
 - under an fp8 recipe on ``torch._scaled_mm``, more than 2 % of one Linear's input, weight or
   output gradient saturated at the format's max, or more than 0.1 % of its significant values
-  lost to 0, over the run (``training.fp8.fp8_problem``);
+  lost to 0, over the run (``training.fp8.fp8_problems``);
 - and against the golden (training/baseline.py): the fp32 reference moved, or a metric grew past
   its accepted budget.
 
@@ -55,7 +55,6 @@ case per config, regime ``seedsN``: its failure rate over N seeds against fp32's
 from __future__ import annotations
 
 import dataclasses
-import math
 import warnings
 
 from pytest_precision.baselines.lifecycle import BaselineCheck
@@ -65,7 +64,7 @@ from pytest_precision.kinds.kind import Kind, skip
 from pytest_precision.kinds.outcome import Outcome, baseline_problems
 from pytest_precision.platform.triton import bf16_as_on_gpu
 from pytest_precision.kinds.target import Target, TargetError
-from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainConfig, TrainingError, TrainMetrics,
+from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainConfig, TrainingError,
                                        TrainSpec, Trajectory, check_determinism, compare_trajectories, exact_first_step,
                                        prepare_training, run_training)
 from pytest_precision.training.baseline import TrajectoryEntry
@@ -73,16 +72,11 @@ from pytest_precision.numerics.rng import RngState
 from pytest_precision.training.float64 import float64_step
 from pytest_precision.training.run import GlobalStateError, ModelDtypeWarning, built_dtype_note, judged_state
 from pytest_precision.training.distributed import ddp_skip_reason
-from pytest_precision.training.fp8 import fp8_problem
 from pytest_precision.training.fsdp import fsdp_skip_reason
-from pytest_precision.training.loss_scale import scale_health, scale_problem
+from pytest_precision.training.loss_scale import scale_health
 from pytest_precision.training.accumulation import exact_batch_gradients, judge_accumulation
 from pytest_precision.training.checkpointing import judge_checkpoint
-from pytest_precision.training.compare import unresolved_reason
-from pytest_precision.training.drift import DRIFT_MULTIPLE, noise_driven
-from pytest_precision.training.limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND, db_to_error,
-                                              error_to_db, first_step_floor_db, grad_norm_band, later_step_floor_db,
-                                              limit_sentence)
+from pytest_precision.training.verdicts import judge_run
 
 from . import ddp, fsdp, training_seeds
 from .training_report import TRAINING_TABLE, TrainingEvidence
@@ -97,179 +91,13 @@ BATCH_GRADIENTS = "train_step.batch_float64"  # (spec, device, step, random stat
 FLOAT64_RUNS = "train_step.float64_run"  # (spec, device) -> the spec's whole run in float64, or why it could not run
 
 
-def _about_one_over(ratio: float, scale: float | None) -> bool:
-    """Whether ``ratio`` is within 8 x of 1 / the loss scale ``scale``; only for a scale of 64 or
-    more, where 1 / scale is 8 x below the ratios a correct step's bands allow (a step that ran at
-    1, with no scaler, has no scale to read)."""
-    return bool(scale) and scale >= 64 and 0 < ratio and abs(math.log2(ratio * scale)) < 3
-
-
-def _clip_cause(m: TrainMetrics, ratio: float) -> str:
-    """Why the applied gradients are far from fp32's, when a loss scale explains it: far larger,
-    about the scale (the optimizer stepped on gradients never unscaled); far smaller, clipped or
-    changed before ``unscale_``."""
-    scale = next((s for s in m.scales_used if s), None)
-    if ratio > 2 and _about_one_over(1 / ratio, scale):
-        return (f", about the loss scale {scale:g}: the optimizer applied gradients still multiplied by it; step "
-                "through the scaler (scaler.step(optimizer), which unscales first) or call "
-                "scaler.unscale_(optimizer) before optimizer.step()")
-    ran = [i for i, r in enumerate(m.grad_norm_ratio) if r is not None]
-    scaled = [m.grad_norms[i] * m.scales_used[i] for i in ran if i < len(m.scales_used) and m.scales_used[i]]
-    if not scaled or not ratio < 0.5:
-        return ""
-    if max(scaled) == 0:  # nothing was clipped: nothing reached the optimizer
-        return ": every gradient the optimizer applied is 0"
-    scale = next(s for s in m.scales_used if s)
-    same = len(scaled) > 1 and max(scaled) <= 1.01 * min(scaled)
-    if same:  # clip_grad_norm_ on the scaled gradients leaves norm c; unscale_ then divides by the scale
-        # clipped per micro-batch (inside an accumulation loop) the direction moves as well
-        direction = (f"fp32's direction (cosine {m.grad_cosine:.4f})" if m.grad_cosine >= 0.99
-                     else f"a cosine of {m.grad_cosine:.4f} with fp32's")
-        return (f": the applied gradients have {direction} and norm "
-                f"{scaled[0]:.3g} / the loss scale at every step: they were clipped to norm {scaled[0]:.3g} before "
-                "scaler.unscale_(optimizer), which then divided them by the scale; clip after unscale_")
-    if _about_one_over(ratio, scale):
-        return (f", about 1 / the loss scale {scale:g}: the gradients were clipped or changed before "
-                "scaler.unscale_(optimizer)")
-    return ""
-
-
 def judge(outcome: Outcome) -> None:
-    """The absolute verdicts (the module docstring), then the golden's."""
+    """The absolute verdicts (``training.verdicts``), then the golden's."""
     ev: TrainingEvidence = outcome.evidence
-    m, c, add = ev.metrics, ev.config, outcome.add
-    if m.first_nonfinite is not None:
-        step, what = m.first_nonfinite
-        value = m.losses[step]
-        cat = "overflow" if math.isinf(value) or what != "loss" else "nan"
-        where = "" if what == "loss" else ", a step the GradScaler did not skip"
-        add("oracle", cat, f"non-finite {what} at step {step} (loss {value:g}){where}")
-    finite = m.first_nonfinite is None
-
-    def shown_or_failed(key: str, category: str, sentence: str, limit: str) -> None:
-        if key in c.shows:
-            outcome.details.append(f"{c.id} shows this: {sentence} (reported, not held to {limit}; the regression "
-                                   "budget holds it where it was accepted)")
-        else:
-            add("oracle", category, sentence)
-
-    judged = _judged_steps(m, c, outcome)
-    loss_allowed = [c.loss_rtol + (m.drift.loss_allowance(i) if m.drift else 0.0) for i in range(m.steps)]
-    over = [(d - loss_allowed[i], i) for i, d in enumerate(m.loss_deviation)
-            if i in judged and d is not None and not d <= loss_allowed[i]]
-    if c.id != "fp32" and over and finite:
-        worst = max(over, key=lambda o: (o[0], -o[1]))[1]  # the first of equals
-        shown_or_failed("underflow", "accuracy", f"loss deviates from fp32 by {m.loss_deviation[worst]:.3g} (relative) "
-                        f"at step {worst} > {_allowed(loss_allowed[worst], c.loss_rtol)} allowed for {c.id}"
-                        f"{_drift_clause(m, worst, m.drift.loss[worst] if m.drift else 0.0, c.loss_rtol)}",
-                        "the loss limit")
-    if c.id != "fp32" and finite:
-        _judge_gradients(m, c, shown_or_failed, judged)
-    if m.unresolved and c.id != "fp32":
-        groups = ", ".join(f"{g} ({v:.3g} dB)" for g, v in sorted(m.unresolved.items()))
-        outcome.details.append(f"gradient SQNR not judged at step {_first_applied(m)} in {groups}: "
-                               f"{unresolved_reason(c.precision_name)}")
-    low, high = UPDATE_RATIO_BAND
-    if m.update_ratio is not None and not low <= m.update_ratio <= high:
-        s = f"the parameter update is {m.update_ratio:.3g} x the fp32 update (median over steps)"
-        scale = next((x for x in m.scales_used if x), None)
-        if m.update_ratio < low and _about_one_over(m.update_ratio, scale):
-            s += (f", about 1 / the loss scale {scale:g}: the gradients were clipped or changed before "
-                  "scaler.unscale_(optimizer)")
-        shown_or_failed("update_size", "accuracy", s, f"the band {low:g} to {high:g}")
-    for key, rates, elements, limit, word, cat in (
-            ("underflow", m.underflow_rate, m.underflow_elements, UNDERFLOW_LIMIT, "gradient-underflow rate", "underflow"),
-            ("update_lost", m.update_lost_rate, m.update_elements, UPDATE_LOST_LIMIT, "update-lost rate", "accuracy")):
-        sentence = limit_sentence(word, rates, elements, limit)
-        if sentence:
-            shown_or_failed(key, cat, sentence, f"the {100 * limit:g} % limit")
-    if ev.fp8 is not None:  # a float8 recipe's casts (training.fp8)
-        for category, sentence in fp8_problem(ev.fp8):
-            add("oracle", category, sentence)
-    sentence = scale_problem(ev.scale)
-    if sentence:
-        shown_or_failed("underflow", "underflow", sentence, f"the {100 * UNDERFLOW_LIMIT:g} % limit")
+    verdict = judge_run(ev.metrics, ev.config, ev.scale, ev.fp8, ev.low_precision_loss)
+    outcome.problems += verdict.problems
+    outcome.details += verdict.details
     outcome.problems += baseline_problems(outcome.baseline)
-
-
-def _first_applied(m: TrainMetrics) -> int | None:
-    return next((i for i, r in enumerate(m.grad_norm_ratio) if r is not None), None)
-
-
-def _judged_steps(m: TrainMetrics, c: TrainConfig, outcome: Outcome) -> range:
-    """The steps judged against fp32: all, or only the first where the trajectory after it is driven
-    by rounding noise (training.drift.noise_driven), said in the details."""
-    first = _first_applied(m)
-    if c.id == "fp32" or first is None or not noise_driven(m.first_update_db, m.fp32_first_update_db):
-        return range(m.steps)
-    outcome.details.append(f"steps after {first} not judged against fp32: fp32's own first update is "
-                           f"{m.fp32_first_update_db:.3g} dB from the float64 step's, no clearer than {c.id}'s "
-                           f"{m.first_update_db:.3g} dB, so every run's later steps follow its rounding noise (an "
-                           "optimizer with a tiny eps turns the noise of a gradient that is exactly 0 into full-size "
-                           "steps); the first step, the rates and the golden judge this run")
-    return range(first + 1)
-
-
-def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: range) -> None:
-    """Gradient SQNR (first and worst step), gradient-norm ratio and final-parameter SQNR against
-    the floors of the compute format; a config that shows underflow reports them."""
-    bits, name = c.mantissa_bits, c.precision_name
-    first, later = first_step_floor_db(bits), later_step_floor_db(bits)
-    low, high = grad_norm_band(bits)
-    norm_over = []
-    for i, r in enumerate(m.grad_norm_ratio):
-        if i not in judged:
-            continue
-        widen = m.drift.norm_allowance(i) if m.drift else 0.0
-        excess = (max(math.log(r) - math.log(high), math.log(low) - math.log(r)) - widen
-                  if r is not None and 0 < r < math.inf else (math.inf if r is not None else -math.inf))
-        if excess > 0:
-            norm_over.append((excess, i, widen))
-    if norm_over:
-        _, step, widen = max(norm_over, key=lambda o: (o[0], -o[1]))
-        ratio = m.grad_norm_ratio[step]
-        clause = _drift_clause(m, step, m.drift.grad_norm[step] if m.drift else 0.0, math.log(high),
-                               "its gradient norm by a factor ", math.exp)
-        band = (f"{low:.3g} to {high:.3g} in {name}" if not clause else
-                f"{low * math.exp(-widen):.3g} to {high * math.exp(widen):.3g} in {name}{clause}")
-        shown_or_failed("underflow", "accuracy", f"gradient norm {ratio:.3g} x fp32's at step {step} (a correct step "
-                        f"stays within {band}){_clip_cause(m, ratio)}", "the band")
-    floors = {g: min(first, m.group_floor_db.get(g, first)) for g in m.group_grad_sqnr_db}
-    bad = {g: v for g, v in m.group_grad_sqnr_db.items() if not v >= floors[g]}
-    later_over = []  # (excess error, step, group, SQNR, the least SQNR allowed there)
-    for i, groups in m.grad_sqnr_by_step.items():
-        if i not in judged:
-            continue
-        for g, db in groups.items():
-            allowed = db_to_error(later) + (m.drift.grad_allowance(i, g) if m.drift else 0.0)
-            if not math.isnan(db) and db_to_error(db) > allowed:
-                later_over.append((db_to_error(db) - allowed, i, g, db, error_to_db(allowed)))
-    if bad or later_over:
-        parts = [f"{v:.3g} dB in {g} at the first step < {floors[g]:.3g} dB" for g, v in sorted(bad.items())]
-        if later_over:
-            _, step, group, db, allowed_db = max(later_over, key=lambda o: (o[0], -o[1]))
-            if not (step == _first_applied(m) and group in bad):
-                parts.append(f"{db:.3g} dB in {group} at step {step} < {allowed_db:.3g} dB")
-        shown_or_failed("underflow", "accuracy", f"gradient SQNR {', '.join(parts)}, what {name} keeps in a correct "
-                        "step", "the format's floors")
-    params_allowed = db_to_error(later) + (m.drift.params_allowance if m.drift else 0.0)
-    if len(judged) == m.steps and not (math.isnan(m.param_sqnr_db) or db_to_error(m.param_sqnr_db) <= params_allowed):
-        shown_or_failed("underflow", "accuracy", f"final-parameter SQNR {m.param_sqnr_db:.3g} dB < "
-                        f"{error_to_db(params_allowed):.3g} dB, what {name} keeps in a correct run", "the format's floor")
-
-
-def _allowed(allowed: float, base: float) -> str:
-    return f"{base:g}" if allowed == base else f"{allowed:.3g}"
-
-
-def _drift_clause(m: TrainMetrics, step: int, drift: float, base: float, what: str = "", shown=None) -> str:
-    """What widened a later step's limit: fp32's own distance from the float64 run by then; nothing
-    where it moved the limit ``base`` by less than 1 %."""
-    if not m.drift or not DRIFT_MULTIPLE * drift >= 0.01 * base:
-        return ""
-    value = f"{shown(drift):.3g}" if shown else f"{drift:.3g}"
-    return (f"; fp32 itself had left the float64 run by {what}{value} by step {step}, and its limit grows by "
-            f"{DRIFT_MULTIPLE:g} x that")
 
 
 class TrainStepKind(Kind):
@@ -441,10 +269,9 @@ class TrainStepKind(Kind):
         scale = scale_health(config, run.scales_used, run.first_step, run.skipped, truth,
                              "float64" if isinstance(exact, ExactStep) else "fp32", run.unscaled)
         outcome = Outcome(self.suite, self.name, case.target.name, config.id, case.regime,
-                          TrainingEvidence(config, metrics, scale, run.fp8), result)
+                          TrainingEvidence(config, metrics, scale, run.fp8, run.low_precision_loss), result)
         judge(outcome)
-        for sentence in run.module_failures:  # where its modules ran against what was meant (module_dtypes)
-            outcome.add("oracle", "dtype", sentence)
+        outcome.problems += run.module_failures  # where its modules ran against what was meant (module_dtypes)
         outcome.details += run.module_notes
         self._judge_step_features(case, spec, run, outcome)
         if any(p.category in ("overflow", "nan", "underflow") for p in outcome.problems):
@@ -469,7 +296,7 @@ class TrainStepKind(Kind):
                 check = judge_checkpoint(spec, case.config, run, case.device, where)
                 outcome.details.append(check.detail)
                 if check.problem:
-                    outcome.add("oracle", "accuracy", check.problem)
+                    outcome.problems.append(check.problem)
         except (TrainingError, ValueError) as e:
             raise TargetError(str(e)) from e.__cause__
 
@@ -508,11 +335,13 @@ class TrainStepKind(Kind):
             return
         accum = judge_accumulation(judged, case.config, run, cache[key])
         outcome.details.append(accum.detail + (f" ({said})" if undeclared else ""))
-        problem = f"{said}: {accum.problem}" if undeclared and accum.problem else accum.problem
+        problem = accum.problem
+        if problem and undeclared:
+            problem = dataclasses.replace(problem, sentence=f"{said}: {problem.sentence}")
         if problem and accum.shown:
-            outcome.details.append(f"{case.config.id} shows this: {problem} (reported, not held to it)")
+            outcome.details.append(f"{case.config.id} shows this: {problem.sentence} (reported, not held to it)")
         elif problem:
-            outcome.add("oracle", "accuracy", problem)
+            outcome.problems.append(problem)
 
     @staticmethod
     def _step_call(spec: TrainSpec, config: TrainConfig, device: str, rng: RngState | None = None):

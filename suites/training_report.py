@@ -10,6 +10,7 @@ from tabulate import tabulate
 from pytest_precision.kinds.outcome import Evidence
 from pytest_precision.kinds.tables import SummaryTable, fmt
 from pytest_precision.speed.timing import format_seconds
+from pytest_precision.training.loss_precision import LowPrecisionLoss
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainMetrics
 from pytest_precision.training.baseline import rates_line
 from pytest_precision.training.fp8 import Fp8Counts, worst_text
@@ -35,9 +36,10 @@ class TrainingEvidence(Evidence):
     """A training run against the fp32 run from the same seed."""
 
     def __init__(self, config: TrainConfig, metrics: TrainMetrics, scale: ScaleHealth | None = None,
-                 fp8: Fp8Counts | None = None):
+                 fp8: Fp8Counts | None = None, low_precision_loss: LowPrecisionLoss | None = None):
         self.config, self.metrics, self.scale = config, metrics, scale  # scale: the float16 loss scale's health
         self.fp8 = fp8  # a float8 recipe's saturated and underflowed elements per Linear and role
+        self.low_precision_loss = low_precision_loss  # the first step's loss function that returned 16 bits
 
     def summary(self) -> dict:
         m = self.metrics

@@ -10,7 +10,7 @@ from torch import nn
 
 from pytest_precision.training import TRAIN_CONFIGS, run_training
 from pytest_precision.training import fp8
-from pytest_precision.training.fp8 import (Float8Cast, Float8Recipe, Fp8Counts, scaled_mm_fp8_linears, fp8_problem,
+from pytest_precision.training.fp8 import (Float8Cast, Float8Recipe, Fp8Counts, scaled_mm_fp8_linears, fp8_problems,
                                            scaled_linear)
 from machine import ON_CPU
 from training_helpers import HEADER, accept_then_run, run_suite
@@ -175,10 +175,10 @@ def test_fp8_problem_counts_past_the_limits():
     counts = Fp8Counts(Float8Recipe("delayed"))
     counts.of("fc1", "input").__dict__.update(calls=8, elements=8192, significant=8192, saturated=54,
                                               first_saturated_call=1)
-    assert fp8_problem(counts) == []  # 0.66 %: what correct delayed scaling saturated on a growing input
+    assert fp8_problems(counts) == []  # 0.66 %: what correct delayed scaling saturated on a growing input
     counts.of("fc1", "input").saturated = 1718
     counts.of("fc2", "grad").__dict__.update(calls=8, elements=4096, significant=4000, underflowed=30)
-    assert fp8_problem(counts) == [
+    assert [(p.category, p.sentence) for p in fp8_problems(counts)] == [
         ("overflow", "fp8 saturated at the format's max: 1718 of 8192 elements (21 %) of fc1's input in float8_e4m3fn, "
                      "from call 1 of 8 > 2 % allowed (up to 214 elements)"),
         ("underflow", "fp8 lost to 0 (significant values): 30 of 4000 elements (0.75 %) of fc2's grad in float8_e5m2 > "

@@ -120,19 +120,19 @@ def test_the_working_scale_is_below_any_scale_the_run_overflowed_at():
     assert backed_off.working == 1024 and scale_problem(backed_off) is None
     stuck = scale_health(amp, [1024.0] * 7, 0, [], exact)
     assert stuck.working == 65536 and stuck.finite_up_to == 2 ** 22
-    assert scale_problem(stuck).startswith("loss scale 1024 at step 0 (history 1024, 1024, 1024, 1024, 1024, 1024, "
+    assert scale_problem(stuck).sentence.startswith("loss scale 1024 at step 0 (history 1024, 1024, 1024, 1024, 1024, 1024, "
                                            "1024, never grew) leaves 254 of 1000 elements (25.4 %) of w's float64")
     # a scaler that grows is judged at the largest scale an applied step ran with, not its first
     grown = scale_health(amp, [2.0 ** (10 + i) for i in range(7)], 0, [], exact)
     assert (grown.step, grown.scale, grown.grew) == (6, 65536, True) and scale_problem(grown) is None
     growing = scale_health(amp, [2.0 ** i for i in range(7)], 0, [], exact)
-    assert scale_problem(growing).startswith("loss scale 64 at step 6, the largest the run reached (from 1 at step 0; "
+    assert scale_problem(growing).sentence.startswith("loss scale 64 at step 6, the largest the run reached (from 1 at step 0; "
                                              "history 1, 2, 4, 8, 16, 32, 64), still leaves ")
     # a scale a step overflowed at is not the one reached: the skipped step's scale was never applied
     peaked = scale_health(amp, [1024.0, 2048.0, 4096.0, 2048.0], 0, [2], exact)
     assert (peaked.step, peaked.scale, peaked.working) == (1, 2048, 2048) and scale_problem(peaked) is None
     never = scale_health(amp, [1.0] * 3, 0, [], exact, unscaled=[0, 1, 2])
-    assert scale_problem(never).startswith("loss scale 1 at step 0 (no GradScaler scaled the loss at any step: ")
+    assert scale_problem(never).sentence.startswith("loss scale 1 at step 0 (no GradScaler scaled the loss at any step: ")
     assert scale_health(TRAIN_CONFIGS["amp-bf16"], [1.0] * 7, 0, [], exact) is None  # bf16 needs no scale
     assert scale_health(amp, [None] * 7, 0, [], exact) is None  # no scaler
 
@@ -272,3 +272,62 @@ def test_a_misused_gradscaler_is_named_with_its_cause(pytester):
                                  "step through the scaler (scaler.step(optimizer), which unscales first)*"])
     result.stdout.fnmatch_lines(["*update_per_micro_batch*No inf checks were recorded prior to update*; scaler.update() ran "
                                  "with no scaler.step(optimizer) before it, as when it is called per micro-batch*"])
+
+
+# ---- a loss computed on 16-bit logits (training.loss_precision): the verdict names its dtype and line
+
+class _Classifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(64, 1000)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def _classes(i):
+    g = torch.Generator().manual_seed(200 + i)
+    return torch.randn(64, 64, generator=g), torch.randint(0, 1000, (64,), generator=g)
+
+
+def _loss_outside_autocast(upcast):
+    import torch.nn.functional as F
+
+    def step(model, optimizer, scaler, batch, autocast):
+        x, y = batch
+        with autocast():
+            logits = model(x)
+        loss = F.cross_entropy(logits.float() if upcast else logits, y)  # outside autocast: no upcast of its own
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        return loss
+    return step
+
+
+@pytest.mark.parametrize("upcast", [False, True])
+def test_a_loss_on_16_bit_logits_is_named_with_its_dtype_and_line(upcast):
+    import dataclasses
+
+    from pytest_precision.training import TRAIN_CONFIGS, TrainSpec, compare_trajectories, run_training
+    from pytest_precision.training.verdicts import judge_run
+
+    spec = TrainSpec(_Classifier, lambda p: torch.optim.SGD(p, lr=1e-3), _classes, steps=2,
+                     step_fn=_loss_outside_autocast(upcast))
+    fp32 = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu")
+    run = run_training(spec, TRAIN_CONFIGS["amp-fp16"], "cpu")
+    assert fp32.low_precision_loss is None
+    if upcast:  # the careful loop: nothing to name
+        assert run.low_precision_loss is None
+        return
+    found = run.low_precision_loss
+    assert (found.op, found.dtype) == ("cross_entropy", "float16")
+    assert found.where.startswith("test_training_loop_checks.py:")
+    # a config held to a loss limit the 16-bit loss misses: the verdict on the loss says why
+    strict = dataclasses.replace(TRAIN_CONFIGS["amp-fp16"], loss_rtol=1e-9)
+    verdict = judge_run(compare_trajectories(run, fp32, strict), strict, None, None, found)
+    loss = next(p for p in verdict.problems if p.sentence.startswith("loss deviates"))
+    assert loss.sentence.endswith(f"; the loss's cross_entropy computed in float16 at {found.where}, on float16 logits: "
+                                  "compute it on logits.float() (float32), as careful training code does")
+    assert sum("computed in float16" in p.sentence for p in verdict.problems) == 1  # named once

@@ -146,7 +146,7 @@ def main(argv=None) -> None:
             c = judge_accumulation(spec, TRAIN_CONFIGS[cid], run, truth)
             shares = ", ".join(f"{s:.4f}" for s in c.shares)
             print(f"  {name:24s} {cid:18s} SQNR {c.sqnr_db:8.2f} dB (floor {c.floor_db:5.1f}) {c.ratio:7.4f} x, shares "
-                  f"{shares}: {c.problem or 'pass'}")
+                  f"{shares}: {c.problem.sentence if c.problem else 'pass'}")
     print(f"checkpointing (the built-in GPT, {args.device}):")
     for name, how in CHECKPOINTS.items():
         spec = dataclasses.replace(base, checkpoint=how)
@@ -154,7 +154,7 @@ def main(argv=None) -> None:
             run = run_training(spec, TRAIN_CONFIGS[cid], args.device)
             try:
                 c = judge_checkpoint(spec, TRAIN_CONFIGS[cid], run, args.device)
-                print(f"  {name:28s} {cid:18s} {c.detail}: {c.problem or 'pass'}")
+                print(f"  {name:28s} {cid:18s} {c.detail}: {c.problem.sentence if c.problem else 'pass'}")
             except TrainingError as e:
                 print(f"  {name:28s} {cid:18s} raised: {e}")
 

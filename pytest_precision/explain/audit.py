@@ -25,7 +25,8 @@ import torch
 from tabulate import tabulate
 from torch.overrides import TorchFunctionMode
 
-from .tracing import OpTracer, user_frame
+from ..platform.user_code import user_frame
+from .tracing import OpTracer
 
 __all__ = ["audit", "render_audits", "MATMUL_OPS", "SENSITIVE_OPS"]
 
@@ -95,7 +96,8 @@ def audit(fn, autocast: bool) -> dict:
     modules = getattr(result, "module_table", None)  # a training step's run says where each module ran
     if modules:
         out["modules"] = modules
-        out["flags"] += [*getattr(result, "module_failures", []), *getattr(result, "module_notes", [])]
+        out["flags"] += [*(p.sentence for p in getattr(result, "module_failures", [])),
+                         *getattr(result, "module_notes", [])]
     return out
 
 

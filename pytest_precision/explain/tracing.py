@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import traceback
 from dataclasses import dataclass, field
 
 import torch
@@ -22,11 +21,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from ..platform.launches import as_harness, current_kernel, harness_ops, watch_launches
+from ..platform.user_code import is_user_file, user_frame
 
 __all__ = ["OpRecord", "OpTracer", "trace", "render_trace", "user_frame"]
 
-# torch and this package (not its suites and kernels: the built-in targets are code a trace points into)
-_SKIP_DIRS = (os.path.dirname(torch.__file__), os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep)
 # ops that only re-label a tensor: left out of traces, they say nothing about precision
 _BOOKKEEPING = {"detach", "alias", "lift_fresh", "lift_fresh_copy", "_has_compatible_shallow_copy_type"}
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
@@ -39,26 +37,12 @@ _SHAPE_ONLY = {"full_like", "zeros_like", "ones_like", "empty_like", "new_full",
                "new_empty_strided", "rand_like", "randn_like", "randint_like"}
 
 
-def _is_user_file(filename: str) -> bool:
-    return (not filename.startswith(_SKIP_DIRS) and "pluggy" not in filename and "_pytest" not in filename
-            and f"{os.sep}triton{os.sep}" not in filename and f"{os.sep}numpy{os.sep}" not in filename)
-
-
-def user_frame() -> str:
-    """``file.py:12`` of the innermost frame outside torch, this package, triton, numpy and
-    pytest (inside an interpreted Triton kernel: the line that launched it), or ``?``."""
-    for fr in reversed(traceback.extract_stack()):
-        if _is_user_file(fr.filename):
-            return f"{os.path.basename(fr.filename)}:{fr.lineno}"
-    return "?"
-
-
 def _forward_frame(node) -> str:
     """The user's line that created an autograd node (recorded by anomaly mode), or ``?``."""
     stack = node.metadata.get("traceback_") if hasattr(node, "metadata") else None
     for entry in reversed(stack or []):
         m = _FRAME.search(entry)
-        if m and _is_user_file(m.group(1)):
+        if m and is_user_file(m.group(1)):
             return f"{os.path.basename(m.group(1))}:{m.group(2)}"
     return "?"
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..baselines.entry import BaselineResult
 from ..explain.faults import Fault
-from ..problem import CATEGORY_ORDER, Problem
+from ..numerics.problem import CATEGORY_ORDER, Problem
 from .declarations import Declaration
 from .record import CaseRecord
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..explain.tracing import user_frame
+from ..platform.user_code import user_frame
 from ..numerics.configs import tf32_matmul_allowed
 
 __all__ = ["Misalignment", "TensorCoreAlignmentWarning", "TensorCoreLint", "tensor_core_misalignments",

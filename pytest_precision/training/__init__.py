@@ -17,7 +17,8 @@ from .configs import FLOAT64, TRAIN_CONFIGS, TrainConfig
 from .data import MarkovText
 from .recipes import emulated_fp8_linears, stochastic_round
 from .float64 import ExactStep, exact_first_step
-from .run import TrainingError, check_determinism, prepare_training, run_training
+from .determinism import check_determinism
+from .run import TrainingError, prepare_training, run_training
 from .trajectory import Trajectory
 from .spec import LossContractError, TrainSpec, compute_loss, standard_step
 from .batches import split_batch

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from ..numerics.metrics import sqnr_db
+from ..numerics.problem import Problem
 from .batches import split_batch
 from .configs import TrainConfig
 from .limits import first_step_floor_db
@@ -117,7 +118,7 @@ class AccumulationCheck:
     shares: list[float]  # least-squares coefficients of g on the micro-batches' float64 gradients
     clip: float  # the factor clip_grad_norm_ applied (1 without clipping)
     against: str  # what the float64 gradient was: the whole batch's in one pass, or the parts' sum
-    problem: str | None = None
+    problem: Problem | None = None  # category accuracy
     shown: bool = False  # the config shows underflow: the SQNR is reported, not failed
 
     @property
@@ -162,7 +163,8 @@ def judge_accumulation(spec, config: TrainConfig, run, truth: BatchGradients) ->
         shares = [math.nan] * n
     floor = max(min(first_step_floor_db(config.mantissa_bits), ACCUMULATION_MAX_DB), ACCUMULATION_MIN_DB)
     check = AccumulationCheck(n, step, db, floor, ratio, shares, clip, against)
-    check.problem = _problem(check, spec, config, run)
+    sentence = _problem(check, spec, config, run)
+    check.problem = Problem("oracle", "accuracy", sentence) if sentence else None
     return check
 
 
@@ -171,6 +173,7 @@ def _near(x: float, target: float, tol: float = 0.1) -> bool:
 
 
 def _problem(c: AccumulationCheck, spec, config: TrainConfig, run) -> str | None:
+    """The sentence of what the loop did wrong, or None."""
     n = c.micro_batches
     declared = f"TrainSpec(accumulate={n})"
     passes = [p for p in run.backward_passes if p]

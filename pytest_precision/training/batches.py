@@ -1,12 +1,14 @@
-"""A step's batch split along dim 0 into equal micro-batches: the standard step's accumulation
-(``spec.standard_step``) and its verdict (``accumulation``) split it the same way."""
+"""A step's batch: split along dim 0 into equal micro-batches (the standard step's accumulation,
+``spec.standard_step``, and its verdict, ``accumulation``, split it the same way), and its digest
+(a run records each step's, so a config that saw other data is told apart)."""
 from __future__ import annotations
 
+import hashlib
 from typing import Any, Callable
 
 import torch
 
-__all__ = ["split_batch", "batch_sizes", "map_tensors"]
+__all__ = ["split_batch", "batch_sizes", "map_tensors", "data_digest"]
 
 
 def batch_sizes(batch: Any) -> set[int]:
@@ -50,3 +52,28 @@ def split_batch(batch: Any, n: int) -> list[Any]:
         raise ValueError(f"accumulate={n}: the batch's dim-0 size {size} is not a multiple of {n}; micro-batches of "
                          "equal size keep the mean of their losses the whole batch's mean loss")
     return [_part(batch, k, size // n) for k in range(n)]
+
+
+def data_digest(obj: Any) -> str:
+    """sha256 of a batch (tensors' dtype, shape and bytes, through tuples, lists and dicts; other
+    values by repr): equal digests, equal data."""
+    h = hashlib.sha256()
+
+    def feed(o):
+        if isinstance(o, torch.Tensor):
+            a = o.detach().cpu().contiguous()
+            h.update(f"T{a.dtype}{tuple(a.shape)}".encode())
+            h.update(a.view(torch.uint8).numpy().tobytes() if a.numel() else b"")
+        elif isinstance(o, dict):
+            h.update(f"D{len(o)}".encode())
+            for k in o:
+                h.update(repr(k).encode())
+                feed(o[k])
+        elif isinstance(o, (tuple, list)):
+            h.update(f"L{len(o)}".encode())
+            for v in o:
+                feed(v)
+        else:
+            h.update(f"V{o!r}".encode())
+    feed(obj)
+    return h.hexdigest()

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ..numerics.metrics import sqnr_db
+from ..numerics.problem import Problem
 from .configs import TrainConfig
 from .loop_watch import recomputing
 
@@ -148,7 +149,7 @@ class CheckpointCheck:
     worst: str | None  # the parameter whose gradient differs most (relative)
     recomputed: int  # modules called in the recompute
     mismatch: tuple[str, str, str] | None
-    problem: str | None = None
+    problem: Problem | None = None  # category accuracy
     raised: str | None = None  # what the checkpointed step raised
 
     @property
@@ -214,13 +215,15 @@ def judge_checkpoint(spec, config: TrainConfig, run, device: str, where: str = "
         c = CheckpointCheck(step, -math.inf, repeat_db, math.inf, None, len(watch.recompute), watch.mismatch(),
                             raised=failed.splitlines()[0])
         module, recompute, forward = c.mismatch
-        c.problem = (f"the checkpointed step {step} under {config.id} raised {failed.splitlines()[0]}: the recompute "
-                     f"of {module} ran with {recompute} where its forward ran under {forward}: {_CAUSE}")
+        c.problem = Problem("oracle", "accuracy", f"the checkpointed step {step} under {config.id} raised "
+                            f"{failed.splitlines()[0]}: the recompute of {module} ran with {recompute} where its "
+                            f"forward ran under {forward}: {_CAUSE}")
         return c
     db, max_abs, worst = _compare(_grads_at(ck, step), _grads_at(run, step))
     recomputed = sum(1 for _ in watch.recompute)
     c = CheckpointCheck(step, db, repeat_db, max_abs, worst, recomputed, watch.mismatch())
-    c.problem = _problem(c, config)
+    sentence = _problem(c, config)
+    c.problem = Problem("oracle", "accuracy", sentence) if sentence else None
     return c
 
 
@@ -230,6 +233,7 @@ _CAUSE = ("a recompute outside the forward's autocast state computes in other dt
 
 
 def _problem(c: CheckpointCheck, config: TrainConfig) -> str | None:
+    """The sentence of how the checkpointed step differs, or None."""
     if math.isinf(c.repeat_db):
         if math.isinf(c.sqnr_db) and c.sqnr_db > 0:
             return None

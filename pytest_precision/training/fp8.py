@@ -30,7 +30,7 @@ the *significant* ones (above 2^-24 of the tensor's amax, ``compare.NOISE_FLOOR`
 value is the rounding noise of a sum that cancels, as an exactly-0 gradient's), the *saturated*
 ones (the clamp changed their fp8 value: ``|x s|`` past the max by more than half the top
 binade's spacing, 464 in e4m3, 61440 in e5m2) and the *underflowed* ones (significant, 0 in
-fp8). ``Fp8Counts`` holds them; ``fp8_problem`` judges them.
+fp8). ``Fp8Counts`` holds them; ``fp8_problems`` judges them.
 
 The operand layouts are those CUDA's kernels require (the first operand row-major, the second
 column-major); the CPU accepts any (measured, torch 2.13: e4m3 and e5m2 in either position,
@@ -48,11 +48,12 @@ import torch
 from torch import nn
 
 from ..numerics.formats import format_of
+from ..numerics.problem import Problem
 from .limits import count_text, limit_count, percent
 from .loop_watch import recomputing
 
 __all__ = ["Float8Recipe", "TensorCounts", "Fp8Counts", "scaled_mm_fp8_linears", "Float8Cast", "scaled_linear",
-           "fp8_problem", "worst_text", "SATURATION_LIMIT", "UNDERFLOW_LIMIT", "ROLES"]
+           "fp8_problems", "worst_text", "SATURATION_LIMIT", "UNDERFLOW_LIMIT", "ROLES"]
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 ROLES = ("input", "weight", "grad")
@@ -297,8 +298,8 @@ def scaled_mm_fp8_linears(model: nn.Module, recipe: Float8Recipe, counts: Fp8Cou
             del m.forward
 
 
-def fp8_problem(counts: Fp8Counts) -> list[tuple[str, str]]:
-    """The fp8 verdict, as (category, sentence): the tensor (Linear and role) furthest past
+def fp8_problems(counts: Fp8Counts) -> list[Problem]:
+    """The fp8 verdict: the tensor (Linear and role) furthest past
     ``SATURATION_LIMIT`` of its elements saturated (``overflow``), and the one furthest past
     ``UNDERFLOW_LIMIT`` of its significant elements lost to 0 (``underflow``), in counts
     (``limits.limit_count``: the limit and a count's spread)."""
@@ -318,7 +319,7 @@ def fp8_problem(counts: Fp8Counts) -> list[tuple[str, str]]:
         since = (f", from call {c.first_saturated_call} of {c.calls}" if what == "saturated" and
                  c.first_saturated_call is not None else "")
         more = f"; {len(bad) - 1} more tensors past it" if len(bad) > 1 else ""
-        out.append((category, f"fp8 {word}: {count_text(count, total)} of {name}'s {role} in {dtype}{since} > "
+        out.append(Problem("oracle", category, f"fp8 {word}: {count_text(count, total)} of {name}'s {role} in {dtype}{since} > "
                               f"{percent(limit)} allowed (up to {limit_count(limit, total)} elements){more}"))
     return out
 

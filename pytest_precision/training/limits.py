@@ -67,8 +67,9 @@ import math
 import torch
 
 from ..numerics.formats import format_of
+from ..numerics.problem import Problem
 
-__all__ = ["DB_PER_BIT", "FIRST_STEP_MARGIN_DB", "LATER_STEP_MARGIN_DB", "DDP_MARGIN_DB", "sqnr_floor_db",
+__all__ = ["limit_problem", "DB_PER_BIT", "FIRST_STEP_MARGIN_DB", "LATER_STEP_MARGIN_DB", "DDP_MARGIN_DB", "sqnr_floor_db",
            "first_step_floor_db", "later_step_floor_db", "grad_norm_band", "SPREAD", "spread_floor",
            "SAME_KEY_RTOL", "CROSS_KEY_RTOL", "UNDERFLOW_LIMIT", "UPDATE_LOST_LIMIT", "UPDATE_RATIO_BAND",
            "db_to_error", "error_to_db", "RATE_ALPHA", "count_bound", "count_chance", "rate_budget_count",
@@ -249,3 +250,10 @@ def limit_sentence(word: str, rates: dict[str, float], elements: dict[str, int],
     rate, name, count, total = worst
     return (f"{word} {count_text(count, total)} in {name} > {100 * limit:g} % allowed (up to {limit_count(limit, total)} "
             "elements: the limit and a count's spread between machines)")
+
+
+def limit_problem(word: str, rates: dict[str, float], elements: dict[str, int], limit: float,
+                  category: str) -> Problem | None:
+    """``limit_sentence``'s verdict as a problem of ``category``, or None."""
+    sentence = limit_sentence(word, rates, elements, limit)
+    return Problem("oracle", category, sentence) if sentence else None

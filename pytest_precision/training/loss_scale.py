@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..numerics.formats import format_of
+from ..numerics.problem import Problem
 from .compare import significant
 from .configs import GRAD_SCALER_INIT_SCALE, TrainConfig
 from .limits import UNDERFLOW_LIMIT, count_text, limit_count
@@ -169,8 +170,8 @@ def judged_text(h: ScaleHealth) -> str:
     return f"loss scale {h.scale:g} at step {h.step} (history {history_text(h)})"
 
 
-def scale_problem(h: ScaleHealth | None) -> str | None:
-    """The failure sentence when the scale the run reached loses what a working scaler keeps, or None."""
+def scale_problem(h: ScaleHealth | None) -> Problem | None:
+    """The ``underflow`` problem when the scale the run reached loses what a working scaler keeps, or None."""
     if h is None or h.scale >= h.working:
         return None
     worst = h.past_limit()
@@ -178,11 +179,11 @@ def scale_problem(h: ScaleHealth | None) -> str | None:
         return None
     name, count, total = worst
     below, below_working, elements = sum(h.below.values()), sum(h.below_working.values()), sum(h.elements.values())
-    return (f"{judged_text(h)} leaves {count_text(count, total)} of {name}'s {h.truth} first-step gradients below "
+    return Problem("oracle", "underflow", f"{judged_text(h)} leaves {count_text(count, total)} of {name}'s {h.truth} first-step gradients below "
             f"float16's normal range ({FP16.smallest_normal:.2g}) that {h.working:g}, the scale a working GradScaler runs at "
             f"here, keeps in it > {100 * UNDERFLOW_LIMIT:g} % allowed (up to {limit_count(UNDERFLOW_LIMIT, total)} "
             f"elements); in all {below} of {elements} significant gradients below it at {h.scale:g} ({h.flushed} flushed "
-            f"to 0), {below_working} at {h.working:g}; {working_why(h)}{advice(h)}")
+                   f"to 0), {below_working} at {h.working:g}; {working_why(h)}{advice(h)}")
 
 
 def working_why(h: ScaleHealth) -> str:

@@ -32,6 +32,8 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 import torch
 from torch import nn
 
+from ..numerics.problem import Problem
+
 __all__ = ["ModuleRun", "record_module_dtypes", "declared_fp32", "declared_modules", "keep_fp32_params", "parameters_to", "cast_then_as_built", "module_flags",
            "module_rows", "MATMUL_MODULES"]
 
@@ -136,8 +138,8 @@ def record_module_dtypes(model: nn.Module) -> Iterator[dict[str, ModuleRun]]:
 
 
 def module_flags(runs: dict[str, ModuleRun], autocast_dtype: torch.dtype | None, param_dtype: torch.dtype,
-                 keep_fp32: tuple[str, ...]) -> tuple[list[str], list[str]]:
-    """(failures, notes) for one config's recorded step (the module docstring): failures for a
+                 keep_fp32: tuple[str, ...]) -> tuple[list[Problem], list[str]]:
+    """(problems, notes) for one config's recorded step (the module docstring): ``dtype`` problems for a
     declared-float32 module that computed in 16 bits; notes for a matmul the config means in 16
     bits that ran in float32."""
     failures, notes = [], []
@@ -156,8 +158,8 @@ def module_flags(runs: dict[str, ModuleRun], autocast_dtype: torch.dtype | None,
             else:
                 how = ("its inputs reached it in 16 bits and it computed in their dtype: cast them to float32 inside "
                        "it (x.float()), outside autocast")
-            failures.append(f"{name} ({run.kind}) is declared float32 (keep_fp32) and ran in {_short(run.outputs)} "
-                            f"(parameters {_short(run.params)}, inputs {_short(run.inputs)}): {how}")
+            failures.append(Problem("oracle", "dtype", f"{name} ({run.kind}) is declared float32 (keep_fp32) and ran in {_short(run.outputs)} "
+                            f"(parameters {_short(run.params)}, inputs {_short(run.inputs)}): {how}"))
         elif (not declared and run.matmul and autocast_dtype in _16_BIT and run.outputs == {torch.float32}):
             notes.append(f"{name} ({run.kind}) ran in float32 under autocast {_short([autocast_dtype])} (inputs "
                          f"{_short(run.inputs)}): its matmul gets no 16-bit speed-up; declare keep_fp32=({name!r},) if "

@@ -1,25 +1,17 @@
-"""A run of a training step under one training config: a few steps from a seeded model, recording
+"""A run of a training step under one config: a few steps from a seeded model, recording
 what the suite judges (losses, the gradients the optimizer applies at every step, updates, loss
-scales, skipped steps, the first non-finite value, step times, the optimizer's parameter groups).
+scales, skipped steps, the first non-finite value, step times, the optimizer's parameter groups)
+into a ``trajectory.Trajectory``.
 
-The harness watches the optimizer: the gradients it records are the ones ``optimizer.step()``
-sees (unscaled, clipped: what is applied), through a step pre-hook (a post-hook for
-``step(closure)``, whose backward runs inside the step), and a step whose
-``optimizer.step()`` never ran is a step the GradScaler skipped. A fused optimizer that a GradScaler
-steps without an ``unscale_`` before gets the gradients scaled, with ``grad_scale`` and
-``found_inf`` to apply itself: the harness records grad / grad_scale, and a step with ``found_inf``
-as skipped. The loss scale a step ran with is
-the one the GradScaler that scaled its loss applied, the step's own scaler where it used one
+The gradients recorded are the ones ``optimizer.step()`` applies (``recorder.StepRecorder``), and a
+step whose ``optimizer.step()`` never ran is a step the GradScaler skipped. The loss scale a step ran
+with is the one the GradScaler that scaled its loss applied, the step's own scaler where it used one
 (``loop_watch``); under a config that scales the loss, a step that no enabled GradScaler scaled
 (``loss.backward()`` without ``scaler.scale``) ran at 1 and is listed in ``Trajectory.unscaled``,
 since its numbers are those of a scaler stuck at 1. Its backward passes are counted (a loop's
-micro-batches).
-
-``check_determinism`` calls ``model_fn`` and every ``batch_fn(i)`` twice and compares the results
-bit for bit: a run is compared with another run of the same spec, so a spec that does not repeat
-itself would be reported as precision failures (and, under the update flag, accepted as wide
-budgets). ``exact_first_step`` runs the first applied step in float64: the truth the gradient
-and update rates are judged against.
+micro-batches). The first step also records where each module ran (``module_dtypes``) and whether
+the loss was computed in 16 bits (``loss_precision``). The float64 run of the same spec is
+``float64``; a spec that does not repeat itself is refused before any run (``determinism``).
 
 **Random draws replay.** A step that draws random numbers (dropout, a sampled mask) draws them from
 torch's global generators. A run records their state at the start of every step
@@ -37,7 +29,6 @@ fp32 reference, the AMP configs, pure bf16 and the float64 step all start from t
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 from typing import Any
 
@@ -49,9 +40,10 @@ from ..numerics.global_state import guarded, leak_message
 from ..numerics.promote import read_as_float64
 from ..numerics.rng import RngState, forked_rng
 from ..speed.timing import synchronized_perf_counter
-from .batches import map_tensors
+from .batches import data_digest, map_tensors
 from .configs import FLOAT64, TrainConfig
 from .loop_watch import watch_loop
+from .loss_precision import LossPrecisionWatch
 from .fp8 import scaled_mm_fp8_linears
 from .module_dtypes import cast_then_as_built, keep_fp32_params, module_flags, parameters_to, record_module_dtypes
 from .recipes import emulated_fp8_linears, stochastic_rounding_updates
@@ -60,7 +52,7 @@ from .spec import TrainSpec, takes_model
 from .trajectory import Trajectory
 
 __all__ = ["TrainingError", "GlobalStateError", "judged_state", "step_owner", "run_training", "prepare_training",
-           "PreparedRun", "run_casting_buffers", "check_determinism", "data_digest", "built_dtype_note", "built_dtypes",
+           "PreparedRun", "run_casting_buffers", "built_dtype_note", "built_dtypes",
            "ModelDtypeWarning"]
 
 
@@ -114,71 +106,6 @@ def _cast_batch(batch: Any, dtype: torch.dtype, device: str) -> Any:
 def _snapshot(model: nn.Module) -> dict[str, torch.Tensor]:
     """Parameters as fp32 CPU copies (float64 ones stay float64)."""
     return {n: p.detach().to(device="cpu", dtype=wide_dtype(p), copy=True) for n, p in model.named_parameters()}
-
-
-def data_digest(obj: Any) -> str:
-    """sha256 of a batch (tensors' dtype, shape and bytes, through tuples, lists and dicts; other
-    values by repr): equal digests, equal data."""
-    h = hashlib.sha256()
-
-    def feed(o):
-        if isinstance(o, torch.Tensor):
-            a = o.detach().cpu().contiguous()
-            h.update(f"T{a.dtype}{tuple(a.shape)}".encode())
-            h.update(a.view(torch.uint8).numpy().tobytes() if a.numel() else b"")
-        elif isinstance(o, dict):
-            h.update(f"D{len(o)}".encode())
-            for k in o:
-                h.update(repr(k).encode())
-                feed(o[k])
-        elif isinstance(o, (tuple, list)):
-            h.update(f"L{len(o)}".encode())
-            for v in o:
-                feed(v)
-        else:
-            h.update(f"V{o!r}".encode())
-    feed(obj)
-    return h.hexdigest()
-
-
-def _first_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> str | None:
-    if list(a) != list(b):
-        return f"parameter names differ ({sorted(set(a) ^ set(b))[:3]})"
-    for n in a:
-        if a[n].shape != b[n].shape or a[n].dtype != b[n].dtype or not torch.equal(a[n], b[n]):
-            return f"parameter {n} differs"
-    return None
-
-
-def check_determinism(spec: TrainSpec, where: str) -> None:
-    """Call ``model_fn`` (seeded as a run seeds it) and each ``batch_fn(i)`` twice; raise
-    TrainingError naming the callable whose two results differ."""
-    def call(what, fn, *a):
-        try:
-            with judged_state(what, where):
-                return fn(*a)
-        except TrainingError:
-            raise
-        except Exception as e:
-            raise TrainingError(f"{where}: {what} raised {type(e).__name__}: {e}") from e
-
-    models = []
-    for _ in range(2):
-        torch.manual_seed(spec.seed)
-        model = call("model_fn()", spec.model_fn)
-        if not isinstance(model, nn.Module):
-            raise TrainingError(f"{where}: model_fn() returned {type(model).__name__}, expected an nn.Module")
-        models.append({n: p.detach().cpu().clone() for n, p in model.state_dict().items()})
-    diff = _first_difference(*models)
-    if diff:
-        raise TrainingError(f"{where}: model_fn() built different models on two calls after the same torch.manual_seed "
-                            f"({diff}): seed every generator it draws from, so each config starts from the same weights")
-    for i in range(spec.steps):
-        first, second = (data_digest(call(f"batch_fn({i})", spec.batch_fn, i)) for _ in range(2))
-        if first != second:
-            raise TrainingError(f"{where}: batch_fn({i}) returned different data on two calls: each config must see the "
-                                f"same batches (seed a CPU generator with i, as pytest_precision.training.MarkovText "
-                                f"does); nothing was run or written")
 
 
 def run_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "") -> Trajectory:
@@ -348,11 +275,12 @@ class PreparedRun:
                 batch = _cast_batch(raw, config.param_dtype, device)
                 rec.start_step(i)
                 loop.start_step()
-                with record_module_dtypes(self.model) if i == 0 else contextlib.nullcontext() as modules:
+                with record_module_dtypes(self.model) if i == 0 else contextlib.nullcontext() as modules, \
+                        LossPrecisionWatch() if i == 0 else contextlib.nullcontext() as loss_watch:
                     loss = self._call(f"step {i}", self._timed_step, self.model, self.optimizer, self.scaler, batch,
                                       autocast, step=True)
                 if modules is not None:
-                    t.modules = modules
+                    t.modules, t.low_precision_loss = modules, loss_watch.found
                     t.module_failures, t.module_notes = module_flags(modules, config.autocast_dtype,
                                                                      config.param_dtype, spec.keep_fp32)
                 self._record_loop(i, loop)

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..numerics.rng import RngState
+from ..numerics.problem import Problem
 from .fp8 import Fp8Counts
+from .loss_precision import LowPrecisionLoss
 from .module_dtypes import module_rows
 
 __all__ = ["Trajectory"]
@@ -41,8 +43,9 @@ class Trajectory:
     built_dtypes: dict[str, list[str]] = field(default_factory=dict)  # dtype -> parameters model_fn built not in float32
     unscaled: list[int] = field(default_factory=list)  # steps of a loss-scaling config no GradScaler scaled
     modules: dict = field(repr=False, default_factory=dict)  # name -> module_dtypes.ModuleRun, first step
-    module_failures: list[str] = field(default_factory=list)  # module_dtypes.module_flags: what fails the case
+    module_failures: list[Problem] = field(default_factory=list)  # module_dtypes.module_flags: what fails the case
     module_notes: list[str] = field(default_factory=list)  # and what it reports
+    low_precision_loss: LowPrecisionLoss | None = None  # the first step's loss function that returned 16 bits
     # per step: optimizer.step() calls, enabled GradScaler.unscale_ calls, GradScalers that scaled a
     # loss, and the factors clip_grad_norm_ scaled the gradients by (an accumulation loop's verdict)
     optimizer_steps: list[int] = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""A problem a check found, in any kind: which check, its category, one sentence, and the
+"""A problem a check found, in any kind (numerics being the lowest layer every check imports): which check, its category, one sentence, and the
 declaration that makes it go where it is a choice of the target's. Below the kinds and the
 training package, so every check (tensor, training, distributed) returns the same type, and the
 outcome (``kinds.outcome``) orders them by ``CATEGORY_ORDER`` for the headline.
@@ -6,10 +6,7 @@ outcome (``kinds.outcome``) orders them by ``CATEGORY_ORDER`` for the headline.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .kinds.declarations import Declaration
+from typing import Any
 
 __all__ = ["CATEGORY_ORDER", "Problem"]
 
@@ -30,4 +27,4 @@ class Problem:
     sentence: str
     # what the target declares if it does this by design (a convention, an input written in place): the
     # problem is then gone, and the run's block of declarations lists it (reporting.declarations)
-    declaration: "Declaration | None" = None
+    declaration: Any = None  # a kinds.declarations.Declaration (the kinds sit above this module)
