@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from pytest_precision.training import TRAIN_CONFIGS, run_training
+from pytest_precision.training import TRAIN_CONFIGS, TrainSpec, run_training
 from pytest_precision.training import fp8
 from pytest_precision.training.fp8 import (Float8Cast, Float8Recipe, Fp8Counts, scaled_mm_fp8_linears, fp8_problems,
                                            scaled_linear)
@@ -182,7 +182,10 @@ def test_fp8_problem_counts_past_the_limits():
         ("overflow", "fp8 saturated at the format's max: 1718 of 8192 elements (21 %) of fc1's input in float8_e4m3fn, "
                      "from call 1 of 8 > 2 % allowed (up to 214 elements)"),
         ("underflow", "fp8 lost to 0 (significant values): 30 of 4000 elements (0.75 %) of fc2's grad in float8_e5m2 > "
-                      "0.1 % allowed (up to 13 elements)")]
+                      "0.1 % allowed (up to 13 elements more than current scaling in the careful format loses)")]
+    # what the careful recipe loses of the same tensor is not the recipe's: 30 lost, 20 by current scaling too
+    counts.of("fc2", "grad").careful_underflowed = 20
+    assert fp8_problems(counts)[1:] == []
 
 
 # the small regression model of the training tests, its inputs growing 1.3 x a step: the amax a
@@ -252,7 +255,7 @@ def test_e4m3_gradients_lose_values_to_0_and_are_caught(pytester, monkeypatch):
         # 475 of 195566 elements (0.243 %) of blocks.0.qkv's grad measured (over 8 steps 3096 of 782255 of blocks.1's)
         "*train_step[[]gpt-fp8-tensorwise-trajectory[]]: FAIL underflow,baseline (fp8 lost to 0 (significant "
         "values): * of 19* elements (0.* %) of blocks.*.qkv's grad in float8_e4m3fn > 0.1 % allowed (up to * "
-        "elements)*",
+        "elements more than current scaling in the careful format loses)*",
         "*fp8 casts (tensorwise scaling; inputs and weights e4m3, output gradients e4m3)*"])
 
 
@@ -276,3 +279,34 @@ def test_the_forward_is_torchaos_float8linear_bit_for_bit():
     assert torch.equal(y, y_theirs)
     for (name, p), (_, q) in zip(model.named_parameters(), theirs.named_parameters()):
         assert float((p.grad - q.grad).abs().max()) <= 1e-6 * float(q.grad.abs().max()), name
+
+
+def test_a_history_of_zeros_scales_by_the_tensors_own_amax_under_delayed_scaling():
+    """A weight that starts at 0 (a zero-initialised output projection) and moves at its first update:
+    the history's amax is 0 at the second call, and a scale of max / 1e-12 (torchao's floor) would
+    saturate every element of it. A history of zeros holds no scale yet: the tensor's own amax scales
+    it, as on a first call; nothing saturates or is lost. A nonzero history scales as before."""
+    counts = Fp8Counts(Float8Recipe("delayed"))
+    cast = Float8Cast("proj", Float8Recipe("delayed"), counts)
+    cast("weight", torch.zeros(8, 8))
+    q, inverse = cast("weight", torch.full((8, 8), 0.02))
+    c = counts.of("proj", "weight")
+    assert c.saturated == 0 and c.underflowed == 0 and float(inverse) == pytest.approx(0.02 / 448, rel=1e-6)
+    q, inverse = cast("weight", torch.full((8, 8), 0.04))  # the history's 0.02: 0.04 saturates
+    assert c.saturated == 64
+
+
+def test_the_modern_gpts_fp8_casts_lose_no_more_than_the_careful_recipe():
+    """tests/modern_gpt.py under both _scaled_mm recipes, 2 steps: its squared-ReLU output (the out
+    Linear's input) has values far below its amax that any e4m3 cast loses (0.3 % of them), and its
+    zero-initialised projections start delayed scaling from an amax of 0 (and the gradients behind them
+    too); neither is the recipe's fault. From step 2 on, a projection's weight that Adam doubles at each
+    step outgrows the history delayed scaling keeps: 17.5 % of it saturates at 4 steps, a real finding
+    of that recipe, which current scaling does not have."""
+    import modern_gpt
+
+    spec = TrainSpec(modern_gpt.GPT, modern_gpt.optimizer, modern_gpt.data, steps=2, step_fn=modern_gpt.loop())
+    for config in ("fp8-tensorwise", "fp8-delayed"):
+        run = run_training(spec, TRAIN_CONFIGS[config], "cpu")
+        assert run.fp8.total("underflowed") > 0, config  # the values are lost, and counted
+        assert fp8_problems(run.fp8) == [], (config, fp8_problems(run.fp8))

@@ -256,22 +256,50 @@ def adam(params):  # its update's size does not follow the gradient's: the run s
     return torch.optim.Adam(params, lr=1e-3)
 
 
-for name, fn in (("optimizer_step", optimizer_step_not_scaler), ("update_per_micro_batch", update_per_micro_batch)):
-    pytest_precision.register(name, pytest_precision.TrainSpec(lambda: Net(), adam, batch, steps=2, step_fn=fn),
-                              kind="train_step")
+def clip_before_unscale(model, optimizer, scaler, batch, autocast):
+    optimizer.zero_grad()
+    with autocast():
+        loss = model(*batch)
+    scaler.scale(loss).backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # the defect: on the scaled gradients
+    scaler.unscale_(optimizer)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+class HeadInFloat32(Net):  # the README's idiom: the head in float32, autocast off around it
+    def forward(self, x, y):
+        h = torch.relu(self.fc1(x))
+        with torch.autocast(h.device.type, enabled=False):
+            return F.mse_loss(self.fc2(h.float()), y)
+
+
+for model, prefix in ((Net, ""), (HeadInFloat32, "float_head.")):
+    for name, fn in (("optimizer_step", optimizer_step_not_scaler), ("update_per_micro_batch", update_per_micro_batch),
+                     ("clip_before_unscale", clip_before_unscale)):
+        pytest_precision.register(prefix + name, pytest_precision.TrainSpec(model, adam, batch, steps=2, step_fn=fn),
+                                  kind="train_step")
 """
 
 
 def test_a_misused_gradscaler_is_named_with_its_cause(pytester):
     """Before, the first read 'gradient norm 6.55e+04 x fp32's' without naming the loss scale, and the
-    second surfaced as torch's 'No inf checks were recorded prior to update' alone."""
+    second surfaced as torch's 'No inf checks were recorded prior to update' alone. Each is named in a
+    model that keeps its head in float32 with h.float() too, as is clipping before unscale_."""
     pytester.makeconftest(SCALER_MISUSE)
     result = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
-    result.stdout.fnmatch_lines(["*optimizer_step-amp-fp16-trajectory*FAIL accuracy*gradient norm 6.55e+04 x fp32's at step * "
-                                 "(*), about the loss scale 65536: the optimizer applied gradients still multiplied by it; "
-                                 "step through the scaler (scaler.step(optimizer), which unscales first)*"])
-    result.stdout.fnmatch_lines(["*update_per_micro_batch*No inf checks were recorded prior to update*; scaler.update() ran "
-                                 "with no scaler.step(optimizer) before it, as when it is called per micro-batch*"])
+    result.assert_outcomes(failed=6)
+    for prefix in ("", "float_head."):  # a plain model, and one with its head in float32 the README's way
+        result.stdout.fnmatch_lines([f"*[[]{prefix}optimizer_step-amp-fp16-trajectory*FAIL accuracy*gradient norm "
+                                     "6.55e+04 x fp32's at step * (*), about the loss scale 65536: the optimizer applied "
+                                     "gradients still multiplied by it; step through the scaler (scaler.step(optimizer), "
+                                     "which unscales first)*"])
+        result.stdout.fnmatch_lines([f"*[[]{prefix}update_per_micro_batch*No inf checks were recorded prior to update*; "
+                                     "scaler.update() ran with no scaler.step(optimizer) before it, as when it is called "
+                                     "per micro-batch*"])
+        result.stdout.fnmatch_lines([f"*[[]{prefix}clip_before_unscale-amp-fp16-trajectory*FAIL accuracy*gradient norm * "
+                                     "x fp32's at step * (*): * clipped to norm 1 before scaler.unscale_(optimizer)*"])
 
 
 # ---- a loss computed on 16-bit logits (training.loss_precision): the verdict names its dtype and line
