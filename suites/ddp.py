@@ -26,7 +26,7 @@ from pytest_precision.kinds.outcome import Evidence, Outcome, baseline_problems
 from pytest_precision.kinds.target import TargetError
 from pytest_precision.training import LossContractError, TrainConfig, TrainingError, TrainSpec
 from pytest_precision.training.baseline import DDPEntry, rates_line
-from pytest_precision.training.distributed import DDPComparisonError, HookComparison, compare_ddp_hooks
+from pytest_precision.training.distributed import HookComparison, RankRunError, compare_ddp_hooks
 from pytest_precision.training.limits import DDP_MARGIN_DB, UNDERFLOW_LIMIT, limit_sentence, sqnr_floor_db as _floor
 
 __all__ = ["DDPEvidence", "run_case", "sqnr_floor_db"]
@@ -50,7 +50,7 @@ def _comparisons(case: Case, spec: TrainSpec, where: str) -> dict | str:
             runs[key] = (f"the DDP cases run forward and loss under DDP, not the step_fn, and {e}")
         except TypeError as e:  # callables the spawned processes cannot import
             runs[key] = str(e)
-        except (DDPComparisonError, TrainingError) as e:  # TrainingError: a callable changed torch's state
+        except (RankRunError, TrainingError) as e:  # TrainingError: a callable changed torch's state
             raise TargetError(f"{where}: {e}") from e
     return runs[key]
 

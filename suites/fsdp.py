@@ -30,7 +30,7 @@ from pytest_precision.kinds.target import TargetError
 from pytest_precision.training import TRAIN_CONFIGS, LossContractError, TrainConfig, TrainingError, TrainSpec
 from pytest_precision.training.baseline import DDPEntry, rates_line
 from pytest_precision.training.compare import unresolved_reason
-from pytest_precision.training.distributed import DDPComparisonError
+from pytest_precision.training.distributed import RankRunError
 from pytest_precision.training.fsdp import BatchShardError, FSDPComparison, compare_fsdp
 from pytest_precision.training.limits import UNDERFLOW_LIMIT, first_step_floor_db, limit_sentence
 
@@ -55,7 +55,7 @@ def _comparisons(case: Case, spec: TrainSpec, where: str) -> dict | str:
             runs[key] = str(e)
         except TypeError as e:  # callables the spawned processes cannot import
             runs[key] = str(e)
-        except (DDPComparisonError, TrainingError) as e:  # TrainingError: a callable changed torch's state
+        except (RankRunError, TrainingError) as e:  # TrainingError: a callable changed torch's state
             raise TargetError(f"{where}: {e}") from e
     return runs[key]
 
