@@ -3,7 +3,8 @@
 ``fully_shard(model, mp_policy=MixedPrecisionPolicy(param_dtype, reduce_dtype))`` on two processes
 (gloo on the CPU, nccl on GPUs), each on half of ``batch_fn(0)``, against the same data in one
 process in fp32, the rates against float64 (pytest_precision.training.fsdp). One group of
-processes serves every FSDP2 config of a target.
+processes serves every FSDP2 config of a target; the memo, the skips and the shared checks are
+the distributed one-step case's (distributed_case.py).
 
 The ranks run the spec's own forward and loss (``TrainSpec.loss``), never its ``step_fn``; a model
 whose output is not a loss, a spec the spawned ranks cannot import and a batch whose tensors do not
@@ -22,53 +23,27 @@ from __future__ import annotations
 
 import math
 
-from pytest_precision.baselines.lifecycle import BaselineCheck
-from pytest_precision.kinds.cases import Case
-from pytest_precision.kinds.kind import skip
-from pytest_precision.kinds.outcome import Evidence, Outcome, baseline_problems
-from pytest_precision.kinds.target import TargetError
-from pytest_precision.training import TRAIN_CONFIGS, LossContractError, TrainConfig, TrainingError, TrainSpec
-from pytest_precision.training.baseline import DDPEntry, rates_line
+from pytest_precision.problem import Problem
+from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainSpec
+from pytest_precision.training.baseline import rates_line
 from pytest_precision.training.compare import unresolved_reason
-from pytest_precision.training.distributed import DDPComparisonError
+from pytest_precision.training.distributed import HookComparison
 from pytest_precision.training.fsdp import BatchShardError, FSDPComparison, compare_fsdp
-from pytest_precision.training.limits import UNDERFLOW_LIMIT, first_step_floor_db, limit_sentence
+from pytest_precision.training.limits import first_step_floor_db
 
-from .ddp import one_step_record
+from .distributed_case import DistributedCase, OneStepEvidence, SqnrFloor, below_range_lines, one_step_record
 
-__all__ = ["FSDPEvidence", "run_case"]
-
-# the session's memo (Case.state): (spec, device) -> {config id: FSDPComparison} or the reason the
-# spec cannot run under FSDP2; one group of processes serves every FSDP2 config
-RESULTS = "train_step.fsdp"
-
-
-def _comparisons(case: Case, spec: TrainSpec, where: str) -> dict | str:
-    runs, key = case.state.memo(RESULTS), (spec, case.device)
-    if key not in runs:
-        policies = {c.id: c.fsdp for c in TRAIN_CONFIGS.values() if c.fsdp is not None}
-        try:
-            runs[key] = compare_fsdp(spec, policies, device=case.device)
-        except LossContractError as e:  # the forward is not a loss: the step_fn cannot be split
-            runs[key] = f"the FSDP2 cases run forward and loss under FSDP2, not the step_fn, and {e}"
-        except BatchShardError as e:
-            runs[key] = str(e)
-        except TypeError as e:  # callables the spawned processes cannot import
-            runs[key] = str(e)
-        except (DDPComparisonError, TrainingError) as e:  # TrainingError: a callable changed torch's state
-            raise TargetError(f"{where}: {e}") from e
-    return runs[key]
+__all__ = ["FSDPCase", "FSDP_CASE", "FSDPEvidence", "run_case"]
 
 
 def _g(v: float) -> str:
     return f"{v:.4g}"
 
 
-class FSDPEvidence(Evidence):
+class FSDPEvidence(OneStepEvidence):
     """An FSDP2 policy's gathered gradients against single-process fp32."""
 
-    def __init__(self, config: TrainConfig, result: FSDPComparison):
-        self.config, self.result = config, result
+    result: FSDPComparison
 
     def record_fields(self, outcome) -> dict:
         g, groups = self.result.gradients, self.result.group_grad_sqnr_db
@@ -81,51 +56,62 @@ class FSDPEvidence(Evidence):
         g = r.gradients
         floor = first_step_floor_db(c.compute_dtype)
         groups = ", ".join(f"{name} {_g(v)} dB" for name, v in r.group_grad_sqnr_db.items())
-        lines = [f"  {c.id}: {c.description}, each rank on half of batch_fn(0), one step:",
-                 f"    gradients: SQNR {groups} (floor {floor:.3g} dB for {r.param_dtype}), "
-                 f"{_g(r.exact_grad_sqnr_db)} dB against float64; max rel {_g(g.max_rel)}, overflow {g.overflow}, norm {_g(g.grad_norm)} vs "
-                 f"{_g(g.ref_grad_norm)} fp32",
-                 f"    loss (the ranks' mean) {_g(r.loss)} vs {_g(r.ref_loss)} fp32: deviation {r.loss_deviation:.3g} "
-                 f"(limit {c.loss_rtol:g})",
-                 rates_line(f"gradient-underflow rate (0 here, significant in float64, within {r.param_dtype}'s range)",
-                            g.underflow_rate, g.underflow_elements)]
-        if any(g.below_range_underflow.values()):
-            lines.append(rates_line(f"lost below {r.param_dtype}'s normal range (no loss scaling; shown)",
-                                    g.below_range_underflow, g.below_range_elements))
-        return lines
+        return [f"  {c.id}: {c.description}, each rank on half of batch_fn(0), one step:",
+                f"    gradients: SQNR {groups} (floor {floor:.3g} dB for {r.param_dtype}), "
+                f"{_g(r.exact_grad_sqnr_db)} dB against float64; max rel {_g(g.max_rel)}, overflow {g.overflow}, norm {_g(g.grad_norm)} vs "
+                f"{_g(g.ref_grad_norm)} fp32",
+                f"    loss (the ranks' mean) {_g(r.loss)} vs {_g(r.ref_loss)} fp32: deviation {r.loss_deviation:.3g} "
+                f"(limit {c.loss_rtol:g})",
+                rates_line(f"gradient-underflow rate (0 here, significant in float64, within {r.param_dtype}'s range)",
+                           g.underflow_rate, g.underflow_elements),
+                *below_range_lines(g, f"lost below {r.param_dtype}'s normal range (no loss scaling; shown)")]
 
 
-def run_case(kind, case: Case, spec: TrainSpec, baseline: BaselineCheck) -> Outcome:
-    config = case.config
-    where = f"target {case.target.name!r} (train_step) under config {config.id}"
-    results = _comparisons(case, spec, where)
-    if isinstance(results, str):
-        skip(f"{case.target.name}: {results}")
-    r = results[config.id]
-    g = r.gradients
-    outcome = Outcome(kind.suite, kind.name, case.target.name, config.id, case.regime, FSDPEvidence(config, r),
-                      baseline.check(DDPEntry(config, g)))
-    if not math.isfinite(r.loss):
-        outcome.add("oracle", "nan" if math.isnan(r.loss) else "overflow", f"non-finite loss {r.loss:g} under FSDP2")
-    if g.overflow:
-        outcome.add("oracle", "overflow", f"{g.overflow} gradient elements not finite under FSDP2, finite in fp32")
-    sentence = limit_sentence("gradient-underflow rate", g.underflow_rate, g.underflow_elements, UNDERFLOW_LIMIT)
-    if sentence:
-        outcome.add("oracle", "underflow", sentence)
-    floor = first_step_floor_db(config.compute_dtype)
-    floors = {name: min(floor, r.group_floor_db.get(name, floor)) for name in r.group_grad_sqnr_db}
-    low = {name: v for name, v in r.group_grad_sqnr_db.items() if not v >= floors[name]}
-    if low and not g.overflow:
-        if all(floors[name] == floor for name in low):
-            parts = ", ".join(f"{v:.4g} dB in {name}" for name, v in sorted(low.items())) + f" < {floor:.4g} dB"
-        else:  # a group's own conditioning set its floor (compare.group_floors)
-            parts = ", ".join(f"{v:.4g} dB in {name} < {floors[name]:.4g} dB" for name, v in sorted(low.items()))
-        outcome.add("oracle", "accuracy", f"gradient SQNR {parts}, what {r.param_dtype} keeps in a correct step")
-    if r.unresolved:
-        groups = ", ".join(f"{name} ({v:.3g} dB)" for name, v in sorted(r.unresolved.items()))
-        outcome.details.append(f"gradient SQNR not judged in {groups}: {unresolved_reason(r.param_dtype)}")
-    if math.isfinite(r.loss) and not r.loss_deviation <= config.loss_rtol:
-        outcome.add("oracle", "accuracy", f"loss deviates from fp32 by {r.loss_deviation:.3g} (relative) > "
-                                          f"{config.loss_rtol:g} allowed for {config.id}")
-    outcome.problems += baseline_problems(outcome.baseline)
-    return outcome
+class FSDPCase(DistributedCase):
+    """The FSDP2 cases: one ``compare_fsdp`` per spec and device over every FSDP2 config's policy,
+    a result per config; the loss judged besides the gradients."""
+
+    engine, memo = "FSDP2", "train_step.fsdp"  # the memo: (spec, device) -> {config id: FSDPComparison} or why not
+    skip_errors = (BatchShardError, TypeError)
+    ran, reference = "under FSDP2", "in fp32"
+
+    def compare(self, spec: TrainSpec, device: str) -> dict[str, FSDPComparison]:
+        policies = {c.id: c.fsdp for c in TRAIN_CONFIGS.values() if c.fsdp is not None}
+        return compare_fsdp(spec, policies, device=device)
+
+    def result_key(self, config: TrainConfig) -> str:
+        return config.id
+
+    def gradients(self, result: FSDPComparison) -> HookComparison:
+        return result.gradients
+
+    def sqnr_floor(self, config: TrainConfig, result: FSDPComparison) -> SqnrFloor:
+        """Per optimizer parameter group, below the format's floor where the group's own conditioning
+        sets a lower one (compare.group_floors)."""
+        return SqnrFloor(result.group_grad_sqnr_db, first_step_floor_db(config.compute_dtype),
+                         f"{result.param_dtype} keeps in a correct step", own=result.group_floor_db)
+
+    def evidence(self, config: TrainConfig, result: FSDPComparison) -> FSDPEvidence:
+        return FSDPEvidence(config, result)
+
+    def problems(self, config: TrainConfig, result: FSDPComparison) -> list[Problem]:
+        """A non-finite loss, the gradients' checks, then the loss against fp32's."""
+        loss, out = result.loss, []
+        if not math.isfinite(loss):
+            out.append(Problem("oracle", "nan" if math.isnan(loss) else "overflow",
+                               f"non-finite loss {loss:g} under FSDP2"))
+        out += super().problems(config, result)
+        if math.isfinite(loss) and not result.loss_deviation <= config.loss_rtol:
+            out.append(Problem("oracle", "accuracy", f"loss deviates from fp32 by {result.loss_deviation:.3g} "
+                                                     f"(relative) > {config.loss_rtol:g} allowed for {config.id}"))
+        return out
+
+    def details(self, config: TrainConfig, result: FSDPComparison) -> list[str]:
+        if not result.unresolved:
+            return []
+        groups = ", ".join(f"{name} ({v:.3g} dB)" for name, v in sorted(result.unresolved.items()))
+        return [f"gradient SQNR not judged in {groups}: {unresolved_reason(result.param_dtype)}"]
+
+
+FSDP_CASE = FSDPCase()
+run_case = FSDP_CASE.run_case

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pytest_precision.training.distributed import HOOKS, DDPComparisonError, compare_ddp_hooks, ddp_skip_reason
+from pytest_precision.training.distributed import HOOKS, RankRunError, compare_ddp_hooks, ddp_skip_reason
 from pytest_precision.suites import tiny_gpt
 from pytest_precision.training import TrainSpec
 
@@ -140,7 +140,7 @@ def test_a_forward_that_is_not_a_loss_is_refused_before_spawning():
 def test_a_failing_rank_is_named_and_the_others_killed():
     spec = TrainSpec(model_failing_on_rank1, sgd, tiny_grad_batch, steps=1)
     start = time.monotonic()
-    with pytest.raises(DDPComparisonError, match=r"rank 1: model_fn\(\) raised ValueError: planted failure in model_fn"):
+    with pytest.raises(RankRunError, match=r"rank 1: model_fn\(\) raised ValueError: planted failure in model_fn"):
         compare_ddp_hooks(spec, timeout_s=60)
     assert time.monotonic() - start < 30
     assert not multiprocessing.active_children()
@@ -149,7 +149,7 @@ def test_a_failing_rank_is_named_and_the_others_killed():
 def test_ranks_past_the_timeout_are_killed():
     spec = TrainSpec(model_that_hangs, sgd, tiny_grad_batch, steps=1)
     start = time.monotonic()
-    with pytest.raises(DDPComparisonError, match=r"timed out after 5 s; ranks \[0, 1\] still running"):
+    with pytest.raises(RankRunError, match=r"timed out after 5 s; ranks \[0, 1\] still running"):
         compare_ddp_hooks(spec, timeout_s=5)
     assert time.monotonic() - start < 15
     assert not multiprocessing.active_children()

@@ -170,13 +170,13 @@ def test_a_module_declared_float32_is_its_own_float32_unit_under_fsdp2():
     inputs cast to float32; without the declaration it gets the bf16 policy's inputs."""
     import dataclasses
 
-    from pytest_precision.training.distributed import DDPComparisonError
+    from pytest_precision.training.distributed import RankRunError
 
     spec = TrainSpec(kept_head_model, kept_head_optimizer, kept_head_batch, steps=1, keep_fp32=("head",))
     policy = {"fsdp-bf16": (torch.bfloat16, torch.float32)}
     result = compare_fsdp(spec, policy)["fsdp-bf16"]
     assert result.gradients.overflow == 0 and result.loss_deviation < 0.05
-    with pytest.raises(DDPComparisonError, match="the head declared float32 got torch.bfloat16 inputs"):
+    with pytest.raises(RankRunError, match="the head declared float32 got torch.bfloat16 inputs"):
         compare_fsdp(dataclasses.replace(spec, keep_fp32=()), policy)
 
 

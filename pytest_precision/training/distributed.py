@@ -61,15 +61,16 @@ from .module_dtypes import parameters_to
 from .run import GlobalStateError, judged_state
 from .spec import LossContractError, TrainSpec
 
-__all__ = ["HOOKS", "HookComparison", "DDPComparisonError", "ddp_skip_reason", "compare_ddp_hooks", "exact_gradients",
+__all__ = ["HOOKS", "HookComparison", "RankRunError", "ddp_skip_reason", "compare_ddp_hooks", "exact_gradients",
            "rank_imports", "run_ranks", "RankStage", "averaged_gradients", "compare_gradients"]
 
 HOOKS = ("fp16", "bf16")
 _HOOK_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-class DDPComparisonError(RuntimeError):
-    """A rank failed, or the ranks did not finish in time."""
+class RankRunError(RuntimeError):
+    """A multi-process run (``run_ranks``: the DDP and the FSDP2 comparisons) failed: a rank raised
+    or exited, or the ranks did not finish in time."""
 
 
 @dataclass
@@ -260,7 +261,7 @@ def run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, payl
               body=_ddp_body, what: str = "DDP comparison"):
     """``body(rank, device, backend, spec, batch, payload, stage)`` on ``world_size`` spawned ranks
     (rank r on ``batches[r]``), in one process group; what rank 0's returned. ``what`` names the
-    work in errors: DDPComparisonError when a rank fails (the first to fail, named) or time runs out
+    work in errors: RankRunError when a rank fails (the first to fail, named) or time runs out
     (the ranks still running are killed)."""
     fns = rank_imports(spec)
     backend, port = _backend(device, world_size), _free_port()
@@ -279,15 +280,15 @@ def run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, payl
             while True:
                 codes = [p.exitcode for p in procs]  # read once: a rank may exit between two reads
                 if any(c not in (None, 0) for c in codes):
-                    raise DDPComparisonError(f"{what} ({backend}, {world_size} ranks) failed: "
-                                             + _first_error(workdir, procs))
+                    raise RankRunError(f"{what} ({backend}, {world_size} ranks) failed: "
+                                       + _first_error(workdir, procs))
                 if all(c == 0 for c in codes):
                     break
                 running = [p for p, c in zip(procs, codes) if c is None]
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise DDPComparisonError(f"{what} ({backend}, {world_size} ranks) timed out after "
-                                             f"{timeout_s:g} s; ranks {[procs.index(p) for p in running]} still running")
+                    raise RankRunError(f"{what} ({backend}, {world_size} ranks) timed out after "
+                                       f"{timeout_s:g} s; ranks {[procs.index(p) for p in running]} still running")
                 ready = wait([p.sentinel for p in running], timeout=left)
                 for p in running:
                     if p.sentinel in ready:  # its pipe closed as it exits: reap it (no spinning until it is gone)
@@ -369,7 +370,7 @@ def compare_ddp_hooks(spec: TrainSpec, *, device: str = "cpu", world_size: int =
     underflow rates against the exact all-reduced gradient. Raises ValueError where
     ``ddp_skip_reason`` gives a reason, TypeError for callables spawned processes cannot import,
     LossContractError (a TypeError) for a model whose output is not a loss and no ``loss_fn``,
-    DDPComparisonError when a rank fails or time runs out, GlobalStateError when ``batch_fn``,
+    RankRunError when a rank fails or time runs out, GlobalStateError when ``batch_fn``,
     ``model_fn`` or the forward, called here, leave torch's process-wide state changed (restored;
     the spawned ranks' state ends with them). A model that cannot run in float64 has its rates
     judged against the uncompressed gradients instead."""

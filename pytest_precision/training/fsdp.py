@@ -184,7 +184,7 @@ def compare_fsdp(spec: TrainSpec, policies: dict[str, tuple[torch.dtype, torch.d
     rates against float64). Raises ValueError where ``fsdp_skip_reason`` gives a reason,
     BatchShardError (a ValueError) for a batch that does not split evenly, TypeError for callables
     the spawned ranks cannot import, LossContractError for a forward that is not a loss,
-    DDPComparisonError when a rank fails or time runs out, GlobalStateError when the spec's code,
+    RankRunError when a rank fails or time runs out, GlobalStateError when the spec's code,
     called here, leaves torch's process-wide state changed. A model that cannot run in float64 has
     its rates judged against fp32."""
     reason = fsdp_skip_reason(device, world_size)
