@@ -29,11 +29,11 @@ from pytest_precision.kinds.cases import Case
 from pytest_precision.kinds.kind import skip
 from pytest_precision.kinds.outcome import Evidence, Outcome, baseline_problems
 from pytest_precision.kinds.target import TargetError
-from pytest_precision.problem import Problem
+from pytest_precision.numerics.problem import Problem
 from pytest_precision.training import LossContractError, TrainConfig, TrainingError, TrainSpec
 from pytest_precision.training.baseline import DDPEntry, rates_line
 from pytest_precision.training.distributed import HookComparison, RankRunError
-from pytest_precision.training.limits import UNDERFLOW_LIMIT, limit_sentence
+from pytest_precision.training.limits import UNDERFLOW_LIMIT, limit_problem
 
 __all__ = ["DistributedCase", "OneStepEvidence", "SqnrFloor", "gradient_problems", "one_step_record",
            "worst_rate", "below_range_lines"]
@@ -75,9 +75,10 @@ def gradient_problems(g: HookComparison, floor: SqnrFloor, ran: str, reference: 
     if g.overflow:
         out.append(Problem("oracle", "overflow", f"{g.overflow} gradient elements not finite {ran}, "
                                                  f"finite {reference}"))
-    sentence = limit_sentence("gradient-underflow rate", g.underflow_rate, g.underflow_elements, UNDERFLOW_LIMIT)
-    if sentence:
-        out.append(Problem("oracle", "underflow", sentence))
+    underflow = limit_problem("gradient-underflow rate", g.underflow_rate, g.underflow_elements, UNDERFLOW_LIMIT,
+                              "underflow")
+    if underflow:
+        out.append(underflow)
     if not g.overflow:
         out += floor.problems()
     return out

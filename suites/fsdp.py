@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from pytest_precision.problem import Problem
+from pytest_precision.numerics.problem import Problem
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainSpec
 from pytest_precision.training.baseline import rates_line
 from pytest_precision.training.compare import unresolved_reason

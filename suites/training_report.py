@@ -12,7 +12,8 @@ from pytest_precision.kinds.tables import SummaryTable, fmt
 from pytest_precision.speed.timing import format_seconds
 from pytest_precision.training.loss_precision import LowPrecisionLoss
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainMetrics
-from pytest_precision.training.baseline import rates_line
+from pytest_precision.training.baseline import OUTPUT, rates_line
+from pytest_precision.training.budget import TrajectoryBudget
 from pytest_precision.training.fp8 import Fp8Counts, worst_text
 from pytest_precision.training.compare import speedup_text
 from pytest_precision.training.loss_scale import ScaleHealth, history_text
@@ -70,7 +71,7 @@ class TrainingEvidence(Evidence):
                                     "grad_norm_ratio": m.grad_norm_ratio, "scales": m.scales, "scales_used": m.scales_used,
                                     "underflow_rate": m.underflow_rate, "below_range_underflow": m.below_range_underflow,
                                     "update_lost_rate": m.update_lost_rate, "rates_against": m.truth,
-                                    "regression_budget": outcome.baseline.budgets.get("trajectory")}}
+                                    "regression_budget": _budget_json(outcome.baseline.budgets.get(OUTPUT))}}
 
     def message_lines(self, outcome) -> list[str]:
         m, c = self.metrics, self.config
@@ -142,6 +143,11 @@ def _fp8_lines(counts: Fp8Counts) -> list[str]:
 
 
 FP8_ROWS = 5  # tensors a message lists
+
+
+def _budget_json(budget: TrajectoryBudget | None) -> dict | None:
+    """The budget the golden judged the run by, as the golden holds it (None: not judged)."""
+    return None if budget is None else budget.to_json()
 
 
 def _finite_or_none(v: float) -> float | None:

@@ -12,7 +12,7 @@ from pytest_precision.baselines.lifecycle import BaselineCheck
 from pytest_precision.baselines.store import BaselineStore
 from pytest_precision.kinds.session import RunState
 from pytest_precision.kinds.target import TargetError
-from pytest_precision.problem import Problem
+from pytest_precision.numerics.problem import Problem
 from pytest_precision.suites.ddp import DDPCase
 from pytest_precision.suites.fsdp import FSDPCase
 from pytest_precision.training import TRAIN_CONFIGS, LossContractError

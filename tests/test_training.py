@@ -347,6 +347,20 @@ _ACCEPTED = {"max_loss_deviation": 1e-4, "grad_sqnr_db": {"group 0": 45.0, "grou
              "first_nonfinite_step": None}
 
 
+def _budget_for(acc: dict):
+    """The budget a golden derives from ``acc`` (accepted metrics as the golden's JSON holds them)."""
+    from pytest_precision.training.budget import TrajectoryAccepted, TrajectoryBudget
+
+    return TrajectoryBudget.from_accepted(TrajectoryAccepted.from_json(acc))
+
+
+def _violations(acc: dict, budget) -> list[tuple[str, str]]:
+    """(category, sentence) for each way ``acc`` (as the golden's JSON holds it) is past ``budget``."""
+    from pytest_precision.training.budget import TrajectoryAccepted
+
+    return [(p.category, p.sentence) for p in budget.violations(TrajectoryAccepted.from_json(acc))]
+
+
 def _degraded(acc: dict, metric: str, factor: float) -> dict:
     """``acc`` with one metric's error multiplied by ``factor``."""
     out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in acc.items()}
@@ -379,9 +393,7 @@ def _spread_factor(metric: str) -> float:
 
 @pytest.mark.parametrize("metric", ERROR_METRICS)
 def test_a_3x_degradation_fails_and_the_measured_spread_passes(metric):
-    from pytest_precision.training.baseline import _violations, budget_for
-
-    budget = budget_for(_ACCEPTED)
+    budget = _budget_for(_ACCEPTED)
     assert _violations(_ACCEPTED, budget) == []
     # the largest machine-to-machine ratio measured for a correct run stays inside the budget
     assert _violations(_degraded(_ACCEPTED, metric, _spread_factor(metric)), budget) == []
@@ -390,9 +402,7 @@ def test_a_3x_degradation_fails_and_the_measured_spread_passes(metric):
 
 
 def test_skipped_steps_and_a_new_nonfinite_step_fail_the_golden():
-    from pytest_precision.training.baseline import _violations, budget_for
-
-    budget = budget_for(_ACCEPTED)
+    budget = _budget_for(_ACCEPTED)
     assert _violations(dict(_ACCEPTED, skipped_steps=2), budget) == []
     assert _violations(dict(_ACCEPTED, skipped_steps=3), budget) == [
         ("overflow", "3 steps skipped by the GradScaler > budget 2")]
@@ -405,7 +415,6 @@ def test_the_committed_goldens_fail_a_3x_degradation_of_each_metric():
     import json
     from pathlib import Path
 
-    from pytest_precision.training.baseline import _violations, budget_for
     from pytest_precision.training.limits import SPREAD, rate_budget_count
 
     root = Path(__file__).resolve().parents[1] / "baselines" / "train_step" / "tiny_gpt" / "trajectory"
@@ -415,8 +424,8 @@ def test_the_committed_goldens_fail_a_3x_degradation_of_each_metric():
             continue
         for key, record in json.loads(path.read_text())["budgets"].items():
             acc = record["outputs"]["trajectory"]["accepted"]
-            budget = budget_for(acc)
-            assert budget == record["outputs"]["trajectory"]["budget"], (path.name, key)
+            budget = _budget_for(acc)
+            assert budget.to_json() == record["outputs"]["trajectory"]["budget"], (path.name, key)
             for metric in ERROR_METRICS:
                 value = acc[metric]
                 if metric.endswith("rate"):
@@ -535,16 +544,12 @@ def _with_rates(acc: dict, underflow: tuple[int, int], lost: tuple[int, int]) ->
 def test_rate_budgets_hold_the_counts_another_machine_gives(accepted, other, elements):
     """Every count measured on another machine passes the budget accepted from this one's, and so
     does the issue's 0 -> 3 of 12288 (a budget of two elements, crossed by one)."""
-    from pytest_precision.training.baseline import _violations, budget_for
-
-    budget = budget_for(_with_rates(_ACCEPTED, (accepted, elements), (accepted, elements)))
+    budget = _budget_for(_with_rates(_ACCEPTED, (accepted, elements), (accepted, elements)))
     assert _violations(_with_rates(_ACCEPTED, (other, elements), (other, elements)), budget) == []
 
 
 def test_a_real_loss_fails_the_rate_budgets_counted_in_elements():
-    from pytest_precision.training.baseline import _violations, budget_for
-
-    budget = budget_for(_with_rates(_ACCEPTED, (0, 12288), (8, 12286)))
+    budget = _budget_for(_with_rates(_ACCEPTED, (0, 12288), (8, 12286)))
     # a lost loss scale: hundreds of gradients where none was lost; updates rounded away where 8 were
     problems = _violations(_with_rates(_ACCEPTED, (400, 12288), (300, 12286)), budget)
     assert problems == [
@@ -581,11 +586,13 @@ def test_the_5_percent_limits_tolerate_a_count_at_the_limit_and_fail_a_loss():
 def test_a_golden_of_the_two_element_budgets_is_judged_with_the_count_slack():
     """A golden accepted before the count budgets (two elements over 1.9 x the accepted rate) gets
     the count slack when judged: nothing to re-accept."""
-    from pytest_precision.training.baseline import TrajectoryEntry, _violations, budget_for
+    import dataclasses
+
+    from pytest_precision.training.baseline import TrajectoryEntry
 
     acc = _with_rates(_ACCEPTED, (0, 12288), (0, 64))
-    old = dict(budget_for(acc), max_underflow_rate={"w": 2 / 12288}, max_update_lost_rate={"w": 2 / 64})
-    budget = TrajectoryEntry.budget_from(None, "trajectory", [{"budget": old, "accepted": acc}], False)
+    old = dataclasses.replace(_budget_for(acc), max_underflow_rate={"w": 2 / 12288}, max_update_lost_rate={"w": 2 / 64})
+    budget = TrajectoryEntry.budget_from(None, "trajectory", [{"budget": old.to_json(), "accepted": acc}], False)
     assert _violations(_with_rates(_ACCEPTED, (3, 12288), (3, 64)), old) != []  # the issue's failure
     assert _violations(_with_rates(_ACCEPTED, (3, 12288), (3, 64)), budget) == []
 

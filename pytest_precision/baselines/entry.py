@@ -32,7 +32,7 @@ class BaselineResult:
     ``refused`` the reason a prepared one was not accepted (with its line, ``refused_line``)."""
 
     comparisons: dict[str, Comparison] = field(default_factory=dict)
-    budgets: dict = field(default_factory=dict)  # output name -> Budget (tensors) or budget dict (metrics)
+    budgets: dict = field(default_factory=dict)  # output name -> Budget (tensors) or a training budget (training.budget)
     problems: list[tuple[str, str]] = field(default_factory=list)
     error: str | None = None
     updated: str | None = None  # "old -> new" line when the baseline was (re)written

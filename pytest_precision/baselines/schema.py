@@ -122,11 +122,13 @@ def _speed_problem(where: str, record: dict) -> str | None:
 
 
 # The limits pytest-precision itself writes as infinite, and the accepted value that makes them so
-# (training.baseline.budget_for): a training golden accepted with a gradient-norm or update ratio
-# that was not finite (or zero), or a loss deviation that was not finite, has an upper limit of
-# +Infinity on it; one accepted with an SQNR of -Infinity or NaN (a non-finite gradient or
-# parameter), a lower limit of -Infinity. Such a limit is read, and the check says the metric is
-# not judged; any other loosening infinity is refused.
+# (training.budget): a training golden accepted with a gradient-norm or update ratio that was not
+# finite (or zero), or a loss deviation that was not finite, has an upper limit of +Infinity on
+# it; one accepted with an SQNR of -Infinity or NaN (a non-finite gradient or parameter), a lower
+# limit of -Infinity. Such a limit is read, and the check says the metric is not judged; any other
+# loosening infinity is refused. The training budgets' JSON keys, spelled here because this layer
+# reads every golden and cannot import the training layer (tests/test_training_budget.py holds
+# them to what training.budget writes).
 UNLIMITED_WHEN = {"max_grad_norm_log_ratio": "grad_norm_ratio", "max_update_log_ratio": "update_ratio",
                   "max_loss_deviation": "max_loss_deviation", "min_grad_sqnr_db": "grad_sqnr_db",
                   "min_worst_grad_sqnr_db": "worst_grad_sqnr_db", "min_param_sqnr_db": "param_sqnr_db"}

@@ -113,7 +113,7 @@ def show_lines(root: Path, name: str, errors: list[str] | None = None) -> list[s
                 limits = ", ".join(f"{f} {b[f]!r}" for f in BUDGET_FIELDS if b.get(f) is not None)
                 lines.append(f"    {named(output)}: budget {limits}; accepted max ULP {shown(acc.get('max_ulp'))}, "
                              f"max abs {shown(acc.get('max_abs'))}")
-            else:  # a training budget (training.baseline): its own fields, all shown
+            else:  # a training budget (training.budget): its own fields, all shown
                 lines.append(f"    {named(output)}: budget " + ", ".join(f"{named(f)} {shown(v)}" for f, v in sorted(b.items())))
                 lines.append(f"    {named(output)}: accepted " + ", ".join(f"{named(f)} {shown(v)}" for f, v in sorted(acc.items())))
             if rec.get("peer"):

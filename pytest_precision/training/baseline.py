@@ -27,6 +27,8 @@ with it, with the budgets derived from them:
 
 A DDP golden holds the uncompressed gradient norm and, per numerics key, the accepted gradient
 SQNR, per-parameter underflow rates and overflow count, budgeted the same way.
+
+The accepted metrics and budgets are typed in ``budget``, which alone reads and writes their JSON.
 """
 from __future__ import annotations
 
@@ -38,17 +40,16 @@ from ..baselines.entry import BaselineEntry, BaselineResult
 from ..baselines.lifecycle import budget_sources
 from ..baselines.reading import Baseline
 from ..baselines.store import checksum
-from ..numerics.budgets import REGRESSION_SLACK
 from ..platform.devices import device_class
+from .budget import DistributedAccepted, DistributedBudget, TrajectoryAccepted, TrajectoryBudget
 from .compare import TrainMetrics
 from .configs import TrainConfig
 from .distributed import HookComparison
-from .limits import CROSS_KEY_RTOL, SAME_KEY_RTOL, count_text, db_to_error, error_to_db, percent, spread_floor
+from .limits import CROSS_KEY_RTOL, SAME_KEY_RTOL, count_text, percent
 from .moved import fp32_moved
-from .rates import rates_budget, rates_describe, rates_problem, with_count_slack
 from .trajectory import Trajectory
 
-__all__ = ["TrajectoryEntry", "DDPEntry", "OUTPUT", "rates_line", "fp32_reference", "budget_for"]
+__all__ = ["TrajectoryEntry", "DDPEntry", "OUTPUT", "rates_line", "fp32_reference"]
 
 OUTPUT = "trajectory"  # the one output name under which budgets are filed (baseline tools read it)
 
@@ -66,72 +67,6 @@ def rate_text(rate: float, elements: int) -> str:
 
 def _dtype_name(config: TrainConfig) -> str:
     return str(config.compute_dtype).replace("torch.", "")
-
-
-def _log(ratio: float | None) -> float:
-    if ratio is None:
-        return 0.0
-    return abs(math.log(ratio)) if ratio > 0 and math.isfinite(ratio) else math.inf
-
-
-def _error_budget(metric: str, accepted: float) -> float:
-    return REGRESSION_SLACK * accepted + spread_floor(metric, accepted)
-
-
-def _sqnr_budget(metric: str, accepted_db: float) -> float:
-    """The least SQNR allowed, from the accepted one (budgeted as an error)."""
-    return error_to_db(_error_budget(metric, db_to_error(accepted_db)))
-
-
-_TRAJECTORY_RATES = (("max_underflow_rate", "underflow_rate"), ("max_update_lost_rate", "update_lost_rate"))
-
-
-def budget_for(acc: dict) -> dict:
-    """The budget derived from a trajectory golden's accepted metrics (the module docstring)."""
-    return {
-        "max_loss_deviation": _error_budget("loss_deviation", acc["max_loss_deviation"]),
-        "min_grad_sqnr_db": {g: _sqnr_budget("grad_sqnr", v) for g, v in acc["grad_sqnr_db"].items()},
-        "min_worst_grad_sqnr_db": _sqnr_budget("worst_grad_sqnr", acc["worst_grad_sqnr_db"]),
-        "min_param_sqnr_db": _sqnr_budget("param_sqnr", acc["param_sqnr_db"]),
-        "max_grad_norm_log_ratio": _error_budget("grad_norm_ratio", _log(acc["grad_norm_ratio"])),
-        "max_update_log_ratio": _error_budget("update_ratio", _log(acc["update_ratio"])),
-        "max_underflow_rate": rates_budget(acc["underflow_rate"]),
-        "max_update_lost_rate": rates_budget(acc["update_lost_rate"]),
-        "skipped_steps": acc["skipped_steps"] + 1,
-        "first_nonfinite_step": acc["first_nonfinite_step"],
-    }
-
-
-def _accepted(m: TrainMetrics) -> dict:
-    return {"max_loss_deviation": m.max_loss_deviation, "grad_sqnr_db": dict(m.group_grad_sqnr_db),
-            "worst_grad_sqnr_db": m.worst_grad_sqnr_db, "param_sqnr_db": m.param_sqnr_db,
-            "grad_norm_ratio": m.worst_grad_norm_ratio, "update_ratio": m.update_ratio,
-            "underflow_rate": {n: [r, m.underflow_elements.get(n, 0)] for n, r in m.underflow_rate.items()},
-            "update_lost_rate": {n: [r, m.update_elements.get(n, 0)] for n, r in m.update_lost_rate.items()},
-            "skipped_steps": len(m.skipped),
-            "first_nonfinite_step": m.first_nonfinite[0] if m.first_nonfinite else None}
-
-
-def _per_name(budgets: list[dict], key: str, pick) -> dict:
-    """A per-parameter limit at ``pick`` across budgets (a parameter some lack: the others')."""
-    names = {n for b in budgets for n in b[key]}
-    return {n: pick(b[key][n] for b in budgets if n in b[key]) for n in names}
-
-
-def _widest(budgets: list[dict]) -> dict:
-    def least(key):
-        return min(b[key] for b in budgets)
-
-    def most(key):
-        return max(b[key] for b in budgets)
-
-    firsts = [b.get("first_nonfinite_step") for b in budgets if b.get("first_nonfinite_step") is not None]
-    return {"max_loss_deviation": most("max_loss_deviation"), "min_grad_sqnr_db": _per_name(budgets, "min_grad_sqnr_db", min),
-            "min_worst_grad_sqnr_db": least("min_worst_grad_sqnr_db"), "min_param_sqnr_db": least("min_param_sqnr_db"),
-            "max_grad_norm_log_ratio": most("max_grad_norm_log_ratio"), "max_update_log_ratio": most("max_update_log_ratio"),
-            "max_underflow_rate": _per_name(budgets, "max_underflow_rate", max),
-            "max_update_lost_rate": _per_name(budgets, "max_update_lost_rate", max),
-            "skipped_steps": most("skipped_steps"), "first_nonfinite_step": min(firsts) if firsts else None}
 
 
 def fp32_reference(ref: Trajectory) -> dict:
@@ -167,12 +102,12 @@ class TrajectoryEntry(BaselineEntry):
         return {"fp32_loss": torch.tensor(self.ref.losses), "loss": torch.tensor(self.run.losses),
                 "fp32_grad_norm": torch.tensor([math.nan if g is None else g for g in self.ref.grad_norms])}
 
-    def accepted(self) -> dict:
-        return _accepted(self.metrics)
+    def accepted(self) -> TrajectoryAccepted:
+        return TrajectoryAccepted.from_metrics(self.metrics)
 
     def accepted_outputs(self, result: BaselineResult) -> dict[str, dict]:
         acc = self.accepted()
-        return {OUTPUT: {"budget": budget_for(acc), "accepted": acc}}
+        return {OUTPUT: {"budget": TrajectoryBudget.from_accepted(acc).to_json(), "accepted": acc.to_json()}}
 
     def meta_fields(self) -> dict:
         return {"dtypes": {OUTPUT: _dtype_name(self.config)}, "seed": self.seed,
@@ -182,7 +117,7 @@ class TrajectoryEntry(BaselineEntry):
         return {**self.reference, "input_checksum": self.input_checksum, "model_built_in": self.built_in}
 
     def inconsistency(self, base: Baseline, key: str, command: str) -> str | None:
-        old = _older_format(base, key, "min_grad_sqnr_db", command)
+        old = _older_format(base, key, TrajectoryBudget, command)
         if old:
             return old
         mine = base.meta.get("budgets", {}).get(key)
@@ -208,8 +143,9 @@ class TrajectoryEntry(BaselineEntry):
                     f"this run has {len(self.ref.losses)}; re-accept with: {command}")
         return None
 
-    def budget_from(self, name: str, records: list[dict], borrowed: bool) -> dict:
-        return _widest([with_count_slack(r["budget"], r["accepted"], _TRAJECTORY_RATES) for r in records])
+    def budget_from(self, name: str, records: list[dict], borrowed: bool) -> TrajectoryBudget:
+        return TrajectoryBudget.widest([TrajectoryBudget.from_json(r["budget"]).with_count_slack(
+            TrajectoryAccepted.from_json(r["accepted"])) for r in records])
 
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
         recorded = base.meta.get("budgets", {})
@@ -225,17 +161,13 @@ class TrajectoryEntry(BaselineEntry):
                            None)
         if problem:
             result.problems.append(("regression", problem))
-        result.problems += _violations(self.accepted(), budgets[OUTPUT])
-        result.budgets[OUTPUT] = budgets[OUTPUT]  # a dict: training budgets have their own fields
+        budget = budgets[OUTPUT]
+        result.problems += [(p.category, p.sentence) for p in budget.violations(self.accepted())]
+        result.budgets[OUTPUT] = budget
 
     def describe(self, outputs: dict[str, dict]) -> str:
-        b, acc = outputs[OUTPUT]["budget"], outputs[OUTPUT]["accepted"]
-        return (f"max loss deviation {b['max_loss_deviation']:.3g}, gradient SQNR >= "
-                f"{min(b['min_grad_sqnr_db'].values(), default=math.inf):.4g} dB (first step), "
-                f"{b['min_worst_grad_sqnr_db']:.4g} dB (worst step), parameter SQNR >= {b['min_param_sqnr_db']:.4g} dB, "
-                f"{rates_describe('gradient underflow', acc['underflow_rate'], b['max_underflow_rate'])}, "
-                f"{rates_describe('update lost', acc['update_lost_rate'], b['max_update_lost_rate'])}, "
-                f"skipped steps {b['skipped_steps']}")
+        out = outputs[OUTPUT]
+        return TrajectoryBudget.from_json(out["budget"]).describe(TrajectoryAccepted.from_json(out["accepted"]))
 
     def changes(self, old: dict[str, dict], new: dict[str, dict]) -> list[str]:
         before = old.get(OUTPUT, {}).get("budget", {}) or {}
@@ -267,63 +199,49 @@ class DDPEntry(BaselineEntry):
     def __init__(self, config: TrainConfig, result: HookComparison):
         self.config, self.result = config, result
 
-    def accepted(self) -> dict:
+    def accepted(self) -> DistributedAccepted:
         r = self.result
-        return {"grad_sqnr_db": r.grad_sqnr_db,
-                "underflow_rate": {n: [v, r.underflow_elements.get(n, 0)] for n, v in r.underflow_rate.items()},
-                "overflow": r.overflow}
+        return DistributedAccepted(grad_sqnr_db=r.grad_sqnr_db, overflow=r.overflow, underflow_rate={
+            n: (v, r.underflow_elements.get(n, 0)) for n, v in r.underflow_rate.items()})
 
     def arrays(self) -> dict[str, torch.Tensor]:
         return {"ref_grad_norm": torch.tensor([self.result.ref_grad_norm])}
 
     def accepted_outputs(self, result: BaselineResult) -> dict[str, dict]:
         acc = self.accepted()
-        budget = {"min_grad_sqnr_db": _sqnr_budget("grad_sqnr", acc["grad_sqnr_db"]),
-                  "max_underflow_rate": rates_budget(acc["underflow_rate"]), "overflow": acc["overflow"]}
-        return {OUTPUT: {"budget": budget, "accepted": acc}}
+        return {OUTPUT: {"budget": DistributedBudget.from_accepted(acc).to_json(), "accepted": acc.to_json()}}
 
     def meta_fields(self) -> dict:
         return {"dtypes": {OUTPUT: _dtype_name(self.config)}}
 
     def inconsistency(self, base: Baseline, key: str, command: str) -> str | None:
-        return _older_format(base, key, "max_underflow_rate", command, dict)
+        return _older_format(base, key, DistributedBudget, command)
 
-    def budget_from(self, name: str, records: list[dict], borrowed: bool) -> dict:
-        budgets = [with_count_slack(r["budget"], r["accepted"], (("max_underflow_rate", "underflow_rate"),))
-                   for r in records]
-        return {"min_grad_sqnr_db": min(b["min_grad_sqnr_db"] for b in budgets),
-                "max_underflow_rate": _per_name(budgets, "max_underflow_rate", max),
-                "overflow": max(b["overflow"] for b in budgets)}
+    def budget_from(self, name: str, records: list[dict], borrowed: bool) -> DistributedBudget:
+        return DistributedBudget.widest([DistributedBudget.from_json(r["budget"]).with_count_slack(
+            DistributedAccepted.from_json(r["accepted"])) for r in records])
 
     def judge(self, base: Baseline, budgets: dict, result: BaselineResult) -> None:
-        acc, budget = self.accepted(), budgets[OUTPUT]
-        if not acc["grad_sqnr_db"] >= budget["min_grad_sqnr_db"]:
-            result.problems.append(("accuracy", f"gradient SQNR {acc['grad_sqnr_db']:.4g} dB < budget "
-                                                f"{budget['min_grad_sqnr_db']:.4g} dB"))
-        problem = rates_problem("gradient-underflow rate", acc["underflow_rate"], budget["max_underflow_rate"])
-        if problem:
-            result.problems.append(("underflow", problem))
-        if acc["overflow"] > budget["overflow"]:
-            result.problems.append(("overflow", f"overflow {acc['overflow']} > {budget['overflow']} allowed"))
+        result.problems += [(p.category, p.sentence) for p in budgets[OUTPUT].violations(self.accepted())]
 
     def describe(self, outputs: dict[str, dict]) -> str:
-        b, acc = outputs[OUTPUT]["budget"], outputs[OUTPUT]["accepted"]
-        return (f"SQNR >= {b['min_grad_sqnr_db']:.4g} dB, "
-                f"{rates_describe('gradient underflow', acc['underflow_rate'], b['max_underflow_rate'])}, "
-                f"overflow <= {b['overflow']}")
+        out = outputs[OUTPUT]
+        return DistributedBudget.from_json(out["budget"]).describe(DistributedAccepted.from_json(out["accepted"]))
 
 
-def _older_format(base: Baseline, this_key: str, field: str, command: str, kind: type | None = None) -> str | None:
-    """A sentence when the budget of a key that judges ``this_key`` lacks ``field`` (or holds it as
-    another type): a golden accepted before the training budgets took their present form. Other
-    machines' old records are theirs to re-accept: they do not stop this one."""
+def _older_format(base: Baseline, this_key: str, budget_type: type[TrajectoryBudget] | type[DistributedBudget],
+                  command: str) -> str | None:
+    """A sentence when the budget of a key that judges ``this_key`` is of a format before
+    ``budget_type``'s present one (``earlier_format``). Other machines' old records are theirs to
+    re-accept: they do not stop this one."""
     recorded = base.meta.get("budgets", {})
     for key in budget_sources(recorded, this_key):
         record = recorded[key]
         budget = ((record or {}).get("outputs", {}).get(OUTPUT) or {}).get("budget") if isinstance(record, dict) else None
-        if isinstance(budget, dict) and (field not in budget or (kind is not None and not isinstance(budget[field], kind))):
-            return (f"{base.json_path}: the budget recorded for {key} is of an earlier format (no {field} per "
-                    f"parameter{' group' if field == 'min_grad_sqnr_db' else ''}): re-accept it with: {command}")
+        lacks = budget_type.earlier_format(budget) if isinstance(budget, dict) else None
+        if lacks:
+            return (f"{base.json_path}: the budget recorded for {key} is of an earlier format ({lacks}): re-accept "
+                    f"it with: {command}")
     return None
 
 
@@ -334,37 +252,3 @@ def _inputs_checksum(ref: Trajectory, batch0) -> str:
     parts += [t.detach().flatten().to(torch.float64).cpu() for t in leaves if isinstance(t, torch.Tensor)]
     return checksum(torch.cat([p.to(torch.float64) for p in parts]))
 
-
-def _violations(acc: dict, budget: dict) -> list[tuple[str, str]]:
-    out = []
-    if not acc["max_loss_deviation"] <= budget["max_loss_deviation"]:
-        out.append(("accuracy", f"max loss deviation from fp32 {acc['max_loss_deviation']:.3g} > budget "
-                                f"{budget['max_loss_deviation']:.3g}"))
-    floors, low = budget["min_grad_sqnr_db"], []
-    for group, db in sorted(acc["grad_sqnr_db"].items()):
-        floor = floors.get(group, max(floors.values(), default=-math.inf))
-        if not db >= floor:
-            low.append(f"{db:.4g} dB in {group} at the first step < budget {floor:.4g} dB")
-    if not acc["worst_grad_sqnr_db"] >= budget["min_worst_grad_sqnr_db"] and not math.isnan(acc["worst_grad_sqnr_db"]):
-        low.append(f"{acc['worst_grad_sqnr_db']:.4g} dB at the worst step < budget {budget['min_worst_grad_sqnr_db']:.4g} dB")
-    if low:
-        out.append(("accuracy", "gradient SQNR " + ", ".join(low)))
-    if not acc["param_sqnr_db"] >= budget["min_param_sqnr_db"] and not math.isnan(acc["param_sqnr_db"]):
-        out.append(("accuracy", f"final-parameter SQNR {acc['param_sqnr_db']:.4g} dB < budget "
-                                f"{budget['min_param_sqnr_db']:.4g} dB"))
-    for key, bkey, word in (("grad_norm_ratio", "max_grad_norm_log_ratio", "gradient-norm ratio"),
-                            ("update_ratio", "max_update_log_ratio", "update ratio")):
-        if not _log(acc[key]) <= budget[bkey]:
-            out.append(("accuracy", f"{word} {acc[key]:.4g} x fp32's, outside the budget {math.exp(-budget[bkey]):.6g} "
-                                    f"to {math.exp(budget[bkey]):.6g}"))
-    for key, word, cat in (("underflow_rate", "gradient-underflow rate", "underflow"),
-                           ("update_lost_rate", "update-lost rate", "accuracy")):
-        problem = rates_problem(word, acc[key], budget[f"max_{key}"])
-        if problem:
-            out.append((cat, problem))
-    if acc["skipped_steps"] > budget["skipped_steps"]:
-        out.append(("overflow", f"{acc['skipped_steps']} steps skipped by the GradScaler > budget {budget['skipped_steps']}"))
-    first, allowed = acc["first_nonfinite_step"], budget.get("first_nonfinite_step")
-    if first is not None and (allowed is None or first < allowed):
-        out.append(("nan", f"non-finite at step {first}, accepted {'none' if allowed is None else f'from step {allowed}'}"))
-    return out

@@ -9,25 +9,24 @@ import math
 from ..numerics.budgets import REGRESSION_SLACK
 from .limits import count_bound, count_text, percent, rate_budget_count
 
-__all__ = ["rates_budget", "with_count_slack", "rates_problem", "rates_describe"]
+__all__ = ["Counted", "rates_budget", "with_count_slack", "rates_problem", "rates_describe"]
+
+# per parameter: (rate, elements): the rate of its elements counted, and how many it counts over
+Counted = dict[str, tuple[float, int]]
 
 
-def rates_budget(accepted: dict[str, list]) -> dict[str, float]:
+def rates_budget(accepted: Counted) -> dict[str, float]:
     """Per parameter, the rate allowed: ``REGRESSION_SLACK`` x the accepted count plus what another
     summation order adds to it (``limits.count_bound``), over the parameter's elements."""
     return {n: min(1.0, rate_budget_count(round(r * count), REGRESSION_SLACK) / max(1, count))
             for n, (r, count) in accepted.items()}
 
 
-def with_count_slack(budget: dict, accepted: dict, keys: tuple[tuple[str, str], ...]) -> dict:
-    """``budget`` with each per-parameter rate budget at least the one its accepted counts give
-    today (a golden accepted under the earlier two-element floor travels too)."""
-    out = dict(budget)
-    for bkey, akey in keys:
-        derived = rates_budget(accepted[akey])
-        stored = budget[bkey]
-        out[bkey] = {n: max(stored.get(n, 0.0), derived.get(n, 0.0)) for n in set(stored) | set(derived)}
-    return out
+def with_count_slack(stored: dict[str, float], accepted: Counted) -> dict[str, float]:
+    """The stored per-parameter rate budgets, each at least the one its accepted counts give today
+    (a golden accepted under the earlier two-element floor travels too)."""
+    derived = rates_budget(accepted)
+    return {n: max(stored.get(n, 0.0), derived.get(n, 0.0)) for n in dict.fromkeys([*stored, *derived])}
 
 
 def _allowed_count(budget: dict[str, float], name: str, elements: int) -> float:
@@ -37,7 +36,7 @@ def _allowed_count(budget: dict[str, float], name: str, elements: int) -> float:
     return count_bound(0) if rate is None else rate * elements
 
 
-def rates_problem(word: str, accepted: dict[str, list], budget: dict[str, float]) -> str | None:
+def rates_problem(word: str, accepted: Counted, budget: dict[str, float]) -> str | None:
     """The parameter furthest past its budget, counted in its elements."""
     worst = None
     for n, (rate, elements) in accepted.items():
@@ -51,7 +50,7 @@ def rates_problem(word: str, accepted: dict[str, list], budget: dict[str, float]
     return f"{word} {count_text(count, elements)} in {n} > budget {allowed} elements ({percent(allowed / max(1, elements))})"
 
 
-def rates_describe(word: str, accepted: dict[str, list], budget: dict[str, float]) -> str:
+def rates_describe(word: str, accepted: Counted, budget: dict[str, float]) -> str:
     """The rate budgets of a new golden in a phrase: the parameter with the most accepted, and a
     parameter at 0."""
     counted = [(round(r * elements), elements, n) for n, (r, elements) in accepted.items()]
