@@ -43,10 +43,10 @@ from the compute format's mantissa bits):
 - and against the golden (training/baseline.py): the fp32 reference moved, or a metric grew past
   its accepted budget.
 
-A failing case with a non-finite value or an underflow re-runs its first step traced, beside the
-same step in float64, and names the first op that lost the value (explain.faults.first_fault);
-both re-runs start from the random state the run had at that step, so dropout draws the run's
-masks. A model_fn that builds its model in another dtype than float32 is said once per target (a
+A failing case with a non-finite value or an underflow re-runs the step that went non-finite (else
+its first step) traced, beside the same step in float64 from the parameters the run had there, and
+names the first op that lost the value and the step (training_faults.step_fault); both re-runs draw
+the random numbers the run drew at that step, so dropout draws the run's masks. A model_fn that builds its model in another dtype than float32 is said once per target (a
 ``ModelDtypeWarning``), under the table and in each failing case's message.
 
 A spec with ``seeds=N`` (N > 1; ``--precision-train-seeds`` sets it for every spec) has one more
@@ -58,17 +58,14 @@ import dataclasses
 import warnings
 
 from pytest_precision.baselines.lifecycle import BaselineCheck
-from pytest_precision.explain.faults import first_fault
 from pytest_precision.kinds.cases import Case
 from pytest_precision.kinds.kind import Kind, skip
 from pytest_precision.kinds.outcome import Outcome, baseline_problems
 from pytest_precision.platform.triton import bf16_as_on_gpu
 from pytest_precision.kinds.target import Target, TargetError
-from pytest_precision.training import (FLOAT64, TRAIN_CONFIGS, ExactStep, TrainConfig, TrainingError,
-                                       TrainSpec, Trajectory, check_determinism, compare_trajectories, exact_first_step,
-                                       prepare_training, run_training)
+from pytest_precision.training import (TRAIN_CONFIGS, ExactStep, TrainConfig, TrainingError, TrainSpec, Trajectory,
+                                       check_determinism, compare_trajectories, exact_first_step, run_training)
 from pytest_precision.training.baseline import TrajectoryEntry
-from pytest_precision.numerics.rng import RngState
 from pytest_precision.training.float64 import float64_step
 from pytest_precision.training.run import GlobalStateError, ModelDtypeWarning, built_dtype_note, judged_state
 from pytest_precision.training.distributed import ddp_skip_reason
@@ -79,6 +76,7 @@ from pytest_precision.training.checkpointing import judge_checkpoint
 from pytest_precision.training.verdicts import judge_run
 
 from . import ddp, fsdp, training_seeds
+from .training_faults import step_fault, traced_step
 from .training_report import TRAINING_TABLE, TrainingEvidence
 
 __all__ = ["TRAIN_STEP", "TrainStepKind", "judge"]
@@ -275,10 +273,11 @@ class TrainStepKind(Kind):
         outcome.details += run.module_notes
         self._judge_step_features(case, spec, run, outcome)
         if any(p.category in ("overflow", "nan", "underflow") for p in outcome.problems):
-            try:  # both re-runs draw the random numbers the run drew at its first step (dropout masks)
-                rng = run.rng_states[0]
-                outcome.fault = first_fault(self._step_call(spec, config, case.device, rng),
-                                            self._step_call(spec, FLOAT64, case.device, rng))
+            # the step that went non-finite (else the first), replayed to and traced beside float64; both
+            # draw the random numbers the run drew there (dropout masks)
+            step = run.first_nonfinite[0] if run.first_nonfinite is not None else 0
+            try:
+                outcome.fault = step_fault(spec, config, case.device, step, run.rng_states[0])
             except GlobalStateError as e:  # a re-run's step left torch's state changed (restored)
                 raise TargetError(str(e)) from None
             except TrainingError:  # a model that cannot run in float64 still fails; only the fault is unnamed
@@ -343,13 +342,6 @@ class TrainStepKind(Kind):
         elif problem:
             outcome.problems.append(problem)
 
-    @staticmethod
-    def _step_call(spec: TrainSpec, config: TrainConfig, device: str, rng: RngState | None = None):
-        """The first step, traceable: a fresh seeded model and optimizer built now, outside the trace,
-        and a call that runs the spec's step once on them, from the random state ``rng`` (default:
-        the one every run's first step starts from), whatever ran before it."""
-        return prepare_training(dataclasses.replace(spec, steps=1), config, device, rng_state=rng)
-
     def bench_call(self, case: Case):
         return None  # steps are timed inside the run and shown against fp32, not gated
 
@@ -357,7 +349,7 @@ class TrainStepKind(Kind):
         """--precision-trace and --precision-audit: the first step under the config."""
         if case.config.ddp_hook is not None or case.config.fsdp is not None:
             return None  # the DDP and FSDP2 cases run in other processes
-        return self._step_call(self._spec(case.target), case.config, case.device)
+        return traced_step(self._spec(case.target), case.config, case.device)
 
 
 TRAIN_STEP = TrainStepKind()

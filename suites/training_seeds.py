@@ -17,8 +17,11 @@ from pytest_precision.kinds.cases import Case
 from pytest_precision.kinds.outcome import Evidence, Outcome
 from pytest_precision.kinds.target import TargetError
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainingError, TrainSpec
+from pytest_precision.training.run import GlobalStateError
 from pytest_precision.training.success_rate import (ALPHA, SeedRates, SeedRun, least_failing_count, rates_of,
-                                                    seed_runs)
+                                                    seed_runs, seeded_spec)
+
+from .training_faults import step_fault
 
 __all__ = ["PREFIX", "regime_of", "seeds_of", "run_case", "SeedEvidence", "render_rates", "TEST_NAME"]
 
@@ -55,8 +58,9 @@ def run_case(case: Case, spec: TrainSpec) -> Outcome:
     runs = fp32 if config.id == "fp32" else _runs(case, spec, config)
     rates = rates_of(config.id, runs, fp32, config.loss_rtol)
     absent = BaselineResult(absent=f"{spec.seeds} seeds have no golden; the fp32 runs of the same seeds judge them")
+    faults = _faults(case, spec, config, runs) if not rates.passed else {}
     outcome = Outcome(case.kind.suite, case.kind.name, case.target.name, config.id, case.regime,
-                      SeedEvidence(config, rates), absent)
+                      SeedEvidence(config, rates, faults), absent)
     if not rates.passed:
         nonfinite, past = rates.count(runs, "nonfinite"), rates.count(runs, "past")
         why = [f"{nonfinite} with a non-finite loss or gradient" if nonfinite else "",
@@ -66,6 +70,24 @@ def run_case(case: Case, spec: TrainSpec) -> Outcome:
                     f"over seeds {spec.seed} to {spec.seed + spec.seeds - 1} ({', '.join(w for w in why if w)}): "
                     f"{TEST_NAME}, p = {rates.p_value:.2g} < {ALPHA:g}")
     return outcome
+
+
+def _faults(case: Case, spec: TrainSpec, config: TrainConfig, runs: list[SeedRun]) -> dict[int, str]:
+    """Per seed whose run went non-finite: the first op that lost the value, at its step
+    (training_faults.step_fault), or why it could not be named."""
+    out = {}
+    for k, run in enumerate(runs):
+        if not run.nonfinite or run.step is None:
+            continue
+        try:
+            fault = step_fault(seeded_spec(spec, k), config, case.device, run.step)
+        except GlobalStateError as e:  # the re-run's step left torch's state changed (restored)
+            raise TargetError(str(e)) from None
+        except TrainingError as e:
+            out[run.seed] = f"not located ({str(e).splitlines()[0]})"
+            continue
+        out[run.seed] = fault.describe(config.id) if fault is not None else "no op produced it in the traced step"
+    return out
 
 
 def _rate(k: int, n: int) -> str:
@@ -85,15 +107,17 @@ def _bound_text(rates: SeedRates) -> str:
 class SeedEvidence(Evidence):
     """A config's runs from N seeds against the fp32 runs from the same seeds."""
 
-    def __init__(self, config: TrainConfig, rates: SeedRates):
+    def __init__(self, config: TrainConfig, rates: SeedRates, faults: dict[int, str] | None = None):
         self.config, self.rates = config, rates
+        self.faults = faults or {}  # seed -> the first op that lost its value (a failing case's seeds)
 
     def record_fields(self, outcome) -> dict:
         return {"success_rate": self.rates.as_dict()}
 
     def report_fields(self, outcome) -> dict:
         return {"success_rate_detail": {"seeds": [r.seed for r in self.rates.runs],
-                                        "first_nonfinite": [r.where or None for r in self.rates.runs]}}
+                                        "first_nonfinite": [r.where or None for r in self.rates.runs],
+                                        "first_fault": [self.faults.get(r.seed) for r in self.rates.runs]}}
 
     def message_lines(self, outcome) -> list[str]:
         r, c = self.rates, self.config
@@ -105,6 +129,7 @@ class SeedEvidence(Evidence):
         table = tabulate(rows, headers=("seed", "final loss", "fp32 final loss", "bound", "skipped steps",
                                         "first non-finite", "run"), tablefmt="plain")
         lines += ["    " + row for row in table.splitlines()]
+        lines += [f"    seed {seed}: {text}" for seed, text in self.faults.items()]
         least = least_failing_count(r.n, r.fp32_failed, len(r.fp32))
         lines.append(f"    {TEST_NAME}: p = {r.p_value:.2g} for {r.failed} failed runs of {r.n} against fp32's "
                      f"{r.fp32_failed} of {len(r.fp32)}; a config fails below p = {ALPHA:g}, here from "

@@ -589,3 +589,42 @@ def test_with_dropout_the_first_fault_is_named_at_the_op_that_lost_it(pytester):
         "*first underflow in aten::mm (backward (AddmmBackward0)) at conftest.py:* under amp-fp16: produced 0 from nonzero "
         "inputs where the reference is *"])
     assert "bernoulli" not in result.stdout.str()
+
+
+# a loss that grows its own exponent: exp(8) at step 0, exp(14) after one SGD step, past float16's
+# 65504 (exp(11.09)) and within float32's
+EXP_AT_STEP_1 = """
+import torch
+from torch import nn
+import pytest_precision
+
+
+class Exp(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 1)
+        with torch.no_grad():
+            self.fc.weight.fill_(2.0)
+            self.fc.bias.zero_()
+
+    def forward(self, x):
+        return -torch.exp(self.fc(x)).mean()
+
+
+pytest_precision.register("exp", pytest_precision.TrainSpec(
+    Exp, lambda p: torch.optim.SGD(p, lr=4e-4), lambda i: torch.ones(8, 4), steps=2), kind="train_step")
+"""
+
+
+def test_a_value_that_goes_non_finite_after_the_first_step_is_located_at_its_step(pytester):
+    """Before, only the first step was traced: an overflow at step 1 read 'non-finite loss at step 1'
+    with no op. The run is replayed to step 1, which is traced beside the same step in float64 from
+    the parameters the run had there."""
+    pytester.makeconftest(EXP_AT_STEP_1)
+    result = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-noscale-trajectory")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines([
+        "*exp-amp-fp16-noscale-trajectory*FAIL overflow*non-finite loss at step 1 (loss -inf)*",
+        # the float64 step from the run's parameters at step 1: exp(13.96), the fp32 run's loss there
+        "*first overflow in aten::exp at conftest.py:15 under amp-fp16-noscale at step 1: produced inf from finite "
+        "inputs where the reference is 1.16e+06*"])

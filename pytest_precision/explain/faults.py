@@ -49,11 +49,12 @@ class Fault:
     reference: float | None = None  # the float64 run's value at the first faulty element
     cause: str | None = None  # for a pole: the op that underflowed to the zero it met
     kernel: str | None = None  # an interpreted Triton kernel the op ran inside (its internals)
+    step: int | None = None  # a training step after the first that the fault is in
 
     def describe(self, config: str | None = None) -> str:
         frm = "from nonzero inputs" if self.produced == "0" else "from finite inputs"
         phase = "" if self.phase == "forward" else f" ({self.phase})"
-        under = f" under {config}" if config else ""
+        under = (f" under {config}" if config else "") + (f" at step {self.step}" if self.step else "")
         if self.kernel is not None:  # the aten ops are the interpreter's own; the kernel is what ran
             s = (f"first {self.kind} inside Triton kernel {self.kernel} (interpreted; launched at {self.where}){phase}"
                  f"{under}: produced {self.produced} {frm}")

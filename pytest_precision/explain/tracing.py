@@ -130,7 +130,10 @@ class OpTracer(TorchDispatchMode):
     def launched(self, kernel: str, tensors: list[torch.Tensor], before: list[torch.Tensor]) -> None:
         """One record for a whole interpreted launch (``watch_launches``' observer): its inputs are
         the tensors it left as they were, its outputs those it wrote. The interpreter computes in
-        numpy, out of the dispatcher's sight: this is where a value the kernel lost shows."""
+        numpy, out of the dispatcher's sight: this is where a value the kernel lost shows. A launch
+        the harness's own code makes (``as_harness``: a step replayed before the one traced) is not."""
+        if harness_ops():
+            return
         with as_harness():  # the comparisons and statistics below are the harness's ops
             wrote = [not _same_bits(t, b) for t, b in zip(tensors, before)]
             # what it wrote, a tensor holding a non-finite value first (the one a fault is read from)

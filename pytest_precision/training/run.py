@@ -39,6 +39,7 @@ from ..numerics.configs import tf32_flags
 from ..numerics.global_state import guarded, leak_message
 from ..numerics.promote import read_as_float64
 from ..numerics.rng import RngState, forked_rng
+from ..platform.launches import as_harness
 from ..speed.timing import synchronized_perf_counter
 from .batches import data_digest, map_tensors
 from .configs import FLOAT64, TrainConfig
@@ -159,7 +160,8 @@ def _known_cause(e: Exception) -> str:
 
 
 def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "",
-                     rng_state: RngState | None = None, buffers_as_built: bool = False) -> "PreparedRun":
+                     rng_state: RngState | None = None, buffers_as_built: bool = False, quiet_steps: int = 0,
+                     start_params: dict[str, torch.Tensor] | None = None) -> "PreparedRun":
     """Build the seeded model, optimizer and scaler now; calling the result runs the steps. The
     tracer and the audit trace only that call, not the model's construction. The steps start from
     ``rng_state`` (default: the generators' state once the model and optimizer are built, the state
@@ -171,20 +173,27 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
     ``dtype=torch.float32`` or the default dtype) is read as float64 there, so a model that upcasts on
     purpose runs exactly instead of meeting a float32 tensor with float64 parameters.
     ``buffers_as_built`` casts only the parameters to the config's dtype (``float64.run_casting_buffers``
-    retries so for a model whose code needs its buffers in the dtype it built them in)."""
+    retries so for a model whose code needs its buffers in the dtype it built them in).
+
+    Re-running a step that failed: its first ``quiet_steps`` steps run as the harness's own ops, which
+    a tracer leaves out (``platform.launches.as_harness``), so only the later ones are traced, and the
+    parameters at the end of those are kept (``PreparedRun.quiet_end_params``); ``start_params``
+    replaces the built model's parameters (cast to the config's dtype) before the optimizer is built."""
     where = where or f"train_step under {config.id}"
     if config.ddp_hook is not None or config.fsdp is not None:
         raise ValueError(f"{config.id} is a {'DDP' if config.ddp_hook else 'FSDP2'} comparison (training.distributed, "
                          "training.fsdp), not a run of run_training")
-    return PreparedRun(spec, config, device, where, rng_state, buffers_as_built)
+    return PreparedRun(spec, config, device, where, rng_state, buffers_as_built, quiet_steps, start_params)
 
 
 class PreparedRun:
     """A seeded model, optimizer and scaler, built; ``run()`` (or calling it) runs the steps once."""
 
     def __init__(self, spec: TrainSpec, config: TrainConfig, device: str, where: str,
-                 rng_state: RngState | None, buffers_as_built: bool):
+                 rng_state: RngState | None, buffers_as_built: bool, quiet_steps: int = 0,
+                 start_params: dict[str, torch.Tensor] | None = None):
         self.spec, self.config, self.device, self.where = spec, config, device, where
+        self.quiet_steps, self.quiet_end_params = quiet_steps, None
         self.step_shown, self.step_owner = step_owner(spec)
         with forked_rng(device):
             torch.manual_seed(spec.seed)
@@ -202,6 +211,10 @@ class PreparedRun:
             if spec.keep_fp32 and config.param_dtype in (torch.float16, torch.bfloat16):
                 keep_fp32_params(model, spec.keep_fp32)  # as the repository keeps them (training.module_dtypes)
             model.train()
+            if start_params is not None:
+                with torch.no_grad():
+                    for n, p in model.named_parameters():
+                        p.copy_(start_params[n])
             self.model = model
             self.optimizer = self._call("optimizer_fn(model)" if takes_model(spec.optimizer_fn) else
                                         "optimizer_fn(params)", spec.make_optimizer, model)
@@ -269,47 +282,56 @@ class PreparedRun:
             self._recipes(stack)
             autocast = config.autocast(device)
             for i in range(spec.steps):
-                t.rng_states.append(RngState.capture(device))
-                raw = self._call(f"batch_fn({i})", spec.batch_fn, i)
-                t.batch_digests.append(data_digest(raw))
-                batch = _cast_batch(raw, config.param_dtype, device)
-                rec.start_step(i)
-                loop.start_step()
-                with record_module_dtypes(self.model) if i == 0 else contextlib.nullcontext() as modules, \
-                        LossPrecisionWatch() if i == 0 else contextlib.nullcontext() as loss_watch:
-                    loss = self._call(f"step {i}", self._timed_step, self.model, self.optimizer, self.scaler, batch,
-                                      autocast, step=True)
-                if modules is not None:
-                    t.modules, t.low_precision_loss = modules, loss_watch.found
-                    t.module_failures, t.module_notes = module_flags(modules, config.autocast_dtype,
-                                                                     config.param_dtype, spec.keep_fp32)
-                self._record_loop(i, loop)
-                if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                    raise TrainingError(f"{self.where}: step {i} returned {type(loss).__name__}; step_fn must return "
-                                        "the loss")
-                value = float(loss.detach().float())
-                t.losses.append(value)
-                t.scales.append(loop.scale_after() if loop.scaler is not None else t.scales_used[-1])
-                ran = rec.applied is not None
-                if not ran:
-                    t.skipped.append(i)
-                if t.first_nonfinite is None:
-                    if not math.isfinite(value):
-                        t.first_nonfinite = (i, "loss")
-                    elif ran and rec.nonfinite is not None:
-                        t.first_nonfinite = (i, f"gradient of {rec.nonfinite}")
-                t.grad_norms.append(rec.norm if ran else None)
-                now = _snapshot(self.model)
-                t.update_norms.append(float(torch.linalg.vector_norm(torch.stack(
-                    [torch.linalg.vector_norm(now[n] - previous[n]) for n in now]))) if ran else None)
-                if ran and not t.after_first:
-                    t.after_first = now
-                for n in now:
-                    changed[n] |= now[n] != previous[n]
-                previous = now
+                if i == self.quiet_steps and i:
+                    self.quiet_end_params = previous
+                with as_harness() if i < self.quiet_steps else contextlib.nullcontext():
+                    previous = self._step(i, loop, autocast, previous, changed)
         t.grads0, t.first_step = rec.first_grads, rec.first_step
         t.final, t.changed = previous, changed
         return t
+
+    def _step(self, i: int, loop, autocast, previous: dict[str, torch.Tensor],
+              changed: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Step ``i``, recorded; returns the parameters after it."""
+        spec, config, device, t, rec = self.spec, self.config, self.device, self.trajectory, self.recorder
+        t.rng_states.append(RngState.capture(device))
+        raw = self._call(f"batch_fn({i})", spec.batch_fn, i)
+        t.batch_digests.append(data_digest(raw))
+        batch = _cast_batch(raw, config.param_dtype, device)
+        rec.start_step(i)
+        loop.start_step()
+        with record_module_dtypes(self.model) if i == 0 else contextlib.nullcontext() as modules, \
+                LossPrecisionWatch() if i == 0 else contextlib.nullcontext() as loss_watch:
+            loss = self._call(f"step {i}", self._timed_step, self.model, self.optimizer, self.scaler, batch,
+                              autocast, step=True)
+        if modules is not None:
+            t.modules, t.low_precision_loss = modules, loss_watch.found
+            t.module_failures, t.module_notes = module_flags(modules, config.autocast_dtype,
+                                                             config.param_dtype, spec.keep_fp32)
+        self._record_loop(i, loop)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TrainingError(f"{self.where}: step {i} returned {type(loss).__name__}; step_fn must return "
+                                "the loss")
+        value = float(loss.detach().float())
+        t.losses.append(value)
+        t.scales.append(loop.scale_after() if loop.scaler is not None else t.scales_used[-1])
+        ran = rec.applied is not None
+        if not ran:
+            t.skipped.append(i)
+        if t.first_nonfinite is None:
+            if not math.isfinite(value):
+                t.first_nonfinite = (i, "loss")
+            elif ran and rec.nonfinite is not None:
+                t.first_nonfinite = (i, f"gradient of {rec.nonfinite}")
+        t.grad_norms.append(rec.norm if ran else None)
+        now = _snapshot(self.model)
+        t.update_norms.append(float(torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(now[n] - previous[n]) for n in now]))) if ran else None)
+        if ran and not t.after_first:
+            t.after_first = now
+        for n in now:
+            changed[n] |= now[n] != previous[n]
+        return now
 
     def _record_loop(self, i: int, loop) -> None:
         """What the step's loop did (``loop_watch``): the loss scale it ran with, its backward passes,

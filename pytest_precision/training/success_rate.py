@@ -81,6 +81,7 @@ class SeedRun:
     nonfinite: bool
     skipped: int
     where: str = ""  # the first non-finite value: "loss at step 3", "gradient of fc1.weight at step 0"
+    step: int | None = None  # the step of ``where``
 
     def past(self, bound: float) -> bool:
         """Whether the final loss is past ``bound`` (a non-finite one is past every bound)."""
@@ -99,7 +100,7 @@ def seed_run(seed: int, trajectory) -> SeedRun:
     else:  # a non-finite loss at a step the scaler skipped (first_nonfinite leaves those out)
         step = next((i for i, x in enumerate(trajectory.losses) if not math.isfinite(x)), None)
         where = "" if step is None else f"loss at step {step}"
-    return SeedRun(seed, trajectory.losses[-1], bool(where), len(trajectory.skipped), where)
+    return SeedRun(seed, trajectory.losses[-1], bool(where), len(trajectory.skipped), where, step)
 
 
 def seed_runs(spec, config, device: str, where: str = "") -> list[SeedRun]:
