@@ -208,3 +208,24 @@ def test_fp32s_own_drift_from_the_float64_run_widens_only_the_later_steps():
     assert drift.loss[0] < 1e-6 and drift.loss == sorted(drift.loss)  # the largest so far: never shrinks
     assert drift.loss_allowance(2) < 1e-5 and drift.params < 1e-5  # a well-conditioned run: limits as they were
     assert noise_driven(17.3, 18.7) and not noise_driven(19.8, 86.6)  # the GPT above; the built-in GPT
+
+
+TORCH_LAYERS = """
+import pytest_precision
+from torch_layers import DATA, adamw, decoder, encoder, mha
+
+for fn in (encoder, decoder, mha):
+    pytest_precision.register(fn.__name__, pytest_precision.TrainSpec(fn, adamw, DATA, steps=4), kind="train_step")
+"""
+
+
+def test_torchs_transformer_layers_are_green_on_a_first_run_and_accepted(pytester):
+    """Before, nn.TransformerEncoderLayer failed amp-fp16 on its first run (gradient SQNR 43.5 dB < 48.2)
+    and its golden was refused, and nn.TransformerDecoderLayer (ReLU) 44.1 dB. Measured on this commit,
+    every CPU config passes (DDP and FSDP2 too; 42 cases, 27 s): these are the 16-bit ones."""
+    pytester.makeconftest(TORCH_LAYERS)
+    result = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "-k",
+                                "train_step and trajectory and not ddp and not fsdp",
+                                "--precision-configs=amp-bf16,amp-fp16,bf16", "--precision-update-baselines")
+    result.assert_outcomes(passed=3 * 5)  # amp-bf16, amp-fp16 with and without a scaler, bf16 with and without SR
+    assert len(list((pytester.path / "precision_baselines/train_step").rglob("*.npz"))) == 3 * 5  # accepted
