@@ -94,6 +94,12 @@ class BaselineEntry:
         """{name: {"budget": ..., "accepted": ...}} for this machine's key (may fill ``result``)."""
         raise NotImplementedError
 
+    def accepted_against(self, base: Baseline, result: BaselineResult) -> dict[str, dict]:
+        """The accepted budgets of this run against a stored golden's references (a machine's budgets
+        added to an existing golden); by default those of ``accepted_outputs``, which the stored
+        tensors do not enter."""
+        return self.accepted_outputs(result)
+
     def meta_fields(self) -> dict:
         """Top-level metadata written with the baseline (seed, input spec and checksum, dtypes)."""
         return {}

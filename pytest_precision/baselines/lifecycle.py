@@ -14,6 +14,12 @@ is judged by the widest budget recorded for its device type, or when its type ha
 run on a GPU of goldens recorded on CPUs) by the widest of any machine, and the result says so;
 a strict check (``--precision-strict-budgets``) borrows nothing.
 
+A machine's budgets are added to existing goldens (``add_machine``, ``--precision-add-machine``: a
+first run on a new GPU): each golden is judged as above, and where it passes, this machine's budgets,
+from its errors against the *stored* references, are written beside the others into the JSON alone;
+the tensors and the other machines' budgets are left as they are, and a golden that already holds
+this machine's key, or a case without a golden, writes nothing.
+
 Nothing is written without the update flag, and nothing is written by ``check`` itself: under the
 flag it *prepares* the write, and whoever knows the case's verdict (the suite's runner, the
 ``golden`` fixture at the end of its test) calls :meth:`BaselineCheck.commit` when the result
@@ -53,7 +59,7 @@ class PendingWrite:
     """A golden prepared under the update flag, written only when the case's verdict allows."""
 
     result: BaselineResult
-    arrays: dict[str, torch.Tensor]
+    arrays: dict[str, torch.Tensor] | None  # None: the JSON alone is rewritten (a machine's budgets added)
     meta: dict
     unreadable: list  # files of the old pair that could not be read: moved aside, not overwritten
     line: str  # what the write changes, for the summary
@@ -70,6 +76,7 @@ class BaselineCheck:
     update: bool
     update_command: str
     strict: bool = False  # a machine without a budget of its own fails rather than borrow one
+    add_machine: bool = False  # this machine's budgets added to existing goldens, nothing else written
     pending: list[PendingWrite] = field(default_factory=list, init=False, repr=False)
     committed: bool = field(default=False, init=False)  # a prepared golden was written
 
@@ -87,17 +94,45 @@ class BaselineCheck:
         written by :meth:`commit` once the case passed its other checks."""
         if self.update:
             return self._prepare(entry)
+        base, error = self._load(entry)
+        if error is not None:
+            return error
+        result = self._judge(entry, base)
+        if self.add_machine:
+            self._add_machine(entry, base, result)
+        return result
+
+    def _load(self, entry: BaselineEntry) -> tuple[Baseline | None, BaselineResult | None]:
+        """The stored golden, or the result that says why there is none to judge against."""
         try:
             # no stored array larger than the case's output is inflated
             base = self.store.load(self.key, self.config_id, {n: tuple(a.shape) for n, a in entry.arrays().items()})
         except BaselineError as e:
             if e.newer_schema is not None:
-                return BaselineResult(error=str(e))
-            return BaselineResult(error=f"{e}\n(the file is left as it is; rewrite it with: {self.update_command})")
+                return None, BaselineResult(error=str(e))
+            return None, BaselineResult(error=f"{e}\n(the file is left as it is; rewrite it with: {self.update_command})")
         if base is None:
             npz, _ = self.store.paths(self.key, self.config_id)
-            return BaselineResult(error=f"no golden baseline at {npz}\nwrite it with: {self.update_command}")
-        return self._judge(entry, base)
+            return None, BaselineResult(error=f"no golden baseline at {npz}\nwrite it with: {self.update_command}")
+        return base, None
+
+    def _add_machine(self, entry: BaselineEntry, base: Baseline, result: BaselineResult) -> None:
+        """Prepare this machine's budgets beside the others' in ``base``'s JSON, where the golden
+        passed (the module docstring); what it did goes into ``result.note``."""
+        key = self.budget_key
+        recorded = base.meta.get("budgets", {})
+        if key in recorded:
+            result.note = f"{self.head}: the golden already holds budgets for {key}; left as they are"
+            return
+        if result.error or result.problems:
+            return  # the case fails on the golden: nothing is added (the runner refuses nothing prepared)
+        outputs = entry.accepted_against(base, BaselineResult())
+        meta = {k: v for k, v in base.meta.items() if k != "schema_version"}
+        meta["budgets"] = {**recorded, key: {"outputs": outputs, "torch": torch.__version__,
+                                             "machine": machine_name(self.device), **entry.key_record()}}
+        line = (f"{self.head} added: {entry.describe(outputs)}; kept the tensors and the budgets of "
+                f"{', '.join(sorted(recorded)) or 'no other machine'}")
+        self.pending.append(PendingWrite(result, None, meta, [], line))
 
     def check_outputs(self, outputs: dict[str, TensorOutput], *, inputs: torch.Tensor | None = None,
                       seed: int | None = None, input_spec: dict | None = None) -> BaselineResult:
@@ -191,7 +226,10 @@ class BaselineCheck:
         for p in self.pending:
             try:
                 moved = self.store.move_aside(p.unreadable)
-                self.store.write(self.key, self.config_id, p.arrays, p.meta)
+                if p.arrays is None:
+                    self.store.write_meta(self.key, self.config_id, p.meta)
+                else:
+                    self.store.write(self.key, self.config_id, p.arrays, p.meta)
             except OSError as e:
                 where = e.filename or self.store.paths(self.key, self.config_id)[0].parent
                 p.result.error = f"{self.head}: cannot write the golden baseline: {where}: {e.strerror or e}"

@@ -77,10 +77,19 @@ class TensorOutputs(BaselineEntry):
         return self._refs
 
     def accepted_outputs(self, result: BaselineResult) -> dict[str, dict]:
+        return self._accepted(self._refs, result)
+
+    def accepted_against(self, base: Baseline, result: BaselineResult) -> dict[str, dict]:
+        """Each output's error against the stored reference (this run's own oracle where the inputs'
+        bits moved: the stored reference is another input's, as ``judge`` takes it)."""
+        refs = self._refs if self.inputs_moved(base) else {n: base.arrays[n] for n in self.outputs}
+        return self._accepted(refs, result)
+
+    def _accepted(self, refs: dict[str, torch.Tensor], result: BaselineResult) -> dict[str, dict]:
         entries = {}
         for name, o in self.outputs.items():
-            cmp = o.compare_with(self._refs[name])
-            budget = o.budget_for(cmp, self._refs[name])
+            cmp = o.compare_with(refs[name])
+            budget = o.budget_for(cmp, refs[name])
             result.comparisons[name], result.budgets[name] = cmp, budget
             entries[name] = {"budget": budget.as_dict(), "accepted": cmp.summary()}
             if o.peer is not None:

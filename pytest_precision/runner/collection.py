@@ -210,7 +210,7 @@ class SuiteItem(pytest.Item):
         baseline = BaselineCheck(options.store, case.baseline_key, case.config_id, options.device, options.update,
                                  options.update_command(suite_item=self.keyword_expression,
                                                         config_id=getattr(case.config, "base", case.config.id)),
-                                 strict=options.strict_budgets)
+                                 strict=options.strict_budgets, add_machine=options.add_machine)
         threads = self.config.stash.get(THREADS_KEY, None) or ThreadWatch()
         who = f"target {case.target.name!r}"
         try:

@@ -73,7 +73,8 @@ class GoldenFixture:
         __tracebackhide__ = True  # the failure is the message, not this frame
         g = self._golden
         if name is not None:  # several goldens in one test
-            g = BaselineCheck(g.store, f"{g.key}/{name}", g.config_id, g.device, g.update, g.update_command, g.strict)
+            g = BaselineCheck(g.store, f"{g.key}/{name}", g.config_id, g.device, g.update, g.update_command, g.strict,
+                              g.add_machine)
             self._checks.append(g)
         res = g.check_output(out, reference, inputs=inputs, dtype=dtype, log_domain=log_domain)
         self.results.append(res)
@@ -85,7 +86,8 @@ class GoldenFixture:
         return res
 
     def settle(self, passed: bool) -> None:
-        """Write the goldens this test prepared under the update flag when it passed; else none."""
+        """Write the goldens this test prepared (the update flag, or this machine's budgets added) when
+        it passed; else none."""
         for g in self._checks:
             if passed:
                 g.commit()
@@ -122,7 +124,7 @@ def golden(request):
     key, config_id = _test_key(request)
     cmd = session.update_command(nodeid=request.node.nodeid)
     fixture = GoldenFixture(BaselineCheck(session.store, key, config_id, session.device, session.update, cmd,
-                                          strict=session.strict_budgets),
+                                          strict=session.strict_budgets, add_machine=session.add_machine),
                             request.node.nodeid)
     yield fixture
     report = request.node.stash.get(CALL_REPORT, None)

@@ -12,7 +12,7 @@ import pytest
 from .timelimit import DEFAULT_TIMEOUT
 
 __all__ = ["Option", "IniKey", "GROUP", "OPTIONS", "INI_KEYS", "NAMES", "DEFAULT_BASELINE_DIR", "add_to",
-           "SUITE", "BUILTINS", "COMPILE", "UPDATE_BASELINES", "CONFIGS", "DEVICE", "NO_SPEED", "TRACE", "AUDIT",
+           "SUITE", "BUILTINS", "COMPILE", "UPDATE_BASELINES", "ADD_MACHINE", "CONFIGS", "DEVICE", "NO_SPEED", "TRACE", "AUDIT",
            "STRICT_BUDGETS", "SPEED_THRESHOLD", "FRESH_SEED", "EXPLORE", "TRAIN_SEEDS", "REPORT", "REPORT_MD", "PLOTS", "OUTPUT_OPTIONS",
            "BASELINE_DIR", "TARGETS", "KINDS", "TIMEOUT"]
 
@@ -64,6 +64,10 @@ COMPILE = Option("--precision-compile",
                  "eager one and against it")
 UPDATE_BASELINES = Option("--precision-update-baselines",
                           "write golden baselines (atomically) and print old vs new budgets")
+ADD_MACHINE = Option("--precision-add-machine",
+                     "add this machine's budgets to the existing goldens that pass on it (a first run on a new GPU): "
+                     "only their JSON gains the machine's key; their tensors and other machines' budgets stay, and "
+                     "a case without a golden writes none")
 CONFIGS = Option("--precision-configs",
                  "configs to run: fp32,tf32,fp16,bf16,amp-fp16,amp-bf16,fp8-e4m3 (default: all the device runs); the "
                  "training suite runs the recipes of each (amp-fp16: with and without a GradScaler; bf16: pure bf16, "
@@ -119,7 +123,7 @@ TIMEOUT = IniKey("precision_timeout",
                  default=str(DEFAULT_TIMEOUT))
 
 # in the order pytest --help lists them
-OPTIONS = (SUITE, BUILTINS, COMPILE, UPDATE_BASELINES, CONFIGS, DEVICE, NO_SPEED, TRACE, AUDIT, STRICT_BUDGETS,
+OPTIONS = (SUITE, BUILTINS, COMPILE, UPDATE_BASELINES, ADD_MACHINE, CONFIGS, DEVICE, NO_SPEED, TRACE, AUDIT, STRICT_BUDGETS,
            SPEED_THRESHOLD, FRESH_SEED, EXPLORE, TRAIN_SEEDS, REPORT, REPORT_MD, PLOTS)
 OUTPUT_OPTIONS = (REPORT, REPORT_MD, PLOTS)  # files a run leaves: asking for one makes records carry their detail
 INI_KEYS = (BASELINE_DIR, TARGETS, KINDS, TIMEOUT)

@@ -22,7 +22,7 @@ from ..speed.gate import DEFAULT_THRESHOLD
 from .exits import IMPORT_ADVICE, TargetEnded, refuse_process_exits
 from .option_table import (AUDIT, BASELINE_DIR, BUILTINS, COMPILE, CONFIGS, DEVICE, EXPLORE, FRESH_SEED, KINDS, NO_SPEED,
                            OUTPUT_OPTIONS, SPEED_THRESHOLD, STRICT_BUDGETS, SUITE, TARGETS, TIMEOUT, TRACE, TRAIN_SEEDS,
-                           UPDATE_BASELINES, IniKey)
+                           UPDATE_BASELINES, ADD_MACHINE, IniKey)
 from .timelimit import DEFAULT_TIMEOUT, NO_LIMIT_ABOVE
 
 __all__ = ["RunOptions", "OPTIONS_KEY", "RECORDS_KEY", "FRESH_SEED_KEY", "load_ini_kinds", "parse_timeout"]
@@ -56,6 +56,7 @@ class RunOptions:
     fresh_seed: int | None = None
     explore: bool = False  # --precision-explore: new fresh inputs and drawn examples every run
     train_seeds: int | None = None  # --precision-train-seeds: every TrainSpec's seeds (None: each spec's own)
+    add_machine: bool = False  # --precision-add-machine: this machine's budgets added to existing goldens
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> "RunOptions":
@@ -93,8 +94,12 @@ class RunOptions:
         if not root.is_absolute():
             root = config.rootpath / root
         update = bool(UPDATE_BASELINES.value(config))
-        if update:
-            _check_writable(root)
+        add_machine = bool(ADD_MACHINE.value(config))
+        if update and add_machine:
+            raise pytest.UsageError(f"{UPDATE_BASELINES.name} rewrites the goldens, {ADD_MACHINE.name} adds this "
+                                    "machine's budgets to them and keeps the rest: give one")
+        if update or add_machine:
+            _check_writable(root, (UPDATE_BASELINES if update else ADD_MACHINE).name)
         timeout = parse_timeout(str(TIMEOUT.value(config)))
         explore = bool(EXPLORE.value(config))
         fresh_seed = _fresh_seed(config, explore)
@@ -103,7 +108,7 @@ class RunOptions:
                    strict_budgets=bool(STRICT_BUDGETS.value(config)), audit=bool(AUDIT.value(config)),
                    parallel=_parallel(config), timeout=timeout, builtins=bool(BUILTINS.value(config)),
                    compile=bool(COMPILE.value(config)), details=any(o.value(config) for o in OUTPUT_OPTIONS),
-                   fresh_seed=fresh_seed, explore=explore, train_seeds=_train_seeds(config))
+                   fresh_seed=fresh_seed, explore=explore, train_seeds=_train_seeds(config), add_machine=add_machine)
 
     @functools.cached_property
     def fingerprint(self) -> str:
@@ -182,14 +187,14 @@ def _parallel(config: pytest.Config) -> str | None:
     return None if workers is None or workers < 2 else f"timed by one of {workers} pytest-xdist workers sharing the CPU"
 
 
-def _check_writable(root: Path) -> None:
+def _check_writable(root: Path, option: str = UPDATE_BASELINES.name) -> None:
     """One usage error, naming the directory, rather than one failure per case."""
     existing = root
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         where = "" if existing == root else f": {existing} is not writable"
-        raise pytest.UsageError(f"{UPDATE_BASELINES.name}: cannot write to the baseline directory {root}{where}")
+        raise pytest.UsageError(f"{option}: cannot write to the baseline directory {root}{where}")
 
 
 OPTIONS_KEY = pytest.StashKey[RunOptions]()

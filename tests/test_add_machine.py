@@ -1,0 +1,87 @@
+"""``--precision-add-machine``: a machine's budgets added to existing goldens (a first run on a new GPU,
+``.ci/gpu``), simulated here with another numerics key. The tensors and the other machines' budgets
+stay as they were, bit for bit; a golden that fails, a golden that already holds the key and a case
+without a golden write nothing."""
+import json
+
+import pytest
+
+from sample_targets import CORRECT_SOFTMAX_CONFTEST as CONFTEST
+
+pytest_plugins = ["pytester"]
+
+ARGS = ("--precision-suite", "--precision-configs=fp32,bf16", "--precision-no-speed", "-p", "no:cacheprovider",
+        "-k", "softmax and mine and unit")
+SIMULATED = "cuda-sm90"
+
+
+@pytest.fixture
+def simulated_machine(monkeypatch):
+    """This process's goldens keyed as another machine's (an H100's)."""
+    import pytest_precision.baselines.lifecycle as lifecycle
+
+    monkeypatch.setattr(lifecycle, "numerics_key", lambda device: SIMULATED)
+    monkeypatch.setattr(lifecycle, "machine_name", lambda device: "NVIDIA H100 80GB HBM3 (simulated)")
+
+
+def _files(pytester) -> dict:
+    return {p.relative_to(pytester.path).as_posix(): p.read_bytes()
+            for p in sorted((pytester.path / "precision_baselines").rglob("*")) if p.is_file()}
+
+
+def test_a_machines_budgets_are_added_and_nothing_else_changes(pytester, monkeypatch):
+    pytester.makeconftest(CONFTEST)
+    pytester.runpytest(*ARGS, "--precision-update-baselines").assert_outcomes(passed=2)
+    before = _files(pytester)
+    assert sorted(before) == [f"precision_baselines/softmax/mine/unit/{c}.{e}" for c in ("bf16", "fp32")
+                              for e in ("json", "npz")]
+
+    import pytest_precision.baselines.lifecycle as lifecycle
+    monkeypatch.setattr(lifecycle, "numerics_key", lambda device: SIMULATED)
+    monkeypatch.setattr(lifecycle, "machine_name", lambda device: "NVIDIA H100 80GB HBM3 (simulated)")
+    result = pytester.runpytest(*ARGS, "--precision-add-machine")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines([f"*mine* [[]fp32[]] on {SIMULATED} added: *; kept the tensors and the budgets of cpu-*"])
+    after = _files(pytester)
+    for name, data in before.items():
+        if name.endswith(".npz"):
+            assert after[name] == data, f"{name}: the tensors were rewritten"
+            continue
+        old, new = json.loads(data), json.loads(after[name])
+        assert set(new["budgets"]) == set(old["budgets"]) | {SIMULATED}, name
+        assert new["budgets"][SIMULATED]["machine"] == "NVIDIA H100 80GB HBM3 (simulated)"
+        new["budgets"].pop(SIMULATED)
+        assert new == old, f"{name}: a field other than the added key changed"
+
+    # the key is there now: a second run leaves every file as it is
+    pytester.runpytest(*ARGS, "--precision-add-machine").assert_outcomes(passed=2)
+    assert _files(pytester) == after
+
+
+def test_a_failing_case_and_a_missing_golden_gain_no_key(pytester, monkeypatch):
+    pytester.makeconftest(CONFTEST)
+    pytester.runpytest(*ARGS, "--precision-update-baselines").assert_outcomes(passed=2)
+    before = _files(pytester)
+    import pytest_precision.baselines.lifecycle as lifecycle
+    monkeypatch.setattr(lifecycle, "numerics_key", lambda device: SIMULATED)
+    # the planted defect: every probability 5 % high, far past every budget
+    pytester.makeconftest(CONFTEST.replace("return (e / e.sum(-1, keepdim=True)).to(x.dtype)",
+                                           "return (e / e.sum(-1, keepdim=True) * 1.05).to(x.dtype)"))
+    pytester.runpytest(*ARGS, "--precision-add-machine").assert_outcomes(failed=2)
+    assert _files(pytester) == before
+
+    # no golden: nothing to add a key to, nothing written
+    (pytester.path / "precision_baselines").rename(pytester.path / "elsewhere")
+    pytester.makeconftest(CONFTEST)
+    result = pytester.runpytest(*ARGS, "--precision-add-machine")
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines(["*no golden baseline at *fp32.npz*"])
+    assert not (pytester.path / "precision_baselines").exists()
+
+
+def test_the_add_and_update_options_exclude_each_other(pytester):
+    pytester.makeconftest(CONFTEST)
+    result = pytester.runpytest(*ARGS, "--precision-add-machine", "--precision-update-baselines")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*--precision-update-baselines rewrites the goldens, --precision-add-machine adds "
+                                 "this machine's budgets to them and keeps the rest: give one*"])
