@@ -18,7 +18,16 @@ TensorKind template, cases, outcomes, registries), ``reporting`` (summary, repor
 fixtures, outputs), then ``plugin``. The built-in kinds are in ``pytest_precision.suites``, the
 Triton kernels in ``pytest_precision.kernels``; no layer imports them.
 """
-from .kinds.cases import Case, DrawnRegime, Regime, Variant
+import importlib.util as _util
+import os as _os
+
+# run from a source checkout that is not installed (PYTHONPATH=., as on a lent GPU machine, .ci/gpu):
+# the built-in suites and kernels sit beside the package, where pyproject's package-dir maps them
+_SOURCE_ROOT = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if _os.path.isfile(_os.path.join(_SOURCE_ROOT, "suites", "__init__.py")) and _util.find_spec(__name__ + ".suites") is None:
+    __path__.append(_SOURCE_ROOT)
+
+from .kinds.cases import Case, DrawnRegime, Regime, Variant  # noqa: E402
 from .kinds.kind import Kind
 from .kinds.measurement import MeasureContext, OutputRule
 from .kinds.tensor import TensorKind

@@ -13,6 +13,10 @@ sessions of the suite against those records and counts each case's speed verdict
 - planted 3 x slower, serial, idle, and next to one busy neighbour;
 - planted 3 x slower under ``-n 2``: reported, never failed.
 
+``--set gpu`` runs a GPU's pair instead (``.ci/gpu``): correct code five times over, timed against
+its own records (every failure a false alarm), and the same target planted 1.2 x slower (six
+softmaxes where the correct one computes five), serial; on CUDA the gate times with CUDA events.
+
 Each scenario is one pytest session over the softmax suite's regimes in the configs given; it
 prints a table of the counts. Speed figures depend on the machine: quote the rates with the
 machine they were measured on. It takes a few minutes (``--configs fp32`` is faster).
@@ -67,6 +71,15 @@ SCENARIOS = [
     ("3 x slower, pytest -n 2", 6, "xdist", "report"),
 ]
 
+# a GPU's pair: correct code (5 softmaxes) timed repeatedly, and a 1.2 x slowdown (6); its records
+# are written with 5
+GPU_SCENARIOS = [
+    ("correct, idle, serial", 5, "idle", "pass"),
+    ("correct again, idle, serial", 5, "idle", "pass"),
+    ("1.2 x slower, idle, serial", 6, "idle", "fail"),
+]
+SETS = {"cpu": (SCENARIOS, 2), "gpu": (GPU_SCENARIOS, 5)}  # name -> (scenarios, the correct target's repeats)
+
 
 @contextmanager
 def _neighbours(load: str):
@@ -99,13 +112,13 @@ def _speed_statuses(report: dict) -> list[tuple[str, float | None, str]]:
             if c.get("timing") and c["timing"].get("speed_status")]
 
 
-def run(configs: str, scenarios=SCENARIOS) -> list[dict]:
+def run(configs: str, scenarios=SCENARIOS, correct_repeats: int = 2) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="false-alarms-") as tmp:
         project = Path(tmp)
         (project / "conftest.py").write_text(TARGET)
         (project / "pytest.ini").write_text("[pytest]\n")
-        _session(project, configs, 2, "--precision-update-baselines")
+        _session(project, configs, correct_repeats, "--precision-update-baselines")
         for name, repeats, load, expected in scenarios:
             extra = ("-n", "2") if load == "xdist" else ()
             started = time.monotonic()
@@ -137,10 +150,13 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--rounds", type=int, default=1, help="run the scenarios this many times (default: %(default)s)")
     parser.add_argument("--only", metavar="TEXT", help="only the scenarios whose name contains TEXT")
+    parser.add_argument("--set", choices=sorted(SETS), default="cpu",
+                        help="the CPU's scenarios (loads, 1.5 x and 3 x slowdowns) or a GPU's pair (1.2 x; default: %(default)s)")
     args = parser.parse_args(argv)
     from tabulate import tabulate
-    scenarios = [s for s in SCENARIOS if not args.only or args.only in s[0]]
-    rows = [row for _ in range(args.rounds) for row in run(args.configs, scenarios)]
+    chosen, correct_repeats = SETS[args.set]
+    scenarios = [s for s in chosen if not args.only or args.only in s[0]]
+    rows = [row for _ in range(args.rounds) for row in run(args.configs, scenarios, correct_repeats)]
     print(tabulate([[r["scenario"], r["timed"], r["pass"], r["noisy"], r["shared"], r["slower"],
                      "-" if r["median_ratio"] is None else f"{r['median_ratio']:.2f}", _rate(r)] for r in rows],
                    headers=["scenario", "timed", "pass", "noisy", "shared", "failed", "median x", "verdict"], tablefmt="github"))
