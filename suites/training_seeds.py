@@ -72,13 +72,16 @@ def run_case(case: Case, spec: TrainSpec) -> Outcome:
     return outcome
 
 
-def _faults(case: Case, spec: TrainSpec, config: TrainConfig, runs: list[SeedRun]) -> dict[int, str]:
-    """Per seed whose run went non-finite: the first op that lost the value, at its step
-    (training_faults.step_fault), or why it could not be named."""
+LOCATED_SEEDS = 3  # seeds whose fault is located (each a replay and a float64 step): the rest are counted
+
+
+def _faults(case: Case, spec: TrainSpec, config: TrainConfig, runs: list[SeedRun]) -> dict[int | None, str]:
+    """Per seed whose run went non-finite, the first ``LOCATED_SEEDS``: the first op that lost the
+    value, at its step (training_faults.step_fault), or why it could not be named; under None, how
+    many more went non-finite."""
     out = {}
-    for k, run in enumerate(runs):
-        if not run.nonfinite or run.step is None:
-            continue
+    nonfinite = [(k, run) for k, run in enumerate(runs) if run.nonfinite and run.step is not None]
+    for k, run in nonfinite[:LOCATED_SEEDS]:
         try:
             fault = step_fault(seeded_spec(spec, k), config, case.device, run.step)
         except GlobalStateError as e:  # the re-run's step left torch's state changed (restored)
@@ -87,6 +90,8 @@ def _faults(case: Case, spec: TrainSpec, config: TrainConfig, runs: list[SeedRun
             out[run.seed] = f"not located ({str(e).splitlines()[0]})"
             continue
         out[run.seed] = fault.describe(config.id) if fault is not None else "no op produced it in the traced step"
+    if len(nonfinite) > LOCATED_SEEDS:
+        out[None] = f"{len(nonfinite) - LOCATED_SEEDS} more seeds went non-finite, not located (the first {LOCATED_SEEDS} are)"
     return out
 
 
@@ -109,7 +114,7 @@ class SeedEvidence(Evidence):
 
     def __init__(self, config: TrainConfig, rates: SeedRates, faults: dict[int, str] | None = None):
         self.config, self.rates = config, rates
-        self.faults = faults or {}  # seed -> the first op that lost its value (a failing case's seeds)
+        self.faults = faults or {}  # seed -> the first op that lost its value (a failing case's seeds); None -> the rest
 
     def record_fields(self, outcome) -> dict:
         return {"success_rate": self.rates.as_dict()}
@@ -129,7 +134,7 @@ class SeedEvidence(Evidence):
         table = tabulate(rows, headers=("seed", "final loss", "fp32 final loss", "bound", "skipped steps",
                                         "first non-finite", "run"), tablefmt="plain")
         lines += ["    " + row for row in table.splitlines()]
-        lines += [f"    seed {seed}: {text}" for seed, text in self.faults.items()]
+        lines += [f"    seed {seed}: {text}" if seed is not None else f"    {text}" for seed, text in self.faults.items()]
         least = least_failing_count(r.n, r.fp32_failed, len(r.fp32))
         lines.append(f"    {TEST_NAME}: p = {r.p_value:.2g} for {r.failed} failed runs of {r.n} against fp32's "
                      f"{r.fp32_failed} of {len(r.fp32)}; a config fails below p = {ALPHA:g}, here from "

@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +38,7 @@ def test_the_dry_run_lists_every_step_with_its_command_and_limit_and_checks_them
         assert any(line.startswith(f"  {step}") for line in lines), (step, done.stdout)
     assert "--precision-add-machine" in done.stdout and "--precision-device=cuda" in done.stdout
     assert lines[0] == "6 steps, at most 480 s in all (limits: 460 s):"
+    assert "(merged into $OUT/main.json and $OUT/main.md)" in done.stdout  # the main job in three sessions
     assert lines[-1] == "dry run: every step checked"
 
 
@@ -60,22 +60,24 @@ def test_a_step_that_names_what_does_not_exist_fails_the_dry_run(gpu, monkeypatc
         assert f"PROBLEM: {problem}" in out, (problem, out)
 
 
-def test_the_budgets_packed_are_the_goldens_the_main_job_rewrote(gpu, monkeypatch, tmp_path):
-    for name in ("softmax/mine/unit/fp32", "softmax/mine/unit/bf16"):
-        for ext in ("json", "npz"):
-            path = tmp_path / "baselines" / f"{name}.{ext}"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text("{}")
-    old = time.time() - 3600
-    for path in (tmp_path / "baselines").rglob("*"):
-        os.utime(path, (old, old))
-    since = time.time() - 1
-    (tmp_path / "baselines/softmax/mine/unit/fp32.json").write_text(json.dumps({"budgets": {"cuda-sm90": {}}}))
+def test_the_budgets_packed_are_the_goldens_that_gained_the_machines_key(gpu, monkeypatch, tmp_path):
+    for name, keys in (("fp32", ["cpu-avx2"]), ("bf16", ["cpu-avx2", "cuda-sm90"]), ("fp16", ["cpu-avx2"])):
+        path = tmp_path / "baselines" / "softmax/mine/unit" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"budgets": {k: {} for k in keys}}))
+    (tmp_path / "baselines/softmax/mine/unit/fp16.npz").write_bytes(b"not json")
     monkeypatch.setattr(gpu, "ROOT", tmp_path)
+    before = gpu.keyed("cuda-sm90")
+    assert before == {"baselines/softmax/mine/unit/bf16.json"}  # held it already: not packed
+    # the main job adds the key to fp32's; fp16's is rewritten (its mtime moves) without it
+    (tmp_path / "baselines/softmax/mine/unit/fp32.json").write_text(json.dumps(
+        {"budgets": {"cpu-avx2": {}, "cuda-sm90": {}}}))
+    (tmp_path / "baselines/softmax/mine/unit/fp16.json").write_text(json.dumps({"budgets": {"cpu-avx2": {}}}))
+    added = sorted(gpu.keyed("cuda-sm90") - before)
+    assert added == ["baselines/softmax/mine/unit/fp32.json"]
     out = tmp_path / "out"
     out.mkdir()
-    assert gpu.pack_budgets(out, since, "gpu NVIDIA H100 80GB HBM3 capability 9.0") == [
-        "baselines/softmax/mine/unit/fp32.json"]
+    gpu.pack_budgets(out, added, "gpu NVIDIA H100 80GB HBM3 capability 9.0")
     with tarfile.open(out / "cuda-budgets.tar.gz") as tar:
         assert tar.getnames() == ["baselines/softmax/mine/unit/fp32.json", "FINGERPRINT"]
         assert b"NVIDIA H100" in tar.extractfile("FINGERPRINT").read()
@@ -99,3 +101,24 @@ def test_the_project_runs_from_its_source_tree_with_the_plugin_declared(gpu, mon
     eps = [(ep.group, ep.name, ep.value) for dist in found for ep in dist.entry_points]
     assert eps == [("pytest11", "precision", "pytest_precision.plugin")]
     assert "TRITON_INTERPRET" not in shim_env
+
+
+def test_a_step_past_its_limit_is_interrupted_and_its_shards_reports_merged(gpu, monkeypatch, tmp_path):
+    monkeypatch.setattr(gpu, "GRACE_S", 1)
+    sleeper = gpu.Step("sleeper", 12, [sys.executable, "-c", "import time; print('started', flush=True); "
+                                                             "time.sleep(60)"])
+    ran = gpu.run_step(sleeper, tmp_path, dict(os.environ), 600, tmp_path)
+    assert ran.rc == 124 and ran.seconds < 15 and "started" in ran.tail and "interrupted at its limit" in ran.tail
+
+    work = tmp_path / "work"
+    work.mkdir()
+    for i, (target, verdict) in enumerate((("a", "pass"), ("b", "fail"))):
+        (work / f"main-{i}.json").write_text(json.dumps({"totals": {"cases": 1, "passed": int(verdict == "pass")},
+                                                         "cases": [{"target": target, "verdict": verdict}]}))
+        (work / f"main-{i}.md").write_text(f"report {i}")
+    gpu.merge_reports(work, tmp_path, 2)
+    merged = json.loads((tmp_path / "main.json").read_text())
+    assert [c["target"] for c in merged["cases"]] == ["a", "b"] and merged["totals"] == {"cases": 2, "passed": 1}
+    assert (tmp_path / "main.md").read_text() == "report 0\n\nreport 1"
+    counts, failed = gpu._report_counts(tmp_path / "main.json")
+    assert counts == {"pass": 1, "fail": 1} and len(failed) == 1

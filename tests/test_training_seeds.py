@@ -137,9 +137,10 @@ def test_loss_past_float16_range_without_a_scaler_fails_the_success_rate(pyteste
         "0/6 (0 %) over seeds 0 to 5 (6 with a non-finite loss or gradient): Fisher's exact test, one-sided, "
         "p = 0.0011 < 0.01)",
         "*seed *final loss *fp32 final loss *bound *skipped steps *first non-finite *run",
-        # each seed's first op that lost the value, at its step (before: the step alone)
+        # each seed's first op that lost the value, at its step (before: the step alone), for the first 3
         *(f"    seed {k}: first overflow in aten::* at conftest.py:* under amp-fp16-noscale*: produced *inf from finite "
-          "inputs*" for k in range(6)),
+          "inputs*" for k in range(3)),
+        "    3 more seeds went non-finite, not located (the first 3 are)",
         "*Fisher's exact test, one-sided: p = 0.0011 for 6 failed runs of 6 against fp32's 0 of 6; a config fails "
         "below p = 0.01, here from 5 failed runs",
         "| mlp *| amp-bf16 *| 6 *| 0/6 (0 %) *|*| pass *|",

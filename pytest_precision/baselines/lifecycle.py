@@ -132,6 +132,8 @@ class BaselineCheck:
                                              "machine": machine_name(self.device), **entry.key_record()}}
         line = (f"{self.head} added: {entry.describe(outputs)}; kept the tensors and the budgets of "
                 f"{', '.join(sorted(recorded)) or 'no other machine'}")
+        if result.note:  # judged by borrowed budgets: what this run records is this machine's own
+            result.note = result.note.split("; record this machine's with:")[0] + "; this machine's are added now"
         self.pending.append(PendingWrite(result, None, meta, [], line))
 
     def check_outputs(self, outputs: dict[str, TensorOutput], *, inputs: torch.Tensor | None = None,

@@ -174,8 +174,10 @@ def first_fault(fn, reference=None) -> Fault | None:
     """Run ``fn()`` traced (and ``reference()``, the same callable on float64 inputs, if given;
     or a sequence of such callables, each traced on its own until one completes) and return the
     first fault, or None. Exceptions from ``fn`` propagate; a reference that raises an Exception
-    only costs the reference values (a BaseException, such as the case's time limit, propagates)."""
-    run = trace(fn, keep_outputs=True)
+    only costs the reference values (a BaseException, such as the case's time limit, propagates).
+    ``fn`` may instead be the records of a run traced already (``tracing``: a training step traced
+    from inside the run that reached it)."""
+    run = fn if isinstance(fn, list) else trace(fn, keep_outputs=True)
     ref = None
     for attempt in (() if reference is None else (reference,) if callable(reference) else reference):
         try:

@@ -23,7 +23,7 @@ from torch.utils._pytree import tree_flatten
 from ..platform.launches import as_harness, current_kernel, harness_ops, watch_launches
 from ..platform.user_code import is_user_file, user_frame
 
-__all__ = ["OpRecord", "OpTracer", "trace", "render_trace", "user_frame"]
+__all__ = ["OpRecord", "OpTracer", "trace", "tracing", "render_trace", "user_frame"]
 
 # ops that only re-label a tensor: left out of traces, they say nothing about precision
 _BOOKKEEPING = {"detach", "alias", "lift_fresh", "lift_fresh_copy", "_has_compatible_shallow_copy_type"}
@@ -166,16 +166,22 @@ def _read_inputs(func, name: str, args: tuple, kwargs: dict) -> list[torch.Tenso
     return [t for n, v in values if n not in written for t in tree_flatten(v)[0] if isinstance(t, torch.Tensor)]
 
 
-def trace(fn, *args, keep_outputs: bool = False, **kwargs) -> list[OpRecord]:
-    """Run ``fn(*args, **kwargs)`` traced and return its ops in order. Anomaly mode is on (without
-    its NaN check) so backward ops can name the forward line that built them. Exceptions from
-    ``fn`` propagate."""
-    tracer = OpTracer(keep_outputs)
+@contextlib.contextmanager
+def tracing(tracer: OpTracer):
+    """The ops run inside the block recorded into ``tracer``: anomaly mode on (without its NaN check)
+    so backward ops can name the forward line that built them, interpreted Triton launches recorded."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.autograd.set_detect_anomaly(True, check_nan=False))
         # ops inside an interpreted Triton kernel are marked as its; each launch gets a record of its own
         stack.enter_context(watch_launches(observe=tracer.launched))
         stack.enter_context(tracer)
+        yield tracer
+
+
+def trace(fn, *args, keep_outputs: bool = False, **kwargs) -> list[OpRecord]:
+    """Run ``fn(*args, **kwargs)`` traced and return its ops in order (``tracing``). Exceptions from
+    ``fn`` propagate."""
+    with tracing(OpTracer(keep_outputs)) as tracer:
         fn(*args, **kwargs)
     return tracer.records
 

@@ -98,6 +98,9 @@ class RunOptions:
         if update and add_machine:
             raise pytest.UsageError(f"{UPDATE_BASELINES.name} rewrites the goldens, {ADD_MACHINE.name} adds this "
                                     "machine's budgets to them and keeps the rest: give one")
+        if add_machine and STRICT_BUDGETS.value(config):
+            raise pytest.UsageError(f"{ADD_MACHINE.name} judges each golden by the budgets it borrows from other "
+                                    f"machines, which {STRICT_BUDGETS.name} refuses: give one")
         if update or add_machine:
             _check_writable(root, (UPDATE_BASELINES if update else ADD_MACHINE).name)
         timeout = parse_timeout(str(TIMEOUT.value(config)))

@@ -341,7 +341,7 @@ def fp8_problems(counts: Fp8Counts) -> list[Problem]:
                  c.first_saturated_call is not None else "")
         if what == "underflowed" and c.careful_underflowed:
             careful = "e5m2" if role == "grad" else "e4m3"
-            since = f", {c.careful_underflowed} of them lost by current scaling in {careful} too"
+            since = f"; current scaling in {careful}, the careful recipe, loses {c.careful_underflowed}"
         more = f"; {len(bad) - 1} more tensors past it" if len(bad) > 1 else ""
         allowed = "" if what == "saturated" else " more than current scaling in the careful format loses"
         out.append(Problem("oracle", category, f"fp8 {word}: {count_text(count, total)} of {name}'s {role} in {dtype}"

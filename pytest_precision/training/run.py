@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -39,7 +39,6 @@ from ..numerics.configs import tf32_flags
 from ..numerics.global_state import guarded, leak_message
 from ..numerics.promote import read_as_float64
 from ..numerics.rng import RngState, forked_rng
-from ..platform.launches import as_harness
 from ..speed.timing import synchronized_perf_counter
 from .batches import data_digest, map_tensors
 from .configs import FLOAT64, TrainConfig
@@ -160,7 +159,8 @@ def _known_cause(e: Exception) -> str:
 
 
 def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: str = "",
-                     rng_state: RngState | None = None, buffers_as_built: bool = False, quiet_steps: int = 0,
+                     rng_state: RngState | None = None, buffers_as_built: bool = False,
+                     around_step: tuple[int, Callable[[], ContextManager]] | None = None,
                      start_params: dict[str, torch.Tensor] | None = None) -> "PreparedRun":
     """Build the seeded model, optimizer and scaler now; calling the result runs the steps. The
     tracer and the audit trace only that call, not the model's construction. The steps start from
@@ -172,28 +172,30 @@ def prepare_training(spec: TrainSpec, config: TrainConfig, device: str, where: s
     model's own float32 (``h.float()`` for a head kept in float32, a mask made with
     ``dtype=torch.float32`` or the default dtype) is read as float64 there, so a model that upcasts on
     purpose runs exactly instead of meeting a float32 tensor with float64 parameters.
-    ``buffers_as_built`` casts only the parameters to the config's dtype (``float64.run_casting_buffers``
+    ``buffers_as_built`` casts only the parameters to the config's dtype (``run_casting_buffers``
     retries so for a model whose code needs its buffers in the dtype it built them in).
 
-    Re-running a step that failed: its first ``quiet_steps`` steps run as the harness's own ops, which
-    a tracer leaves out (``platform.launches.as_harness``), so only the later ones are traced, and the
-    parameters at the end of those are kept (``PreparedRun.quiet_end_params``); ``start_params``
-    replaces the built model's parameters (cast to the config's dtype) before the optimizer is built."""
+    Re-running a step that failed: ``around_step=(k, context)`` runs step ``k`` alone inside
+    ``context()`` (a tracer: the steps before it run as they did, outside it, on every thread autograd
+    uses) and keeps the parameters it started from (``PreparedRun.around_step_params``);
+    ``start_params`` replaces the built model's parameters (cast to the config's dtype) before the
+    optimizer is built."""
     where = where or f"train_step under {config.id}"
     if config.ddp_hook is not None or config.fsdp is not None:
         raise ValueError(f"{config.id} is a {'DDP' if config.ddp_hook else 'FSDP2'} comparison (training.distributed, "
                          "training.fsdp), not a run of run_training")
-    return PreparedRun(spec, config, device, where, rng_state, buffers_as_built, quiet_steps, start_params)
+    return PreparedRun(spec, config, device, where, rng_state, buffers_as_built, around_step, start_params)
 
 
 class PreparedRun:
     """A seeded model, optimizer and scaler, built; ``run()`` (or calling it) runs the steps once."""
 
     def __init__(self, spec: TrainSpec, config: TrainConfig, device: str, where: str,
-                 rng_state: RngState | None, buffers_as_built: bool, quiet_steps: int = 0,
+                 rng_state: RngState | None, buffers_as_built: bool,
+                 around_step: tuple[int, Callable[[], ContextManager]] | None = None,
                  start_params: dict[str, torch.Tensor] | None = None):
         self.spec, self.config, self.device, self.where = spec, config, device, where
-        self.quiet_steps, self.quiet_end_params = quiet_steps, None
+        self.around_step, self.around_step_params = around_step, None
         self.step_shown, self.step_owner = step_owner(spec)
         with forked_rng(device):
             torch.manual_seed(spec.seed)
@@ -282,9 +284,10 @@ class PreparedRun:
             self._recipes(stack)
             autocast = config.autocast(device)
             for i in range(spec.steps):
-                if i == self.quiet_steps and i:
-                    self.quiet_end_params = previous
-                with as_harness() if i < self.quiet_steps else contextlib.nullcontext():
+                around = self.around_step is not None and i == self.around_step[0]
+                if around:
+                    self.around_step_params = previous
+                with self.around_step[1]() if around else contextlib.nullcontext():
                     previous = self._step(i, loop, autocast, previous, changed)
         t.grads0, t.first_step = rec.first_grads, rec.first_step
         t.final, t.changed = previous, changed
