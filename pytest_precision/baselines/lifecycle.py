@@ -148,7 +148,22 @@ class BaselineCheck:
         one = TensorOutput(out, reference, dtype or out.dtype, scale, log_domain)
         return self.check_outputs({SINGLE: one}, inputs=inputs, seed=seed, input_spec=input_spec)
 
+    def _whose(self, base: Baseline) -> str | None:
+        """The case a golden names as its own (``key [config]``) where it is not this one: a golden
+        copied or renamed from another config, target, regime or kind; None where it is this case's
+        (or predates the record)."""
+        key, config = base.meta.get("key"), base.meta.get("config")
+        if key is None and config is None:
+            return None
+        return None if (key, config) == (self.key, self.config_id) else f"{key} [{config}]"
+
     def _judge(self, entry: BaselineEntry, base: Baseline) -> BaselineResult:
+        whose = self._whose(base)
+        if whose is not None:
+            return BaselineResult(error=(
+                f"{base.json_path}: this golden is {whose}'s, not {self.key} [{self.config_id}]'s (copied or renamed "
+                f"from another case?): its references and budgets were accepted for that case, so nothing is judged "
+                f"against them; rewrite it with: {self.update_command}"))
         error = entry.inconsistency(base, self.budget_key, self.update_command)
         if error:
             return BaselineResult(error=error)
@@ -195,6 +210,9 @@ class BaselineCheck:
         if pair.newer_schema is not None:
             return BaselineResult(error=f"{pair.json_error}; the file is left as it is")
         old = Baseline(pair.arrays, pair.meta, pair.npz_path, pair.json_path) if pair.meta is not None else None
+        whose = self._whose(old) if old is not None else None
+        if whose is not None:
+            old = None  # another case's golden under this name: nothing of it is kept
         result = BaselineResult()
         outputs = entry.accepted_outputs(result)
         meta = entry.carried_meta(old)
@@ -209,7 +227,9 @@ class BaselineCheck:
         meta.update({"key": self.key, "config": self.config_id, **entry.meta_fields(), "written_on": key,
                      "torch": torch.__version__, "budgets": budgets})
         head = self.head
-        if not old_outputs:
+        if whose is not None:
+            line = f"{head} new (it replaces {whose}'s golden, which was under this name): {entry.describe(outputs)}"
+        elif not old_outputs:
             line = f"{head} new: {entry.describe(outputs)}"
         else:
             moved = entry.changes(old_outputs, outputs)

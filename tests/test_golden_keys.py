@@ -1,7 +1,10 @@
-"""``--precision-add-machine``: a machine's budgets added to existing goldens (a first run on a new GPU,
-``.ci/gpu``), simulated here with another numerics key. The tensors and the other machines' budgets
-stay as they were, bit for bit; a golden that fails, a golden that already holds the key and a case
-without a golden write nothing."""
+"""Whose a golden is: the case it names and the machines it holds budgets for.
+
+A golden copied or renamed from another config or target is not judged as this case's, and an update
+rewrites it keeping nothing of the other's. ``--precision-add-machine`` adds a machine's budgets to
+existing goldens (a first run on a new GPU, ``.ci/gpu``), simulated here with another numerics key:
+the tensors and the other machines' budgets stay as they were, bit for bit; a failing case, a golden
+that already holds the key and a case without a golden write nothing."""
 import json
 
 import pytest
@@ -85,3 +88,25 @@ def test_the_add_and_update_options_exclude_each_other(pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--precision-update-baselines rewrites the goldens, --precision-add-machine adds "
                                  "this machine's budgets to them and keeps the rest: give one*"])
+
+
+def test_a_golden_of_another_config_or_target_is_not_read_as_this_cases(pytester):
+    """Before, bf16's pair copied over fp32's failed as a 13,680-ULP 'regression' of correct code, and
+    fp32's copied over bf16's passed on fp32's budgets. The golden names its case; the check compares."""
+    pytester.makeconftest(CONFTEST)
+    pytester.runpytest(*ARGS, "--precision-update-baselines").assert_outcomes(passed=2)
+    d = pytester.path / "precision_baselines/softmax/mine/unit"
+    for ext in ("npz", "json"):
+        (d / f"fp32.{ext}").write_bytes((d / f"bf16.{ext}").read_bytes())
+    result = pytester.runpytest(*ARGS)
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*softmax[[]mine-fp32-unit[]]: FAIL baseline (*fp32.json: this golden is "
+                                 "softmax/mine/unit [[]bf16[]]'s, not softmax/mine/unit [[]fp32[]]'s (copied or renamed "
+                                 "from another case?)*"])
+    # an update rewrites it, keeping nothing of the other case's
+    result = pytester.runpytest(*ARGS, "--precision-update-baselines")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*[[]fp32[]] on * new (it replaces softmax/mine/unit [[]bf16[]]'s golden, which was "
+                                 "under this name): *"])
+    assert json.loads((d / "fp32.json").read_text())["config"] == "fp32"
+    pytester.runpytest(*ARGS).assert_outcomes(passed=2)
