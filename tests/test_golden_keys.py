@@ -110,3 +110,16 @@ def test_a_golden_of_another_config_or_target_is_not_read_as_this_cases(pytester
                                  "under this name): *"])
     assert json.loads((d / "fp32.json").read_text())["config"] == "fp32"
     pytester.runpytest(*ARGS).assert_outcomes(passed=2)
+
+
+def test_a_golden_of_a_config_that_does_not_exist_is_reported_unused_with_the_reason(pytester):
+    """Before, a golden for a config no machine runs (fp99) was never reported, not even as unused."""
+    pytester.makeconftest(CONFTEST)
+    pytester.runpytest(*ARGS, "--precision-update-baselines").assert_outcomes(passed=2)
+    d = pytester.path / "precision_baselines/softmax/mine/unit"
+    for ext in ("npz", "json"):
+        (d / f"fp99.{ext}").write_bytes((d / f"fp32.{ext}").read_bytes())
+    result = pytester.runpytest(*ARGS)
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*1 unused baseline(s) under *",
+                                 "  softmax/mine/unit/fp99 (no kind has a config 'fp99': no run uses it)"])

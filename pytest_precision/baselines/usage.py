@@ -11,7 +11,8 @@ Only what the run could have used is judged, so a partial run never calls a base
   before its lookup): every baseline under its module and test name (as syrupy, which does not
   call a deselected test's snapshots unused);
 - only baselines of configs this run used at least once (``--precision-configs``, configs the
-  device skips such as ``tf32`` on a CPU, SDPA backends it lacks such as ``+cudnn``);
+  device skips such as ``tf32`` on a CPU, SDPA backends it lacks such as ``+cudnn``), and those of
+  a config no kind has (``fp99``: no machine would ever use them), named with that reason;
 - suite baselines (``<kind>/...``) only when the suite ran; user tests' baselines
   (``<test path>/<test>/...``) all when the whole project was collected, else only those of
   the test modules collected.
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -73,13 +75,17 @@ class BaselineUsage:
             self.excused_prefixes.add(module_prefix(item.nodeid) + sanitize_key(base or "_"))
 
 
-def find_unused(root: Path, usage: BaselineUsage, *, suite_ran: bool, kinds: set[str] = frozenset()) -> list[str]:
+def find_unused(root: Path, usage: BaselineUsage, *, suite_ran: bool, kinds: set[str] = frozenset(),
+                config_exists: Callable[[str], bool] | None = None) -> list[str]:
     """Baselines under ``root`` in this run's scope (module docstring) that it did not use;
-    ``kinds``: the names of the suite's kinds (their baselines live under ``<kind>/``)."""
+    ``kinds``: the names of the suite's kinds (their baselines live under ``<kind>/``);
+    ``config_exists``: whether some kind has a config of that id (a variant's suffix aside)."""
     used_configs = {u.rsplit("/", 1)[-1] for u in usage.used}
     unused = []
     for name in baseline_names(root):
-        if name in usage.used or name in usage.excused or name.rsplit("/", 1)[-1] not in used_configs:
+        config = name.rsplit("/", 1)[-1]
+        exists = config_exists is None or config_exists(config)
+        if name in usage.used or name in usage.excused or (exists and config not in used_configs):
             continue
         if any(name.startswith(p) for p in usage.excused_prefixes):
             continue

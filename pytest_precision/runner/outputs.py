@@ -11,7 +11,8 @@ import torch
 
 from ..baselines.usage import (CACHE_KEY, PRUNE_COMMAND, USAGE_KEY, BaselineUsage, find_unused, incomplete_reason,
                                module_prefix)
-from ..kinds.registry import kind_names
+from ..kinds.registry import kind_names, kinds
+from ..numerics.configs import CONFIGS
 from ..platform.devices import numerics_key
 from ..reporting.plots import MISSING_MESSAGE as PLOTS_MISSING, plots_available
 from .option_table import PLOTS, REPORT, REPORT_MD, Option
@@ -27,6 +28,13 @@ def _path_option(config: pytest.Config, option: Option) -> Path | None:
     p = Path(value)
     return p if p.is_absolute() else Path(config.invocation_params.dir) / p
 
+
+
+def _config_ids() -> set[str]:
+    """Every config id a golden can be of: the matrix's, each kind's own (the training recipes) and
+    ``default`` (a ``golden`` check outside ``precision_config``)."""
+    matrix = list(CONFIGS.values())
+    return {*CONFIGS, "default", *(getattr(c, "id", c) for kind in kinds() for c in kind.configs(matrix))}
 
 class RunOutputs:
     def __init__(self, config: pytest.Config):
@@ -80,7 +88,9 @@ class RunOutputs:
             if cache is not None:
                 cache.set(CACHE_KEY, {"root": str(state.store.root), "unused": None, "reason": reason})
             return
-        unused = find_unused(state.store.root, self.usage, suite_ran=True, kinds=set(kind_names()))
+        known = _config_ids()
+        exists = lambda config: config.split("+", 1)[0] in known  # noqa: E731 (a variant's +backend, +compiled)
+        unused = find_unused(state.store.root, self.usage, suite_ran=True, kinds=set(kind_names()), config_exists=exists)
         if cache is not None:
             cache.set(CACHE_KEY, {"root": str(state.store.root), "unused": unused})
         if unused:
@@ -88,7 +98,9 @@ class RunOutputs:
                    f"to remove them, run again without -p no:cacheprovider (the list is kept in its cache), then {PRUNE_COMMAND}")
             self.lines.append(f"{len(unused)} unused baseline(s) under {state.store.root} (no test used them in "
                               f"this run); {how}:")
-            self.lines += [f"  {name}" for name in unused]
+            self.lines += [f"  {name}" + ("" if exists(name.rsplit("/", 1)[-1]) else
+                                          f" (no kind has a config {name.rsplit('/', 1)[-1]!r}: no run uses it)")
+                           for name in unused]
 
     def _reports(self, state, records: list[dict]) -> None:
         from ..reporting.report import build_report, render_markdown, write_json_report, write_markdown_report
