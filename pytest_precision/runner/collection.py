@@ -103,7 +103,8 @@ class SuiteCollector(pytest.Collector):
                             other = files.setdefault(file_component(f"{case.baseline_key}/{case.config_id}"), case.name)
                             if other != case.name:
                                 raise self.CollectError(f"cases {other} and {case.name} would share baseline files")
-                            items.append(SuiteItem.from_parent(self, name=case.name, case=case, decision=decision))
+                            items.append(SuiteItem.from_parent(self, name=case.name, case=case, decision=decision,
+                                                               nodeid=_item_id(self, case.name)))
         return items
 
 
@@ -182,6 +183,17 @@ def users_traceback(error: BaseException, full: bool = False) -> str:
     last = entries[-1]
     info.traceback = info.traceback.filter(lambda e: e is last or users(e))
     return str(info.getrepr(style="short", chain=False, funcargs=False, showlocals=False))
+
+
+def _item_id(collector, name: str):
+    """A case's node id as pytest parses one back from its cache (``--lf``, ``--ff``, ``--sw``): the
+    kind as the name, the case's bracket as its parameters, as a parametrised test's id is
+    (``precision-suite::softmax[mine-bf16-unit]``); a name without a bracket is the name."""
+    kind, bracket, params = name.partition("[")
+    parent = collector.nodeid if isinstance(collector.nodeid, str) else str(collector.nodeid)
+    if not bracket or not params.endswith("]") or not hasattr(collector, "id"):
+        return f"{parent}::{name}"
+    return collector.id.child(kind).with_params(params[:-1])
 
 
 class SuiteItem(pytest.Item):
