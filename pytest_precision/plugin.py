@@ -1,6 +1,8 @@
 """pytest hooks of pytest-precision. Only wiring: the work is in the modules named below."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from .kinds.fresh import seed_line
@@ -35,6 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
     pin_xdist_worker(options.device)  # before the fingerprint or any CUDA work of this worker
     config.stash[OPTIONS_KEY] = options
     config.stash[RECORDS_KEY] = []
+    config.stash[worker_output.STARTED_KEY] = time.time()
     # what the cases learn for later ones, dropped with the session; the fresh seed of the run
     config.stash[RUN_STATE_KEY] = RunState(fresh_seed=options.fresh_seed, train_seeds=options.train_seeds,
                                            explore=options.explore)
@@ -44,7 +47,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if options.run_suite:
         watch_threads(config)  # names the threads the targets leave running
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(_XdistController(), "precision-xdist")
+        config.pluginmanager.register(_XdistController(config), "precision-xdist")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -107,7 +110,13 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
 def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
     if hasattr(config, "workeroutput"):
         return
-    write_terminal_summary(terminalreporter, config.stash[OPTIONS_KEY], config.stash[RECORDS_KEY])
+    options, records = config.stash[OPTIONS_KEY], config.stash[RECORDS_KEY]
+    written = config.stash.get(worker_output.WRITTEN_KEY, [])
+    if options.update and config.stash.get(worker_output.STARTED_KEY, None) is not None:
+        listed = written + [r["baseline_update"] for r in records if r.get("baseline_update")]
+        written = written + worker_output.unlisted_goldens(options.store.root, config.stash[worker_output.STARTED_KEY],
+                                                           listed)
+    write_terminal_summary(terminalreporter, options, records, written)
 
 
 class _XdistController:
@@ -115,7 +124,8 @@ class _XdistController:
     and gives the workers the run's fresh seed and one directory to share the run's variant decisions
     in (``runner.variants``)."""
 
-    def __init__(self):
+    def __init__(self, config: pytest.Config):
+        self.config = config
         self.decisions = SharedDecisions()
 
     @pytest.hookimpl(optionalhook=True)
@@ -137,3 +147,7 @@ class _XdistController:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node, error) -> None:
         worker_output.take_from(node.config, node, error)
+
+    def pytest_runtest_logreport(self, report) -> None:
+        if report.when == "call" and not hasattr(self.config, "workeroutput"):
+            worker_output.take_written(self.config, report)

@@ -53,3 +53,50 @@ def test_parallel_update_writes_what_serial_writes(pytester):
     assert out.count("| torch.sdpa ") == 4
     assert "precision baselines written: 22" in out
     assert out.count("precision training summary") == 1 and out.count("| tiny_gpt ") == 2
+
+
+# a softmax that takes a moment per call, so a run can be interrupted halfway through its goldens
+SLOW_SOFTMAX = """
+import time
+import torch
+import pytest_precision
+
+
+@pytest_precision.register("slow", kind="softmax")
+def slow(x):
+    time.sleep(0.05)
+    xf = x.float()
+    e = (xf - xf.amax(-1, keepdim=True)).exp()
+    return (e / e.sum(-1, keepdim=True)).to(x.dtype)
+"""
+
+
+def test_an_interrupted_parallel_update_lists_every_golden_it_wrote(pytester):
+    """Before, Ctrl-C once some goldens were written under -n 2 ended with no "precision baselines
+    written" section (the workers never handed their records over); each golden now travels with its
+    case's report, and the section lists every file written, as a serial run's does."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pytester.makeini("[pytest]\n")
+    pytester.makeconftest(SLOW_SOFTMAX)
+    root = pytester.path / "precision_baselines"
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "--precision-suite", "--precision-update-baselines",
+                             "--precision-no-speed", *ON_CPU, "-p", "no:cacheprovider", "-n", "2", "-k", "softmax"],
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(list(root.rglob("*.npz"))) < 4 and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=120)
+    written = sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.npz"))
+    assert len(written) >= 4, out[-3000:]
+    assert "Interrupted" in out or "KeyboardInterrupt" in out, out[-3000:]
+    heading = next((line for line in out.splitlines() if "precision baselines written:" in line), None)
+    assert heading is not None, out[-3000:]
+    listed = sorted({line.split(" [")[0] + "/" + line.split(" [")[1].split("]")[0] for line in out.splitlines()
+                     if line.startswith("softmax/slow/") and (" new: " in line or " written; " in line)})
+    assert listed == written, (written, listed)  # each golden on disk, once
+    assert f"precision baselines written: {len(written)} " in heading

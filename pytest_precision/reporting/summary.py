@@ -131,12 +131,14 @@ def case_lines(records: list[dict]) -> list[str]:
     return lines
 
 
-def baseline_lines(records: list[dict]) -> list[tuple[str, list[str]]]:
-    """Under the update flag: (heading, lines) of the goldens written and of those not accepted."""
+def baseline_lines(records: list[dict], written: list[str] = ()) -> list[tuple[str, list[str]]]:
+    """Under the update flag: (heading, lines) of the goldens written and of those not accepted;
+    ``written``: the golden lines the cases' reports carried (an interrupted xdist run's workers
+    never hand over their records)."""
     out = []
     for field, heading in (("baseline_update", "precision baselines written"),
                            ("baseline_refused", "precision baselines not accepted")):
-        lines = sorted(r[field] for r in records if r.get(field))
+        lines = sorted({r[field] for r in records if r.get(field)} | (set(written) if field == "baseline_update" else set()))
         if lines:
             out.append((f"{heading}: {len(lines)}", lines))
     return out
@@ -155,16 +157,16 @@ def borrowed_budgets_line(records: list[dict], key: str) -> str | None:
             f"record this machine's with {UPDATE_OPTION} (--precision-strict-budgets fails them instead)")
 
 
-def write_terminal_summary(tr, options, records: list[dict]) -> None:
+def write_terminal_summary(tr, options, records: list[dict], written: list[str] = ()) -> None:
     """The end of a run: baselines written, the tables, budget and speed notes, traces, audits."""
     from ..explain.audit import render_audits  # the audit pulls in the tracer; only needed here
 
-    if not records:
-        return
-    for heading, lines in baseline_lines(records):
+    for heading, lines in baseline_lines(records, written):
         tr.write_sep("=", f"{heading} (under {options.store.root})")
         for line in lines:
             tr.write_line(line)
+    if not records:
+        return
     key = numerics_key(options.device)
     for table, rs in tables(records):
         tr.write_sep("=", f"{table.title} (device {options.device}, budgets keyed {key}{table.detail})")

@@ -185,6 +185,10 @@ def users_traceback(error: BaseException, full: bool = False) -> str:
     return str(info.getrepr(style="short", chain=False, funcargs=False, showlocals=False))
 
 
+# the user property a case's report carries the golden it wrote in (``runner.worker_output``)
+WRITTEN_PROPERTY = "precision_baseline_written"
+
+
 def _item_id(collector, name: str):
     """A case's node id as pytest parses one back from its cache (``--lf``, ``--ff``, ``--sw``): the
     kind as the name, the case's bracket as its parameters, as a parametrised test's id is
@@ -251,7 +255,10 @@ class SuiteItem(pytest.Item):
             refused = f"{baseline.head} not accepted: {reason}" if options.update and not baseline.committed else None
             records.append(self._record(passed=False, baseline_refused=refused, **crash_fields(e, reason)))
             raise
-        records.append(record.as_dict())
+        fields = record.as_dict()
+        records.append(fields)
+        if fields.get("baseline_update"):  # with the case's report, so an interrupted xdist run still lists it
+            self.user_properties.append((WRITTEN_PROPERTY, fields["baseline_update"]))
         if failure is not None:
             raise failure
 
