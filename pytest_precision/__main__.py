@@ -165,6 +165,11 @@ def _main(argv: list[str] | None, cwd: Path | None, out) -> int:
     elif args.action != "diff" and not args.dir.is_absolute():
         args.dir = cwd / args.dir
     errors: list[str] = []
+    if args.action in ("list", "show") and not args.dir.is_dir():
+        what = "no such directory" if not args.dir.exists() else "not a directory"
+        print(f"{args.dir}: {what} (the baseline directory: --dir, or the ini's precision_baseline_dir)",
+              file=sys.stderr)
+        return 2
     if args.action == "list":
         for line in list_lines(args.dir, errors):
             print(line, file=out)

@@ -81,6 +81,16 @@ def test_list_and_show(tmp_path):
     assert _cli("baselines", "show", f"{SMALL}/nope", "--dir", str(root), cwd=tmp_path)[0] == 2
 
 
+def test_list_and_show_of_a_directory_that_is_not_there_exit_2_naming_it(tmp_path, capsys):
+    """Before, `baselines list --dir nope_dir` (or a file) exited 0 printing nothing."""
+    (tmp_path / "afile").write_text("")
+    for name, said in (("nope_dir", "no such directory"), ("afile", "not a directory")):
+        for action in (("list",), ("show", "softmax/x/unit/fp32")):
+            code, out = _cli("baselines", *action, "--dir", name, cwd=tmp_path)
+            assert (code, out) == (2, ""), (action, name)
+            assert f"{tmp_path / name}: {said}" in capsys.readouterr().err
+
+
 def test_default_dir_comes_from_pyproject(tmp_path):
     assert default_dir(tmp_path) == tmp_path / "precision_baselines"
     (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\nprecision_baseline_dir = "goldens"\n')

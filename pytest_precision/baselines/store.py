@@ -32,7 +32,7 @@ MOVED_ASIDE = ".unreadable"  # the suffix a file that could not be read is moved
 
 # target, regime and config names: what a baseline directory and pytest's -k expression both take
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]*")
-NAME_RULE = ("1 to 100 characters: letters, digits and _ . + -, not starting with . + or -, not ending with ., "
+NAME_RULE = ("1 to 100 characters: ASCII letters (A-Z, a-z), digits and _ . + -, not starting with . + or -, not ending with ., "
              "and not a name Windows reserves for a device (CON, PRN, AUX, NUL, COM1-9, LPT1-9, with any extension)")
 NAME_MAX = 100
 # names Windows gives to devices in every directory, whatever the extension ("nul.txt" is NUL)

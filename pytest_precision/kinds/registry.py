@@ -9,7 +9,7 @@ Targets: ``pytest_precision.register("name", fn, kind="softmax")`` (or as a deco
 ``conftest.py``, or ini lines ``precision_targets = package.module:function kind``.
 
 One name, one file: a name (of a target, a kind, a regime) becomes a directory of the baseline
-store and a token of pytest's ``-k`` expressions, so it is 1 to 100 letters, digits and
+store and a token of pytest's ``-k`` expressions, so it is 1 to 100 ASCII letters, digits and
 ``_ . + -`` (an ini target's name is its ``module:function``), and two names that would share a
 directory (told apart only by case, or ``:`` against ``_``) are refused with both names. A name
 is one target: the same name under a second kind is refused too.
