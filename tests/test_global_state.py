@@ -2,6 +2,8 @@
 entered, flush-denormal, deterministic and TF32 flags) fails that target's case naming the change,
 is restored before anything else runs, and writes no golden; a target that changes state and puts
 it back, or draws random numbers, is not flagged."""
+import os
+
 import pytest
 import torch
 
@@ -35,6 +37,9 @@ ARGS = ("--precision-suite", "--precision-configs=fp32", "--precision-no-speed",
     ("torch.set_grad_enabled(False)", "grad mode True -> False"),
     ("torch.autocast('cpu', dtype=torch.bfloat16).__enter__()", "autocast on cpu False -> True; autocast nesting 0 -> 1"),
     ("torch.use_deterministic_algorithms(True)", "deterministic algorithms False -> True"),
+    # before, left in place for the user's later tests without a word
+    ("import os; os.chdir('/')", "working directory * -> /"),
+    ("import os; os.environ.clear()", "environment variables * removed (*)"),
 ])
 def test_a_leaked_change_fails_its_case_and_no_other(pytester, leak, said):
     pytester.makeconftest(CONFTEST.replace("{LEAK}", leak))
@@ -42,9 +47,10 @@ def test_a_leaked_change_fails_its_case_and_no_other(pytester, leak, said):
     result = pytester.runpytest(*ARGS)
     # clean's 2 cases and leaky's unit case pass, after leaky's len1 case ran (in either order)
     result.assert_outcomes(passed=3, failed=1)
-    result.stdout.fnmatch_lines([f"*softmax[[]leaky-fp32-len1[]]*left torch's process-wide state changed: *{said}*"
+    result.stdout.fnmatch_lines([f"*softmax[[]leaky-fp32-len1[]]*left process-wide state changed: *{said}*"
                                  "(restored;*"])
     assert not (pytester.path / "precision_baselines" / "softmax" / "leaky" / "len1").exists()  # nothing written
+    assert os.getcwd() == str(pytester.path) and "PATH" in os.environ  # restored for what runs next
 
 
 def test_the_snapshot_restores_what_a_target_changed():

@@ -72,7 +72,7 @@ pytest_precision.register("leaky", pytest_precision.TrainSpec(leaky_model, sgd, 
 pytest_precision.register("clean", pytest_precision.TrainSpec(Net, sgd, batch, steps=1, step_fn=clean_step),
                           kind="train_step")
 """
-STATE = "left torch's process-wide state changed"
+STATE = "left process-wide state changed"
 
 
 @pytest.fixture(autouse=True)

@@ -9,6 +9,11 @@ what changed (a failed case writes no golden). The training kind does the same a
 of a ``TrainSpec``'s code (``training.run.judged_state``). Both go through :func:`guarded` and
 say what changed with :func:`leak_message`.
 
+The working directory and the environment are process-wide too: a target that changes directory,
+or removes or changes an environment variable (``os.environ.clear()``), would leave its change to
+every later test. They are judged and restored the same way; a variable a target adds is neither
+(libraries set their own on first use, and rely on them).
+
 The random generators are restored too but not judged: a target drawing dropout masks advances
 them by design, and every case seeds its own draws (a training run's generators are the
 harness's to seed and replay, and ``judged_state`` snapshots without them).
@@ -16,6 +21,7 @@ harness's to seed and replay, and ``judged_state`` snapshots without them).
 from __future__ import annotations
 
 import contextlib
+import os
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -27,6 +33,7 @@ from .rng import RngState
 
 __all__ = ["GlobalState", "snapshot", "Guard", "guarded", "leak_message"]
 
+WORKING_DIRECTORY, ENVIRONMENT = "working directory", "environment"
 _DENORMAL = 2.0 ** -140  # a float32 subnormal: flush-denormal mode makes a product of it zero
 
 
@@ -54,8 +61,17 @@ class GlobalState:
 
     def changes(self, after: "GlobalState") -> list[str]:
         """``name was -> now`` for each judged value that differs in ``after``."""
-        return [f"{name} {_show(was)} -> {_show(after.values[name])}"
-                for name, was in self.values.items() if after.values.get(name) != was]
+        out = [f"{name} {_show(was)} -> {_show(after.values[name])}"
+               for name, was in self.values.items() if name != ENVIRONMENT and after.values.get(name) != was]
+        env, now = self.values.get(ENVIRONMENT, {}), after.values.get(ENVIRONMENT, {})
+        removed = sorted(k for k in env if k not in now)
+        changed = sorted(k for k in env if k in now and now[k] != env[k])
+        if removed or changed:
+            parts = ([f"{len(removed)} removed ({', '.join(removed[:3])}{', ...' if len(removed) > 3 else ''})"]
+                     if removed else []) + ([f"changed: {', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''}"]
+                                            if changed else [])
+            out.append(f"{ENVIRONMENT} variables {'; '.join(parts)}")
+        return out
 
     def restore(self) -> None:
         """Put back every value of this snapshot (those unchanged are set to what they are)."""
@@ -85,6 +101,12 @@ class GlobalState:
             torch.backends.cuda.matmul.allow_tf32 = v["TF32 matmuls"]
             torch.backends.cudnn.allow_tf32 = v["TF32 cuDNN"]
             torch.set_float32_matmul_precision(v["float32 matmul precision"])
+        if os.getcwd() != v[WORKING_DIRECTORY] and os.path.isdir(v[WORKING_DIRECTORY]):
+            os.chdir(v[WORKING_DIRECTORY])
+        env = v[ENVIRONMENT]
+        for name, value in env.items():  # removed or changed ones back; those added stay (the module docstring)
+            if os.environ.get(name) != value:
+                os.environ[name] = value
         if self.rng is not None:
             self.rng.restore()
 
@@ -102,6 +124,9 @@ def snapshot(rng: bool = True) -> GlobalState:
         values[f"autocast on {device}"] = torch.is_autocast_enabled(device)
         values[f"autocast dtype on {device}"] = torch.get_autocast_dtype(device)
     values["autocast nesting"] = _autocast_nesting()
+    values[WORKING_DIRECTORY] = os.getcwd()
+    # pytest's own (PYTEST_CURRENT_TEST names the phase running) move under every call
+    values[ENVIRONMENT] = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     if _precision_api():  # read through the new API only: the legacy flags raise when the two disagree
         for node, setting in _tf32_settings().items():
             values[f"fp32 precision ({node[0]}, {node[1]})"] = setting.fp32_precision
@@ -144,6 +169,6 @@ def guarded(rng: bool) -> Iterator[Guard]:
 
 def leak_message(who: str, changed: list[str], later: str, owner: str) -> str:
     """The sentence a leaked change fails a case with: ``who`` left it, ``later`` would have run so."""
-    return (f"{who} left torch's process-wide state changed: {'; '.join(changed)} (restored; every later {later} "
+    return (f"{who} left process-wide state changed: {'; '.join(changed)} (restored; every later {later} "
             f"in the process would have run so, and a golden been recorded so): restore what {owner} changes "
             "before it returns")

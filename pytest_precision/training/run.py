@@ -61,7 +61,7 @@ class TrainingError(Exception):
 
 
 class GlobalStateError(TrainingError):
-    """A target's callable left torch's process-wide state changed (``judged_state``); the state
+    """A target's callable left process-wide state changed (``judged_state``); the state
     is restored and the message names the callable and the change."""
 
 
