@@ -364,3 +364,12 @@ def test_a_limit_too_large_for_the_timer_is_no_limit():
     assert parse_timeout("1e12") == 0.0
     with time_limit(1e12, "ini precision_timeout"):  # setitimer raised OverflowError here
         pass
+
+
+def test_what_a_target_prints_is_kept_from_its_first_call_only(pytester):
+    """Before, a target printing 50 MB a call cost 500 MiB of captured output: every re-call's (the
+    contract's second call, Hypothesis's examples, the first-fault re-run) was held too."""
+    pytester.makeconftest(_target("print('MARK ' + 'x' * 100000)\nreturn torch.softmax(x.float(), -1).to(x.dtype) * 1.05"))
+    result = pytester.runpytest(*ARGS[:-3], "-k", "softmax and mine-fp32-unit")
+    result.assert_outcomes(failed=1)  # 5 % high: its captured output is shown
+    assert result.stdout.str().count("MARK ") == 1

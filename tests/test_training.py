@@ -466,7 +466,9 @@ def test_the_fp32_reference_notices_a_change_and_tolerates_another_machine():
     assert fp32_moved(other_machine, recorded, CROSS_KEY_RTOL, "cpu-avx2") is None
     changed = {"fp32_loss": [3.001, 2.95], "fp32_grad_norm": [1.1, 0.9],
                "fp32_first_grad_norms": {"qkv.weight": 1.6, "qkv.bias": 0.1, "head.weight": 0.51, "noise": 1e-11}}
-    sentence = fp32_moved(changed, recorded, CROSS_KEY_RTOL, "cpu-avx2")
+    problem = fp32_moved(changed, recorded, CROSS_KEY_RTOL, "cpu-avx2")
+    assert (problem.check, problem.category) == ("golden", "regression")
+    sentence = problem.sentence
     assert sentence.startswith("the fp32 reference moved against cpu-avx2's (relative tolerance 0.0001): first-step "
                                "gradient norm 1.10 x the golden's, loss 1.00 x; first-step gradient norm of qkv.weight 1.6 "
                                "vs 0.8 (+1e+02 %), head.weight 0.51 vs 0.5 (+2 %); step 0 loss 3.001 vs 3: "), sentence

@@ -3,9 +3,16 @@
 re-calls): on copies of the inputs, under the case's config and variant, with torch's process-wide
 state judged around it, the forward output and the gradients under a seeded upstream gradient, and
 anything the target raises turned into a :class:`~.target.TargetError` naming target, config and
-regime."""
+regime.
+
+What a target prints is kept from its first call in a case; its re-calls (the contract's second
+call, Hypothesis's examples, the first-fault re-run, the timed calls) print into nothing, so a
+target printing 50 MB a call costs pytest's capture 50 MB, not ten times that.
+"""
 from __future__ import annotations
 
+import contextlib
+import io
 from typing import Any, Callable
 
 import torch
@@ -19,7 +26,34 @@ from .kind import skip
 from .measurement import upstream_gradient
 from .target import TargetError
 
-__all__ = ["call_target"]
+__all__ = ["call_target", "quiet_after_first"]
+
+CALLS = "target_call.calls"  # the session's memo (RunState): case name -> the target's calls so far
+
+
+class _Discarded(io.TextIOBase):
+    """A text stream that keeps nothing written to it."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        return len(s)
+
+
+@contextlib.contextmanager
+def quiet_after_first(case, peer: bool = False):
+    """Around one call of ``case``'s target: its first call prints as it does, every later one into
+    nothing (Python's sys.stdout and sys.stderr; a peer's calls are not the target's)."""
+    calls = case.state.memo(CALLS)
+    first = peer or not calls.get(case.name)
+    if not peer:
+        calls[case.name] = calls.get(case.name, 0) + 1
+    if first:
+        yield
+        return
+    with contextlib.redirect_stdout(_Discarded()), contextlib.redirect_stderr(_Discarded()):
+        yield
 
 
 def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, grad_seed: int = 0, *,
@@ -47,7 +81,8 @@ def call_target(kind, case, fn: Callable, values: dict[str, torch.Tensor], input
     try:
         # torch's process-wide state, as the config set it, judged around the forward and the
         # target's backward
-        with gpu_bf16, case.config.active(case.device), case.variant.context(), guarded(rng=True) as state:
+        with gpu_bf16, case.config.active(case.device), case.variant.context(), guarded(rng=True) as state, \
+                quiet_after_first(case, peer):
             out = kind.invoke(case.variant.wrap(fn), leaves, inputs, case.device)
             plain_output(out, where)
             if check:

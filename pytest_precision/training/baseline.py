@@ -160,7 +160,7 @@ class TrajectoryEntry(BaselineEntry):
                                          for k in same_type)),
                            None)
         if problem:
-            result.problems.append(("regression", problem))
+            result.problems.append((problem.category, problem.sentence))
         budget = budgets[OUTPUT]
         result.problems += [(p.category, p.sentence) for p in budget.violations(self.accepted())]
         result.budgets[OUTPUT] = budget

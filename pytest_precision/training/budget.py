@@ -205,9 +205,9 @@ class TrajectoryBudget:
         for rates, limits, word, category in (
                 (acc.underflow_rate, self.max_underflow_rate, "gradient-underflow rate", "underflow"),
                 (acc.update_lost_rate, self.max_update_lost_rate, "update-lost rate", "accuracy")):
-            problem = rates_problem(word, rates, limits)
+            problem = rates_problem(word, rates, limits, category)
             if problem:
-                out.append(_golden(category, problem))
+                out.append(problem)
         if acc.skipped_steps > self.skipped_steps:
             out.append(_golden("overflow", f"{acc.skipped_steps} steps skipped by the GradScaler > budget "
                                            f"{self.skipped_steps}"))
@@ -290,9 +290,9 @@ class DistributedBudget:
         if not acc.grad_sqnr_db >= self.min_grad_sqnr_db:
             out.append(_golden("accuracy", f"gradient SQNR {acc.grad_sqnr_db:.4g} dB < budget "
                                            f"{self.min_grad_sqnr_db:.4g} dB"))
-        problem = rates_problem("gradient-underflow rate", acc.underflow_rate, self.max_underflow_rate)
+        problem = rates_problem("gradient-underflow rate", acc.underflow_rate, self.max_underflow_rate, "underflow")
         if problem:
-            out.append(_golden("underflow", problem))
+            out.append(problem)
         if acc.overflow > self.overflow:
             out.append(_golden("overflow", f"overflow {acc.overflow} > {self.overflow} allowed"))
         return out

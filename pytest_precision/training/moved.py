@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import math
 
+from ..numerics.problem import Problem
+
 __all__ = ["fp32_moved", "ratio_reading", "EXACT_RTOL"]
 
 # an exact factor repeats to fp32's rounding (a few 1e-7) on the machine that recorded the golden,
@@ -39,8 +41,8 @@ def _close(a, b, rtol: float, scale: float = 0.0) -> bool:
     return a == b or abs(a - b) <= rtol * abs(b) + scale  # NaN is never close
 
 
-def fp32_moved(now: dict, recorded: dict, rtol: float, key: str, micro_batches: int = 1) -> str | None:
-    """A sentence when this session's fp32 reference (``baseline.fp32_reference``) left the one
+def fp32_moved(now: dict, recorded: dict, rtol: float, key: str, micro_batches: int = 1) -> Problem | None:
+    """The golden's ``regression`` problem when this session's fp32 reference (``baseline.fp32_reference``) left the one
     ``key`` recorded by more than ``rtol``: the first step's gradient-norm and loss ratios and what
     they read as (``ratio_reading``; ``micro_batches``: the backward passes of this run's first
     step), then the parameters whose first gradient moved most."""
@@ -75,8 +77,9 @@ def fp32_moved(now: dict, recorded: dict, rtol: float, key: str, micro_batches: 
     elif norms:
         i, a, b = norms[0]
         parts.append(f"step {i} gradient norm {a:.7g} vs {b:.7g}")
-    return (f"the fp32 reference moved against {key}'s (relative tolerance {rtol:g}): {'; '.join(parts)}: the model, "
-            "data, optimizer, training loop or torch changed the fp32 run itself, not its precision")
+    return Problem("golden", "regression", f"the fp32 reference moved against {key}'s (relative tolerance {rtol:g}): "
+                   f"{'; '.join(parts)}: the model, data, optimizer, training loop or torch changed the fp32 run "
+                   "itself, not its precision")
 
 
 def _times(r: float) -> str:

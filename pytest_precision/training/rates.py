@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 from ..numerics.budgets import REGRESSION_SLACK
+from ..numerics.problem import Problem
 from .limits import count_bound, count_text, percent, rate_budget_count
 
 __all__ = ["Counted", "rates_budget", "with_count_slack", "rates_problem", "rates_describe"]
@@ -36,8 +37,9 @@ def _allowed_count(budget: dict[str, float], name: str, elements: int) -> float:
     return count_bound(0) if rate is None else rate * elements
 
 
-def rates_problem(word: str, accepted: Counted, budget: dict[str, float]) -> str | None:
-    """The parameter furthest past its budget, counted in its elements."""
+def rates_problem(word: str, accepted: Counted, budget: dict[str, float], category: str) -> Problem | None:
+    """The golden's problem of ``category`` for the parameter furthest past its budget, counted in
+    its elements; None within every budget."""
     worst = None
     for n, (rate, elements) in accepted.items():
         count, allowed = round(rate * elements), _allowed_count(budget, n, elements)
@@ -47,7 +49,8 @@ def rates_problem(word: str, accepted: Counted, budget: dict[str, float]) -> str
         return None
     _, n, count, elements, allowed = worst
     allowed = min(elements, math.floor(allowed + 1e-9))
-    return f"{word} {count_text(count, elements)} in {n} > budget {allowed} elements ({percent(allowed / max(1, elements))})"
+    return Problem("golden", category, f"{word} {count_text(count, elements)} in {n} > budget {allowed} elements "
+                                       f"({percent(allowed / max(1, elements))})")
 
 
 def rates_describe(word: str, accepted: Counted, budget: dict[str, float]) -> str:
