@@ -43,3 +43,14 @@ def test_stepwise_continues_from_the_suite_case_that_failed(pytester):
     again.stdout.fnmatch_lines(["stepwise: skipping * already passed items*"])
     before, after = first.parseoutcomes(), again.parseoutcomes()
     assert before.get("passed", 0) > 0 and after["deselected"] - before["deselected"] == before["passed"]
+
+
+def test_stepwise_skip_passes_over_the_first_failing_suite_case(pytester):
+    pytester.makeconftest(PLANTED)
+    pytester.runpytest(*ARGS, "--precision-update-baselines")
+    result = pytester.runpytest(*ARGS, "--sw-skip", "-v")
+    # the first failing case is skipped over, the run stops at the second
+    outcomes = result.parseoutcomes()
+    assert outcomes["failed"] == 2 and "stepwise" in result.stdout.str(), result.stdout.str()[-2000:]
+    again = pytester.runpytest(*ARGS, "--sw", "-v")
+    again.stdout.fnmatch_lines(["stepwise: skipping * already passed items*"])
