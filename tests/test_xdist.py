@@ -85,7 +85,9 @@ def test_an_interrupted_parallel_update_lists_every_golden_it_wrote(pytester):
     root = pytester.path / "precision_baselines"
     proc = subprocess.Popen([sys.executable, "-m", "pytest", "--precision-suite", "--precision-update-baselines",
                              "--precision-no-speed", *ON_CPU, "-p", "no:cacheprovider", "-n", "2", "-k", "softmax"],
-                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=pytester.path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            # an xdist worker of this run ignores SIGINT, and a child inherits that: Ctrl-C as a user's
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and len(list(root.rglob("*.npz"))) < 4 and proc.poll() is None:
         time.sleep(0.05)
