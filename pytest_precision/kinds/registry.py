@@ -1,6 +1,7 @@
 """The registries of kinds and of targets (the callables the suites test).
 
-Kinds: the built-in ones (softmax, log_softmax, attention, train_step) and those a project adds,
+Kinds: the built-in ones (softmax, log_softmax, attention, layer_norm, rms_norm, cross_entropy,
+op, train_step: ``BUILTIN_KINDS``) and those a project adds,
 with ``pytest_precision.register_kind(kind)`` in a ``conftest.py``, an ini line
 ``precision_kinds = package.module:KIND``, or an entry point in the ``pytest_precision.kinds``
 group. A kind is named by an import path and loaded the first time it is needed.
