@@ -6,6 +6,7 @@ existing goldens (a first run on a new GPU, ``.ci/gpu``), simulated here with an
 the tensors and the other machines' budgets stay as they were, bit for bit; a failing case, a golden
 that already holds the key and a case without a golden write nothing."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -18,13 +19,24 @@ ARGS = ("--precision-suite", "--precision-configs=fp32,bf16", "--precision-no-sp
 SIMULATED = "cuda-sm90"
 
 
-@pytest.fixture
-def simulated_machine(monkeypatch):
-    """This process's goldens keyed as another machine's (an H100's)."""
+def _simulate_another_machine(monkeypatch) -> None:
+    """This process's goldens keyed as another machine's (an H100's) from now on."""
     import pytest_precision.baselines.lifecycle as lifecycle
 
     monkeypatch.setattr(lifecycle, "numerics_key", lambda device: SIMULATED)
     monkeypatch.setattr(lifecycle, "machine_name", lambda device: "NVIDIA H100 80GB HBM3 (simulated)")
+
+
+def _accepted(pytester) -> Path:
+    """The correct softmax's goldens written (fp32, bf16; unit regime): their directory."""
+    pytester.makeconftest(CONFTEST)
+    pytester.runpytest(*ARGS, "--precision-update-baselines").assert_outcomes(passed=2)
+    return pytester.path / "precision_baselines/softmax/mine/unit"
+
+
+def _copy_pair(directory: Path, source: str, target: str) -> None:
+    for ext in ("npz", "json"):
+        (directory / f"{target}.{ext}").write_bytes((directory / f"{source}.{ext}").read_bytes())
 
 
 def _files(pytester) -> dict:
@@ -33,15 +45,12 @@ def _files(pytester) -> dict:
 
 
 def test_a_machines_budgets_are_added_and_nothing_else_changes(pytester, monkeypatch):
-    pytester.makeconftest(CONFTEST)
-    pytester.runpytest(*ARGS, "--precision-update-baselines").assert_outcomes(passed=2)
+    _accepted(pytester)
     before = _files(pytester)
     assert sorted(before) == [f"precision_baselines/softmax/mine/unit/{c}.{e}" for c in ("bf16", "fp32")
                               for e in ("json", "npz")]
 
-    import pytest_precision.baselines.lifecycle as lifecycle
-    monkeypatch.setattr(lifecycle, "numerics_key", lambda device: SIMULATED)
-    monkeypatch.setattr(lifecycle, "machine_name", lambda device: "NVIDIA H100 80GB HBM3 (simulated)")
+    _simulate_another_machine(monkeypatch)
     result = pytester.runpytest(*ARGS, "--precision-add-machine")
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines([f"*mine* [[]fp32[]] on {SIMULATED} added: *; kept the tensors and the budgets of cpu-*"])
@@ -62,11 +71,9 @@ def test_a_machines_budgets_are_added_and_nothing_else_changes(pytester, monkeyp
 
 
 def test_a_failing_case_and_a_missing_golden_gain_no_key(pytester, monkeypatch):
-    pytester.makeconftest(CONFTEST)
-    pytester.runpytest(*ARGS, "--precision-update-baselines").assert_outcomes(passed=2)
+    _accepted(pytester)
     before = _files(pytester)
-    import pytest_precision.baselines.lifecycle as lifecycle
-    monkeypatch.setattr(lifecycle, "numerics_key", lambda device: SIMULATED)
+    _simulate_another_machine(monkeypatch)
     # the planted defect: every probability 5 % high, far past every budget
     pytester.makeconftest(CONFTEST.replace("return (e / e.sum(-1, keepdim=True)).to(x.dtype)",
                                            "return (e / e.sum(-1, keepdim=True) * 1.05).to(x.dtype)"))
@@ -93,11 +100,8 @@ def test_the_add_and_update_options_exclude_each_other(pytester):
 def test_a_golden_of_another_config_or_target_is_not_read_as_this_cases(pytester):
     """Before, bf16's pair copied over fp32's failed as a 13,680-ULP 'regression' of correct code, and
     fp32's copied over bf16's passed on fp32's budgets. The golden names its case; the check compares."""
-    pytester.makeconftest(CONFTEST)
-    pytester.runpytest(*ARGS, "--precision-update-baselines").assert_outcomes(passed=2)
-    d = pytester.path / "precision_baselines/softmax/mine/unit"
-    for ext in ("npz", "json"):
-        (d / f"fp32.{ext}").write_bytes((d / f"bf16.{ext}").read_bytes())
+    d = _accepted(pytester)
+    _copy_pair(d, "bf16", "fp32")
     result = pytester.runpytest(*ARGS)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*softmax[[]mine-fp32-unit[]]: FAIL baseline (*fp32.json: this golden is "
@@ -114,11 +118,7 @@ def test_a_golden_of_another_config_or_target_is_not_read_as_this_cases(pytester
 
 def test_a_golden_of_a_config_that_does_not_exist_is_reported_unused_with_the_reason(pytester):
     """Before, a golden for a config no machine runs (fp99) was never reported, not even as unused."""
-    pytester.makeconftest(CONFTEST)
-    pytester.runpytest(*ARGS, "--precision-update-baselines").assert_outcomes(passed=2)
-    d = pytester.path / "precision_baselines/softmax/mine/unit"
-    for ext in ("npz", "json"):
-        (d / f"fp99.{ext}").write_bytes((d / f"fp32.{ext}").read_bytes())
+    _copy_pair(_accepted(pytester), "fp32", "fp99")
     result = pytester.runpytest(*ARGS)
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["*1 unused baseline(s) under *",

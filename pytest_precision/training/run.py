@@ -304,11 +304,11 @@ class PreparedRun:
         rec.start_step(i)
         loop.start_step()
         with record_module_dtypes(self.model) if i == 0 else contextlib.nullcontext() as modules, \
-                LossPrecisionWatch() if i == 0 else contextlib.nullcontext() as loss_watch:
+                LossPrecisionWatch() if i == 0 and config is not FLOAT64 else contextlib.nullcontext() as loss_watch:
             loss = self._call(f"step {i}", self._timed_step, self.model, self.optimizer, self.scaler, batch,
                               autocast, step=True)
         if modules is not None:
-            t.modules, t.low_precision_loss = modules, loss_watch.found
+            t.modules, t.low_precision_loss = modules, loss_watch.found if loss_watch is not None else None
             t.module_failures, t.module_notes = module_flags(modules, config.autocast_dtype,
                                                              config.param_dtype, spec.keep_fp32)
         self._record_loop(i, loop)
