@@ -73,6 +73,7 @@ from pytest_precision.training.fsdp import fsdp_skip_reason
 from pytest_precision.training.loss_scale import scale_health
 from pytest_precision.training.accumulation import exact_batch_gradients, judge_accumulation
 from pytest_precision.training.checkpointing import judge_checkpoint
+from pytest_precision.training.peer import LoopPeer, fp32_first_step, run_peer
 from pytest_precision.training.verdicts import judge_run
 
 from . import ddp, fsdp, training_seeds
@@ -87,12 +88,13 @@ __all__ = ["TRAIN_STEP", "TrainStepKind", "judge"]
 CHECKED, REFERENCES, EXACT = "train_step.checked", "train_step.fp32", "train_step.float64"
 BATCH_GRADIENTS = "train_step.batch_float64"  # (spec, device, step, random state) -> accumulation's truth
 FLOAT64_RUNS = "train_step.float64_run"  # (spec, device) -> the spec's whole run in float64, or why it could not run
+PEER_FP32 = "train_step.peer_fp32"  # (careful loop, device, step, random state) -> its fp32 step (training.peer)
 
 
 def judge(outcome: Outcome) -> None:
     """The absolute verdicts (``training.verdicts``), then the golden's."""
     ev: TrainingEvidence = outcome.evidence
-    verdict = judge_run(ev.metrics, ev.config, ev.scale, ev.fp8, ev.low_precision_loss)
+    verdict = judge_run(ev.metrics, ev.config, ev.scale, ev.fp8, ev.low_precision_loss, ev.peer)
     outcome.problems += verdict.problems
     outcome.details += verdict.details
     outcome.problems += baseline_problems(outcome.baseline)
@@ -267,7 +269,8 @@ class TrainStepKind(Kind):
         scale = scale_health(config, run.scales_used, run.first_step, run.skipped, truth,
                              "float64" if isinstance(exact, ExactStep) else "fp32", run.unscaled)
         outcome = Outcome(self.suite, self.name, case.target.name, config.id, case.regime,
-                          TrainingEvidence(config, metrics, scale, run.fp8, run.low_precision_loss), result)
+                          TrainingEvidence(config, metrics, scale, run.fp8, run.low_precision_loss,
+                                           self._peer(case, spec, run)), result)
         judge(outcome)
         outcome.problems += run.module_failures  # where its modules ran against what was meant (module_dtypes)
         outcome.details += run.module_notes
@@ -283,6 +286,27 @@ class TrainStepKind(Kind):
             except TrainingError:  # a model that cannot run in float64 still fails; only the fault is unnamed
                 outcome.fault = None
         return outcome
+
+    def _peer(self, case: Case, spec: TrainSpec, run: Trajectory) -> LoopPeer | str | None:
+        """A step_fn's careful-loop peer under the case's config (training.peer), its fp32 step memoised
+        for the session; None where there is nothing to compare (no step_fn, fp32, no finite first step)."""
+        if spec.step_fn is None or case.config.id == "fp32" or run.first_step is None or run.first_nonfinite is not None:
+            return None
+        step = run.first_step
+        passes = run.backward_passes[step] if step < len(run.backward_passes) else 1
+        undeclared = spec.accumulate == 1 and passes > 1 and not run.closure
+        memo = case.state.memo(PEER_FP32)
+
+        def fp32_step(careful, k, rng, device, where):
+            key = (careful, device, k, rng.digest)
+            if key not in memo:
+                memo[key] = fp32_first_step(careful, k, rng, device, where)
+            return memo[key]
+        try:
+            return run_peer(spec, case.config, case.device, self._where(case.target, case.config),
+                            passes if undeclared else spec.accumulate, fp32_step)
+        except GlobalStateError as e:
+            raise TargetError(str(e)) from None
 
     def _judge_step_features(self, case: Case, spec: TrainSpec, run: Trajectory, outcome: Outcome) -> None:
         """The verdicts of a spec that accumulates micro-batches (training.accumulation), declared or

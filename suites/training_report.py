@@ -11,6 +11,7 @@ from pytest_precision.kinds.outcome import Evidence
 from pytest_precision.kinds.tables import SummaryTable, fmt
 from pytest_precision.speed.timing import format_seconds
 from pytest_precision.training.loss_precision import LowPrecisionLoss
+from pytest_precision.training.peer import LoopPeer
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainMetrics
 from pytest_precision.training.baseline import OUTPUT, rates_line
 from pytest_precision.training.budget import TrajectoryBudget
@@ -37,10 +38,12 @@ class TrainingEvidence(Evidence):
     """A training run against the fp32 run from the same seed."""
 
     def __init__(self, config: TrainConfig, metrics: TrainMetrics, scale: ScaleHealth | None = None,
-                 fp8: Fp8Counts | None = None, low_precision_loss: LowPrecisionLoss | None = None):
+                 fp8: Fp8Counts | None = None, low_precision_loss: LowPrecisionLoss | None = None,
+                 peer: LoopPeer | str | None = None):
         self.config, self.metrics, self.scale = config, metrics, scale  # scale: the float16 loss scale's health
         self.fp8 = fp8  # a float8 recipe's saturated and underflowed elements per Linear and role
         self.low_precision_loss = low_precision_loss  # the first step's loss function that returned 16 bits
+        self.peer = peer  # a step_fn's careful-loop peer (training.peer), or why it could not run
 
     def summary(self) -> dict:
         m = self.metrics

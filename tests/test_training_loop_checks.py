@@ -359,3 +359,75 @@ def test_a_loss_on_16_bit_logits_is_named_with_its_dtype_and_line(upcast):
     assert loss.sentence.endswith(f"; the loss's cross_entropy computed in float16 at {found.where}, on float16 logits: "
                                   "compute it on logits.float() (float32), as careful training code does")
     assert sum("computed in float16" in p.sentence for p in verdict.problems) == 1  # named once
+
+
+# ---- a step_fn against the careful loop on the same model (training.peer)
+
+LOOP_PEER = HEADER + """
+
+def own_loop(model, optimizer, scaler, batch, autocast):
+    # correct: two micro-batches, clipped after unscale_
+    optimizer.zero_grad(set_to_none=True)
+    for x, y in zip(*(t.chunk(2) for t in batch)):
+        with autocast():
+            loss = model(x, y) / 2
+        scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 10.0)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+def grads_to_bf16(model, optimizer, scaler, batch, autocast):
+    optimizer.zero_grad(set_to_none=True)
+    with autocast():
+        loss = model(*batch)
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
+    for p in model.parameters():  # the defect: a bfloat16 "compression" of float16's gradients
+        p.grad = p.grad.to(torch.bfloat16).to(p.grad.dtype)
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+def named_batch(i):
+    return {"pair": batch(i)}
+
+
+def unpacks(model, optimizer, scaler, batch, autocast):
+    optimizer.zero_grad(set_to_none=True)
+    with autocast():
+        loss = model(*batch["pair"])  # only this loop knows how to feed the model
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+for name, fn, data in (("own_loop", own_loop, batch), ("grads_to_bf16", grads_to_bf16, batch),
+                       ("unpacks", unpacks, named_batch)):
+    pytest_precision.register(name, pytest_precision.TrainSpec(Net, sgd, data, steps=2, step_fn=fn), kind="train_step")
+"""
+
+
+def test_a_step_fn_is_judged_against_the_careful_loop_on_the_same_model(pytester):
+    """A bfloat16 cast of float16's gradients keeps 51.8 dB, inside float16's floor (48.2 dB) and past
+    3 x the careful loop's error plus a rounding (54.5 dB): red on a first run; a correct loop of
+    its own is green, and one the careful loop cannot feed is judged by the floors alone, said."""
+    pytester.makeconftest(LOOP_PEER)
+    first = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory")
+    first.stdout.fnmatch_lines(["*[[]unpacks-amp-fp16-trajectory[]]: FAIL baseline (no golden*",
+                                "  the step_fn's loop was not compared with the careful loop: the careful loop "
+                                "(standard_step) could not run: step 0 raised TypeError: *unexpected keyword argument "
+                                "'pair'; the format's floors judge its gradients alone"])
+    result = run_suite(pytester, "--precision-configs=amp-fp16", "-k", "amp-fp16-trajectory", "--precision-update-baselines")
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines([
+        "*[[]grads_to_bf16-amp-fp16-trajectory[]]: FAIL accuracy (gradient SQNR 51.8 dB in all parameters at the first "
+        "step < 54.5 dB, what the step_fn's loop may lose: the careful loop (standard_step) keeps 66.7 dB of it on the "
+        "same model, loss, batch and config, and a loop is allowed 3 x its error plus one rounding of float16 "
+        "(0.000488); the step_fn loses precision the model does not (a cast of its gradients to a coarser format, say))"])
+    written = sorted(p.parents[1].name for p in pytester.path.rglob("amp-fp16.json"))
+    assert written == ["own_loop", "unpacks"]

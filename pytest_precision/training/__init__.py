@@ -3,7 +3,7 @@ synthetic data (``data``), the training configs (``configs``), pure-bf16 stochas
 fp8 Linear emulation (``recipes``), fp8 Linears on ``torch._scaled_mm`` with current or delayed
 scaling and what their casts saturate and lose (``fp8``), the loss scale and backward passes a step used
 (``loop_watch``), where each module ran (``module_dtypes``), a run of a few steps (``run``, recording into a ``trajectory`` through a ``recorder``), the float64 step (``float64``), its comparison with
-the fp32 run (``compare``), the float16 loss scale's health (``loss_scale``), the floors and
+the fp32 run (``compare``), the careful loop a ``step_fn`` is judged against (``peer``), the float16 loss scale's health (``loss_scale``), the floors and
 spreads the verdicts use (``limits``), DDP gradient compression on the real engine
 (``distributed``), what a training golden holds (``baseline``), what moved in its fp32 reference
 (``moved``), its per-parameter rates judged as counts (``rates``), gradient accumulation judged

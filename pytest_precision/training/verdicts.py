@@ -11,6 +11,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from ..numerics.budgets import GRAD_PEER_FACTOR
 from ..numerics.problem import Problem
 from .compare import TrainMetrics, unresolved_reason
 from .configs import TrainConfig
@@ -20,6 +21,7 @@ from .limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND, db_t
                      first_step_floor_db, grad_norm_band, later_step_floor_db, limit_problem)
 from .loss_precision import LowPrecisionLoss
 from .loss_scale import ScaleHealth, scale_problem
+from .peer import LoopPeer, loop_rounding, peer_budget
 
 __all__ = ["RunVerdict", "judge_run"]
 
@@ -85,9 +87,11 @@ def _clip_cause(m: TrainMetrics, ratio: float) -> str:
 
 
 def judge_run(m: TrainMetrics, c: TrainConfig, scale: ScaleHealth | None, fp8: Fp8Counts | None,
-              low_precision_loss: LowPrecisionLoss | None = None) -> RunVerdict:
+              low_precision_loss: LowPrecisionLoss | None = None, peer: LoopPeer | str | None = None) -> RunVerdict:
     """The absolute verdicts of one config's run against fp32 and the float64 step (the module
-    docstring); a loss computed in 16 bits is named in the first verdict on the loss or gradients."""
+    docstring), and a ``step_fn``'s first step against the careful loop's (``peer``: ``training.peer``;
+    a string says why it could not run); a loss computed in 16 bits is named in the first verdict on
+    the loss or gradients."""
     verdict = RunVerdict()
     add, shown_or_failed = verdict.add, verdict.shown_or_failed(c)
     if m.first_nonfinite is not None:
@@ -109,6 +113,7 @@ def judge_run(m: TrainMetrics, c: TrainConfig, scale: ScaleHealth | None, fp8: F
                         "the loss limit")
     if c.id != "fp32" and finite:
         _judge_gradients(m, c, shown_or_failed, judged)
+        _judge_against_peer(m, c, peer, verdict)
     if m.unresolved and c.id != "fp32":
         groups = ", ".join(f"{g} ({v:.3g} dB)" for g, v in sorted(m.unresolved.items()))
         verdict.details.append(f"gradient SQNR not judged at step {_first_applied(m)} in {groups}: "
@@ -206,6 +211,29 @@ def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: r
     if len(judged) == m.steps and not (math.isnan(m.param_sqnr_db) or db_to_error(m.param_sqnr_db) <= params_allowed):
         shown_or_failed("underflow", "accuracy", f"final-parameter SQNR {m.param_sqnr_db:.3g} dB < "
                         f"{error_to_db(params_allowed):.3g} dB, what {name} keeps in a correct run", "the format's floor")
+
+
+def _judge_against_peer(m: TrainMetrics, c: TrainConfig, peer: LoopPeer | str | None, verdict: RunVerdict) -> None:
+    """The step_fn's first-step gradient per group against the careful loop's error (``training.peer``)."""
+    if peer is None:
+        return
+    if isinstance(peer, str):
+        verdict.details.append(f"the step_fn's loop was not compared with the careful loop: {peer}; the format's "
+                               "floors judge its gradients alone")
+        return
+    over = []  # (excess ratio, group, SQNR, allowed SQNR)
+    for g, db in m.group_grad_sqnr_db.items():
+        allowed = peer_budget(peer, g, c)
+        if g not in m.unresolved and not math.isnan(db) and db_to_error(db) > allowed:
+            over.append((db_to_error(db) / allowed, g, db, error_to_db(allowed)))
+    if not over:
+        return
+    _, group, db, allowed_db = max(over, key=lambda o: (o[0], o[1]))
+    verdict.add("accuracy", f"gradient SQNR {db:.3g} dB in {group} at the first step < {allowed_db:.3g} dB, what the "
+                f"step_fn's loop may lose: the careful loop ({peer.loop}) keeps {peer.sqnr_db(group):.3g} dB of it on the "
+                f"same model, loss, batch and config, and a loop is allowed {GRAD_PEER_FACTOR:g} x its error plus one "
+                f"rounding of {c.precision_name} ({loop_rounding(c):.3g}); the step_fn loses precision the model does not "
+                "(a cast of its gradients to a coarser format, say)")
 
 
 def _allowed(allowed: float, base: float) -> str:
