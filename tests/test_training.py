@@ -487,7 +487,7 @@ def test_format_floors():
     # each config's precision: TF32 has no dtype and fp16's 10 mantissa bits; fp8's gradients are e5m2
     bits = {c.id: c.mantissa_bits for c in TRAIN_CONFIGS.values()}
     assert bits == {"fp32": 23, "tf32": 10, "amp-bf16": 7, "amp-fp16": 10, "amp-fp16-noscale": 10, "bf16": 7, "bf16-sr": 7,
-                    "fp8-e4m3": 2, "fp8-tensorwise": 2, "fp8-delayed": 2, "ddp-fp16": 10, "ddp-bf16": 7,
+                    "fp8-e4m3": 2, "fp8-tensorwise": 2, "fp8-delayed": 2, "fp8-own": 2, "ddp-fp16": 10, "ddp-bf16": 7,
                     "fsdp-bf16": 7, "fsdp-bf16-reduce-bf16": 7, "fsdp-fp16-reduce-fp16": 10}
     assert first_step_floor_db(TRAIN_CONFIGS["tf32"].mantissa_bits) == first_step_floor_db(torch.float16)
 

@@ -330,3 +330,67 @@ def test_the_modern_gpts_fp8_casts_lose_no_more_than_the_careful_recipe():
         run = run_training(spec, TRAIN_CONFIGS[config], "cpu")
         assert run.fp8.total("underflowed") > 0, config  # the values are lost, and counted
         assert fp8_problems(run.fp8) == [], (config, fp8_problems(run.fp8))
+
+
+# ---- the spec's own fp8 recipe (TrainSpec(fp8=...), config fp8-own: training.fp8_observed)
+
+OWN = GROWING + """
+import functools
+import own_fp8
+
+for name, scaling, defect in (("current", "current", None), ("delayed", "delayed", None), ("stale", "delayed", "stale"),
+                              ("inverted", "current", "inverted"), ("saturating", "current", "saturating")):
+    pytest_precision.register(f"own_{name}", pytest_precision.TrainSpec(
+        Net, sgd, growing, steps=8, fp8=functools.partial(own_fp8.convert, scaling=scaling, defect=defect)),
+        kind="train_step")
+"""
+
+
+def test_a_users_own_fp8_module_is_judged_and_its_planted_defects_fail(pytester):
+    """tests/own_fp8.py's Linear on the growing MLP: current and delayed scaling pass on a first run and
+    are accepted (delayed saturates 54 of fc1's input, exactly what a correct history saturates); a
+    history never updated (1718 saturated), an inverted scale (every weight lost to 0) and a scale 8 x
+    too large (89 % saturated) fail, each naming its cause. A spec without fp8= has no fp8-own case."""
+    pytester.makeconftest(OWN)
+    result = run_suite(pytester, *ON_CPU, "--precision-configs=fp8-e4m3", "-k", "fp8-own",
+                       "--precision-update-baselines")
+    result.assert_outcomes(passed=2, failed=3)  # "growing" (no fp8=) has no fp8-own case
+    result.stdout.fnmatch_lines([
+        "*[[]own_stale-fp8-own-trajectory[]]: FAIL overflow*fp8 saturated at the format's max: 1718 of 8192 elements "
+        "(21 %) of fc1's input in float8_e4m3fn, from call 1 of 8 > 2 % allowed (up to 214 elements more than a scale "
+        "from the earlier calls' amaxes saturates, 54 here: what outgrows every earlier amax; the scale is larger than "
+        "max / amax of the values cast: a stale or wrongly fed amax history, or a scale computed for another format)*"])
+    result.stdout.fnmatch_lines([
+        "*[[]own_inverted-fp8-own-trajectory[]]: FAIL *underflow*fp8 lost to 0 (significant values): 2048 of 2048 "
+        "elements (100 %) of fc2's weight in float8_e4m3fn > 0.1 % allowed (up to 9 elements more than current scaling "
+        "in the careful format loses; most values were scaled below the format's range: a scale inverted (amax / max "
+        "for max / amax) or applied twice)*"])
+    result.stdout.fnmatch_lines(["*[[]own_saturating-fp8-own-trajectory[]]: FAIL overflow*fp8 saturated at the format's "
+                                 "max: 1827 of 2048 elements (89.2 %) of fc2's weight*"])
+    result.stdout.fnmatch_lines(["| own_current *| fp8-own *| *8 |*| pass *|", "| own_delayed *| fp8-own *| *8 |*| pass *|"])
+    written = sorted(p.parents[1].name for p in pytester.path.rglob("fp8-own.json"))
+    assert written == ["own_current", "own_delayed"]
+
+
+TORCHAO = GROWING + """
+import modern_gpt
+from torchao.float8 import convert_to_float8_training
+
+pytest_precision.register("mlp", pytest_precision.TrainSpec(Net, sgd, growing, steps=8, fp8=convert_to_float8_training),
+                          kind="train_step")
+pytest_precision.register("gpt", pytest_precision.TrainSpec(modern_gpt.GPT, modern_gpt.optimizer, modern_gpt.data, steps=4,
+                          step_fn=modern_gpt.loop(), fp8=convert_to_float8_training), kind="train_step")
+"""
+
+
+def test_torchaos_float8_training_is_the_specs_own_recipe_and_passes(pytester):
+    """torchao's convert_to_float8_training (tensorwise, dynamic), where torchao is installed (the fp8
+    extra): its casts are seen per Linear and role (it casts the weight and input again in the
+    backward), it loses no more than current scaling, and both models pass on a first run."""
+    pytest.importorskip("torchao.float8", reason="torchao is not installed (pip install -e '.[fp8]')")
+    pytester.makeconftest(TORCHAO)
+    result = run_suite(pytester, *ON_CPU, "--precision-configs=fp32,fp8-e4m3", "-k", "fp8-own",
+                       "--precision-update-baselines", "-rA")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["| gpt *| fp8-own *| pass *|", "| mlp *| fp8-own *| *8 |*| pass *|"])
+    assert len(list(pytester.path.rglob("fp8-own.json"))) == 2

@@ -142,6 +142,11 @@ class Kind(ABC):
         """The configs this kind runs, given the ones the run selected."""
         return list(selected)
 
+    def target_configs(self, target: Target, configs: list) -> list:
+        """Of ``configs``, those ``target`` has cases in (default: all); a config only some targets
+        declare (a training spec's own fp8 recipe) has no case, not a skip, in the others."""
+        return configs
+
     def variants(self, device: str) -> list[Variant]:
         return [NO_VARIANT]
 

@@ -93,7 +93,7 @@ class SuiteCollector(pytest.Collector):
                 variants = decision.variants(kind, options.device)
                 if options.compile and kind.compiles:
                     variants = [*variants, Compiled(NO_VARIANT, options.device)]
-                for config in kind.configs(options.configs):
+                for config in kind.target_configs(target, kind.configs(options.configs)):
                     for variant in variants:
                         for regime in regimes:
                             case = Case(kind, target, config, variant, regime, options.device, state)

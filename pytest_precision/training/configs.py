@@ -26,7 +26,9 @@ class TrainConfig:
     ``param_dtype``: params, grads and optimizer state in that dtype (pure low precision).
     ``stochastic_rounding``: the weight update is computed in fp32 and stored with stochastic
     rounding. ``fp8``: nn.Linear layers emulated in fp8 (e4m3 forward, e5m2 gradients), or, with a
-    ``float8`` recipe, computed in fp8 by ``torch._scaled_mm`` (``training.fp8``).
+    ``float8`` recipe, computed in fp8 by ``torch._scaled_mm`` (``training.fp8``); ``own_fp8``: the
+    spec's own conversion applied instead, its casts observed (``training.fp8_observed``; only for a
+    spec that declares one).
     ``shows``: what this config exists to show, reported rather than held to the absolute limits:
     ``underflow`` (gradient underflow), ``update_lost`` and ``update_size`` (the lost updates that
     follow from it, or from rounding the update away).
@@ -43,6 +45,7 @@ class TrainConfig:
     fp8: bool = False
     float8: Float8Recipe | None = None
     tf32: bool = False
+    own_fp8: bool = False  # the spec's own fp8 conversion (TrainSpec(fp8=...)), its casts observed (fp8_observed)
     shows: tuple[str, ...] = ()
     ddp_hook: str | None = None  # a DDP gradient-compression comparison (distributed.py), not a run
     fsdp: tuple[torch.dtype, torch.dtype] | None = None  # an FSDP2 (param_dtype, reduce_dtype) comparison (fsdp.py)
@@ -118,6 +121,8 @@ TRAIN_CONFIGS: dict[str, TrainConfig] = {c.id: c for c in (
     TrainConfig("fp8-delayed", "fp8-e4m3", "nn.Linear in fp8 through torch._scaled_mm: e4m3 forward, e5m2 gradients, "
                 "per-tensor delayed scaling (amax history of 16 calls)", 1e-1, fp8=True,
                 float8=Float8Recipe("delayed", 16)),
+    TrainConfig("fp8-own", "fp8-e4m3", "the spec's own fp8 conversion (TrainSpec(fp8=...)), every cast to a float8 dtype "
+                "observed", 1e-1, fp8=True, own_fp8=True),
     TrainConfig("ddp-fp16", "fp16", "DDP on 2 processes, gradients all-reduced through fp16_compress_hook, against "
                 "uncompressed DDP", 0.0, ddp_hook="fp16"),
     TrainConfig("ddp-bf16", "bf16", "DDP on 2 processes, gradients all-reduced through bf16_compress_hook, against "

@@ -125,6 +125,7 @@ class TensorCounts:
     # those above every amax of the previous calls, a tensor outgrowing its history
     careful_saturated: int = 0
     first_saturated_call: int | None = None  # the call (0-based) that first saturated an element
+    dtype: str = ""  # the fp8 dtype its casts went to, where a recipe of the spec's own was observed (fp8_observed)
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -134,7 +135,7 @@ class TensorCounts:
 class Fp8Counts:
     """Per Linear (its name in the model) and role, what the casts of a run saturated and lost."""
 
-    recipe: Float8Recipe
+    recipe: Float8Recipe | None  # None: the spec's own conversion, its casts observed (training.fp8_observed)
     linears: list[str] = field(default_factory=list)  # the Linears run in fp8, by name
     tensors: dict[tuple[str, str], TensorCounts] = field(default_factory=dict)
 
@@ -147,8 +148,9 @@ class Fp8Counts:
     def as_dict(self) -> dict:
         """JSON-ready: ``{"recipe": ..., "tensors": {"blocks.0.up input": {...}}}``."""
         r = self.recipe
-        return {"recipe": {"scaling": r.scaling, "history": r.history, "forward_dtype": str(r.forward_dtype),
-                           "grad_dtype": str(r.grad_dtype)},
+        return {"recipe": "the spec's own" if r is None else
+                {"scaling": r.scaling, "history": r.history, "forward_dtype": str(r.forward_dtype),
+                 "grad_dtype": str(r.grad_dtype)},
                 "tensors": {f"{n} {role}": c.as_dict() for (n, role), c in self.tensors.items()}}
 
 
@@ -364,21 +366,38 @@ def fp8_problems(counts: Fp8Counts) -> list[Problem]:
         if not bad:
             continue
         rate, name, role, count, total, c = max(bad, key=lambda b: (b[0], b[1], b[2]))
-        dtype = str(counts.recipe.dtype(role)).replace("torch.", "")
+        dtype = c.dtype or str(counts.recipe.dtype(role)).replace("torch.", "")
         since = (f", from call {c.first_saturated_call} of {c.calls}" if what == "saturated" and
                  c.first_saturated_call is not None else "")
         if what == "underflowed" and c.careful_underflowed:
             careful = "e5m2" if role == "grad" else "e4m3"
             since = f"; current scaling in {careful}, the careful recipe, loses {c.careful_underflowed}"
         more = f"; {len(bad) - 1} more tensors past it" if len(bad) > 1 else ""
+        own = counts.recipe is None
         allowed = (" more than current scaling in the careful format loses" if what == "underflowed" else
                    f" more than a correct amax history of {counts.recipe.history} calls saturates, "
-                   f"{c.careful_saturated} here: what outgrows every earlier amax" if counts.recipe.scaling == "delayed"
-                   else "")
+                   f"{c.careful_saturated} here: what outgrows every earlier amax"
+                   if not own and counts.recipe.scaling == "delayed" else
+                   f" more than a scale from the earlier calls' amaxes saturates, {c.careful_saturated} here: what "
+                   "outgrows every earlier amax" if own else "")
+        if own:
+            allowed += _own_cause(what, count, total, c)
         out.append(Problem("oracle", category, f"fp8 {word}: {count_text(count, total)} of {name}'s {role} in {dtype}"
                            f"{since} > {percent(limit)} allowed (up to {limit_count(limit, total)} elements{allowed})"
                            f"{more}"))
     return out
+
+
+def _own_cause(what: str, count: int, total: int, c: TensorCounts) -> str:
+    """What a recipe of the spec's own did, where its counts say it: values scaled below the range
+    (a scale inverted or applied twice), a saturation a correct scale would not give."""
+    if what == "underflowed" and count > total / 2 and c.careful_underflowed < count / 10:
+        return ("; most values were scaled below the format's range: a scale inverted (amax / max for max / amax) or "
+                "applied twice")
+    if what == "saturated":
+        return ("; the scale is larger than max / amax of the values cast: a stale or wrongly fed amax history, or a "
+                "scale computed for another format")
+    return ""
 
 
 def worst_text(counts: Fp8Counts, what: str) -> str:
