@@ -104,7 +104,7 @@ class TrainStepKind(Kind):
     name = "train_step"
     suite = "training"
     contract = ("TrainSpec(model_fn, optimizer_fn, batch_fn, steps=8, step_fn=None, seed=0, loss_fn=None, "
-                "keep_fp32=(), accumulate=1, checkpoint=None, seeds=1) (pytest_precision.training)")
+                "keep_fp32=(), accumulate=1, checkpoint=None, seeds=1, fp8=None) (pytest_precision.training)")
     table = TRAINING_TABLE
     audit_regime = "trajectory"
     REGIME = "trajectory"  # no input regimes: a run is the spec's own batches
@@ -122,6 +122,11 @@ class TrainStepKind(Kind):
         """The training configs whose matrix config (``base``) the run selected, in table order."""
         chosen = {c.id for c in selected}
         return [c for c in TRAIN_CONFIGS.values() if c.base in chosen]
+
+    def target_configs(self, target: Target, configs: list) -> list:
+        """fp8-own only for a spec that declares its own fp8 conversion (``TrainSpec(fp8=...)``)."""
+        own = isinstance(target.fn, TrainSpec) and target.fn.fp8 is not None
+        return [c for c in configs if own or not getattr(c, "own_fp8", False)]
 
     compiles = False  # a run is the spec's own loop: --precision-compile adds no compiled variant
 
@@ -270,7 +275,7 @@ class TrainStepKind(Kind):
                              "float64" if isinstance(exact, ExactStep) else "fp32", run.unscaled)
         outcome = Outcome(self.suite, self.name, case.target.name, config.id, case.regime,
                           TrainingEvidence(config, metrics, scale, run.fp8, run.low_precision_loss,
-                                           self._peer(case, spec, run)), result)
+                                           self._peer(case, spec, run), shipped=spec.ships == config.id), result)
         judge(outcome)
         outcome.problems += run.module_failures  # where its modules ran against what was meant (module_dtypes)
         outcome.details += run.module_notes

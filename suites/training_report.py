@@ -39,11 +39,12 @@ class TrainingEvidence(Evidence):
 
     def __init__(self, config: TrainConfig, metrics: TrainMetrics, scale: ScaleHealth | None = None,
                  fp8: Fp8Counts | None = None, low_precision_loss: LowPrecisionLoss | None = None,
-                 peer: LoopPeer | str | None = None):
+                 peer: LoopPeer | str | None = None, shipped: bool = False):
         self.config, self.metrics, self.scale = config, metrics, scale  # scale: the float16 loss scale's health
         self.fp8 = fp8  # a float8 recipe's saturated and underflowed elements per Linear and role
         self.low_precision_loss = low_precision_loss  # the first step's loss function that returned 16 bits
         self.peer = peer  # a step_fn's careful-loop peer (training.peer), or why it could not run
+        self.shipped = shipped  # the config the repository trains in (TrainSpec.ships)
 
     def summary(self) -> dict:
         m = self.metrics
@@ -61,7 +62,8 @@ class TrainingEvidence(Evidence):
                 "step_time_s": m.step_time_s, "fp32_step_time_s": m.fp32_step_time_s,
                 "step_time_spread": _finite_or_none(m.step_time_spread),
                 "fp32_step_time_spread": _finite_or_none(m.fp32_step_time_spread),
-                **({"fp8": self.fp8.as_dict()} if self.fp8 is not None else {})}
+                **({"fp8": self.fp8.as_dict()} if self.fp8 is not None else {}),
+                **({"shipped": True} if self.shipped else {})}
 
     def record_fields(self, outcome) -> dict:
         return {"training": self.summary()}
@@ -123,10 +125,14 @@ def _fp8_lines(counts: Fp8Counts) -> list[str]:
     """The float8 casts of a run: the totals, then each tensor that saturated or lost values."""
     r = counts.recipe
     names = {"float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
-    fwd, grad = (names[str(d).replace("torch.", "")] for d in (r.forward_dtype, r.grad_dtype))
-    history = f", amax history of {r.history} calls" if r.scaling == "delayed" else ""
-    lines = [f"    fp8 casts ({r.scaling} scaling{history}; inputs and weights {fwd}, output gradients {grad}) over "
-             f"{len(counts.linears)} Linears: saturated {counts.total('saturated')} of {counts.total('elements')} "
+    if r is None:  # the spec's own conversion: what its casts were, observed
+        how, where = "the spec's own conversion, observed", f"{len(counts.linears)} modules"
+    else:
+        fwd, grad = (names[str(d).replace("torch.", "")] for d in (r.forward_dtype, r.grad_dtype))
+        history = f", amax history of {r.history} calls" if r.scaling == "delayed" else ""
+        how, where = (f"{r.scaling} scaling{history}; inputs and weights {fwd}, output gradients {grad}",
+                      f"{len(counts.linears)} Linears")
+    lines = [f"    fp8 casts ({how}) over {where}: saturated {counts.total('saturated')} of {counts.total('elements')} "
              f"elements (worst {worst_text(counts, 'saturated')}), significant values lost to 0 "
              f"{counts.total('underflowed')} of {counts.total('significant')} "
              f"(worst {worst_text(counts, 'underflowed')})"]
@@ -204,7 +210,8 @@ class TrainingTable(SummaryTable):
             speedup = "-" if r["config"] == "fp32" else speedup_text(step, spread, fp32_step, t.get("fp32_step_time_spread"))
             worst = t.get("worst_grad_sqnr_db")
             sqnr = _opt(t["grad_sqnr_db"]) + ("" if worst is None else f", {_opt(worst)}")
-            rows.append((r["target"], r["config"], t["steps"], _opt(t["max_loss_deviation"]), sqnr,
+            config = f"{r['config']} (shipped)" if t.get("shipped") else r["config"]  # TrainSpec.ships
+            rows.append((r["target"], config, t["steps"], _opt(t["max_loss_deviation"]), sqnr,
                          _opt(t["param_sqnr_db"]),
                          _rate(t["max_underflow_rate"], t["underflow_param"], t.get("underflow_elements")),
                          _rate(t["max_update_lost_rate"], t["update_lost_param"], t.get("update_lost_elements")),

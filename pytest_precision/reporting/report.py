@@ -157,7 +157,9 @@ REPORT_SCHEMA: dict = {
                                                         "description": "gradient SQNR per optimizer parameter "
                                                         "group, against fp32"},
                                  "fp8": {"type": "object", "description": "float8 recipes: per Linear and role, "
-                                         "the elements cast, saturated and lost to 0"}}},
+                                         "the elements cast, saturated and lost to 0"},
+                                 "shipped": {"type": "boolean", "description": "the config the repository trains in "
+                                             "(TrainSpec.ships; a Lightning Trainer's precision)"}}},
                 "success_rate": {"type": "object", "description": "a train_step seedsN case: the config's runs from N seeds "
                                  "against the fp32 runs from the same seeds (Fisher's exact test, one-sided)",
                                  "required": ["seeds", "nonfinite", "past_bound", "failed", "fp32_failed", "p_value"],

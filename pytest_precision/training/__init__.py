@@ -1,7 +1,7 @@
 """Training steps under precision configs: the ``train_step`` contract (``spec``), learnable
 synthetic data (``data``), the training configs (``configs``), pure-bf16 stochastic rounding and
 fp8 Linear emulation (``recipes``), fp8 Linears on ``torch._scaled_mm`` with current or delayed
-scaling and what their casts saturate and lose (``fp8``), the loss scale and backward passes a step used
+scaling and what their casts saturate and lose (``fp8``), a spec's own fp8 conversion, its casts observed (``fp8_observed``), the loss scale and backward passes a step used
 (``loop_watch``), where each module ran (``module_dtypes``), a run of a few steps (``run``, recording into a ``trajectory`` through a ``recorder``), the float64 step (``float64``), its comparison with
 the fp32 run (``compare``), the careful loop a ``step_fn`` is judged against (``peer``), the float16 loss scale's health (``loss_scale``), the floors and
 spreads the verdicts use (``limits``), DDP gradient compression on the real engine
@@ -9,7 +9,7 @@ spreads the verdicts use (``limits``), DDP gradient compression on the real engi
 (``moved``), its per-parameter rates judged as counts (``rates``), gradient accumulation judged
 against the whole batch's float64 gradient (``accumulation``) and activation checkpointing judged
 against the same step without it (``checkpointing``), FSDP2 mixed precision (``fsdp``), the success
-rate over seeds (``success_rate``) and the Hugging Face Trainer's own step (``hf_trainer``, imported
+rate over seeds (``success_rate``), a LightningModule in Lightning's own loop with its Trainer's options (``lightning``), and the Hugging Face Trainer's own step (``hf_trainer``, imported
 on its own: it needs transformers)."""
 from .compare import (GradientLoss, TrainMetrics, compare_trajectories, mantissa_eps, significant, tensors_sqnr_db,
                       underflow_rates, update_lost_rates)

@@ -8,7 +8,12 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["split_batch", "batch_sizes", "map_tensors", "data_digest"]
+__all__ = ["split_batch", "batch_sizes", "map_tensors", "data_digest", "MicroBatches"]
+
+
+class MicroBatches(list):
+    """A step's micro-batches as a loop that accumulates takes them (a Trainer's): split along the
+    list, not inside its batches (where the list does not divide, each micro-batch is split)."""
 
 
 def batch_sizes(batch: Any) -> set[int]:
@@ -43,6 +48,12 @@ def split_batch(batch: Any, n: int) -> list[Any]:
     along dim 0; other values are passed to every micro-batch as they are."""
     if not (isinstance(n, int) and n >= 1):
         raise ValueError(f"accumulate must be a positive int, got {n!r}")
+    if isinstance(batch, MicroBatches):
+        if len(batch) % n == 0:
+            size = len(batch) // n
+            return [MicroBatches(batch[k * size:(k + 1) * size]) for k in range(n)]
+        # fewer micro-batches than shares (the FSDP2 ranks' of one micro-batch): each split inside
+        return [MicroBatches(parts) for parts in zip(*(split_batch(mb, n) for mb in batch))]
     sizes = batch_sizes(batch)
     if len(sizes) != 1:
         raise ValueError(f"accumulate={n}: the batch's tensors must share their dim-0 size to be split into "

@@ -54,7 +54,7 @@ import torch.distributed as dist
 import torch.multiprocessing
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from .batches import map_tensors
+from .batches import MicroBatches, map_tensors
 from .compare import significant, tensors_sqnr_db, underflow_rates
 from ..numerics.promote import read_as_float64
 from .module_dtypes import parameters_to
@@ -267,8 +267,8 @@ def run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, payl
     backend, port = _backend(device, world_size), _free_port()
     ctx = torch.multiprocessing.get_context("spawn")  # not fork: torch's OpenMP threads are not fork-safe
     with tempfile.TemporaryDirectory(prefix="precision-ranks-") as workdir:
-        for rank, batch in enumerate(batches):
-            torch.save(batch, os.path.join(workdir, f"batch{rank}.pt"))
+        for rank, batch in enumerate(batches):  # a step's MicroBatches as the plain list the ranks can load
+            torch.save(list(batch) if isinstance(batch, MicroBatches) else batch, os.path.join(workdir, f"batch{rank}.pt"))
         procs = [ctx.Process(target=_rank_main, daemon=True, args=(
             rank, world_size, port, device, backend, fns, {"seed": spec.seed, "keep_fp32": spec.keep_fp32}, payload,
             workdir, timeout_s, body))

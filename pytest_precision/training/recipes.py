@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from ..numerics.configs import fp8_roundtrip
+from .recorder import wrap_closure
 
 __all__ = ["stochastic_round", "stochastic_rounding_updates", "emulated_fp8_linears"]
 
@@ -37,6 +38,32 @@ def stochastic_rounding_updates(optimizer: torch.optim.Optimizer, seed: int) -> 
 
     def before(opt, args, kwargs):
         rounded.clear()
+        # step(closure): the closure's forward and backward run inside the step on the bf16 model, so the
+        # move up to fp32 waits until it has run (before each evaluation, back to bf16)
+        wrapped = wrap_closure(opt, args, kwargs, lambda closure: _after_closure(closure, opt))
+        if wrapped is not None:
+            return wrapped
+        up(opt)
+        return None
+
+    def _after_closure(closure, opt):
+        def evaluate(*a, **k):
+            down(opt)
+            loss = closure(*a, **k)
+            up(opt)
+            return loss
+        return evaluate
+
+    def down(opt):  # an evaluation after the first: the params moved up go back to bf16 for the forward
+        for group in opt.param_groups:
+            for p in group["params"]:
+                if id(p) in rounded:
+                    p.data = p.data.to(torch.bfloat16)
+                    if p.grad is not None:
+                        p.grad = p.grad.to(torch.bfloat16)
+        rounded.clear()
+
+    def up(opt):
         for group in opt.param_groups:
             for p in group["params"]:
                 if p.dtype != torch.bfloat16:

@@ -17,7 +17,19 @@ from torch import nn
 
 from .trajectory import Trajectory
 
-__all__ = ["StepRecorder", "wide_dtype"]
+__all__ = ["StepRecorder", "wide_dtype", "wrap_closure"]
+
+
+def wrap_closure(opt, args: tuple, kwargs: dict, wrap) -> tuple[tuple, dict] | None:
+    """A step hook's ``(args, kwargs)`` with the ``step(closure)`` closure replaced by
+    ``wrap(closure)``; None where the step has no closure."""
+    given = args[1:] if args and args[0] is opt else args  # the hook's args begin with the optimizer
+    if given and given[0] is not None:
+        head = args[:len(args) - len(given)]
+        return (*head, wrap(given[0]), *given[1:]), kwargs
+    if kwargs.get("closure") is not None:
+        return args, {**kwargs, "closure": wrap(kwargs["closure"])}
+    return None
 
 
 def wide_dtype(t: torch.Tensor) -> torch.dtype:
@@ -41,6 +53,7 @@ class StepRecorder:
         self.first_grads: dict[str, torch.Tensor] = {}  # those of the first step the optimizer ran
         self.first_step: int | None = None
         self._closure_pending = False
+        self._closure_calls = 0
 
     @contextlib.contextmanager
     def watching(self, optimizer: torch.optim.Optimizer):
@@ -56,18 +69,26 @@ class StepRecorder:
     def start_step(self, step: int) -> None:
         self.step, self.calls, self.applied, self.nonfinite = step, 0, None, None
 
-    def _before_step(self, opt, args, kwargs) -> None:
-        given = args[1:] if args and args[0] is opt else args  # the hook's args begin with the optimizer
-        if (given and given[0] is not None) or kwargs.get("closure") is not None:
-            # step(closure): the closure's backward runs inside the step, after this hook
-            self.trajectory.closure = True
-            self._closure_pending = True
-            return
+    def _before_step(self, opt, args, kwargs):
+        def counted(closure):
+            def evaluate(*a, **k):
+                self._closure_calls += 1
+                return closure(*a, **k)
+            return evaluate
+        wrapped = wrap_closure(opt, args, kwargs, counted)
+        if wrapped is not None:
+            # step(closure): the closure's backward runs inside the step, after this hook (a
+            # Lightning loop's last micro-batch, LBFGS's evaluations)
+            self._closure_pending, self._closure_calls = True, 0
+            return wrapped
         self._record(opt)
+        return None
 
     def _after_step(self, opt, args, kwargs) -> None:
         if self._closure_pending:
             self._closure_pending = False
+            if self._closure_calls > 1:  # evaluated again inside the step (LBFGS): its passes are not micro-batches
+                self.trajectory.closure = True
             self._record(opt)
 
     def _record(self, opt) -> None:

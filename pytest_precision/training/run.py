@@ -45,6 +45,7 @@ from .configs import FLOAT64, TrainConfig
 from .loop_watch import watch_loop
 from .loss_precision import LossPrecisionWatch
 from .fp8 import scaled_mm_fp8_linears
+from .fp8_observed import observed_fp8_casts
 from .module_dtypes import cast_then_as_built, keep_fp32_params, module_flags, parameters_to, record_module_dtypes
 from .recipes import emulated_fp8_linears, stochastic_rounding_updates
 from .recorder import StepRecorder, wide_dtype
@@ -155,6 +156,9 @@ def _known_cause(e: Exception) -> str:
         return ("; scaler.update() ran with no scaler.step(optimizer) before it, as when it is called per "
                 "micro-batch or after optimizer.step(): call scaler.step(optimizer), then scaler.update(), once per "
                 "optimizer step, after the last micro-batch's backward")
+    if "Attempted unscale_ but _scale is None" in str(e):
+        return ("; the loss's backward ran past the GradScaler: loss.backward() in place of scaler.scale(loss).backward() "
+                "(in Lightning's manual optimisation, in place of self.manual_backward(loss))")
     return ""
 
 
@@ -213,6 +217,8 @@ class PreparedRun:
             if spec.keep_fp32 and config.param_dtype in (torch.float16, torch.bfloat16):
                 keep_fp32_params(model, spec.keep_fp32)  # as the repository keeps them (training.module_dtypes)
             model.train()
+            if config.own_fp8:
+                model = self._own_fp8(model)
             if start_params is not None:
                 with torch.no_grad():
                     for n, p in model.named_parameters():
@@ -247,6 +253,23 @@ class PreparedRun:
         except Exception as e:
             raise TrainingError(f"{where}: {what} raised {type(e).__name__}: {e}{_known_cause(e)}") from e
 
+    def _own_fp8(self, model: nn.Module) -> nn.Module:
+        """The spec's own fp8 conversion applied (``TrainSpec(fp8=...)``); its parameters must keep
+        their names, which the comparison with fp32 goes by."""
+        if self.spec.fp8 is None:
+            raise TrainingError(f"{self.where}: {self.config.id} runs the spec's own fp8 conversion, and the TrainSpec "
+                                "declares none (fp8=)")
+        names = [n for n, _ in model.named_parameters()]
+        converted = self._call("fp8(model)", self.spec.fp8, model)
+        model = converted if isinstance(converted, nn.Module) else model
+        after = [n for n, _ in model.named_parameters()]
+        if after != names:
+            gone, new = sorted(set(names) - set(after)), sorted(set(after) - set(names))
+            raise TrainingError(f"{self.where}: fp8(model) renamed the model's parameters (gone: {', '.join(gone[:3]) or '-'}; "
+                                f"new: {', '.join(new[:3]) or '-'}): its steps cannot be compared with fp32's by name; "
+                                "swap modules keeping their parameters (as convert_to_float8_training does)")
+        return model
+
     def _timed_step(self, *a):  # the step's time, without the state's snapshots around it
         start = synchronized_perf_counter()
         loss = self.step_fn(*a)
@@ -258,7 +281,9 @@ class PreparedRun:
         config, t, spec, where = self.config, self.trajectory, self.spec, self.where
         if config.stochastic_rounding:
             stack.enter_context(stochastic_rounding_updates(self.optimizer, spec.seed + 1))
-        if config.float8 is not None:
+        if config.own_fp8:
+            t.fp8 = stack.enter_context(observed_fp8_casts(self.model))
+        elif config.float8 is not None:
             t.fp8 = stack.enter_context(scaled_mm_fp8_linears(self.model, config.float8, keep_fp32=spec.keep_fp32))
             if not t.fp8.linears:
                 raise TrainingError(f"{where}: the model has no nn.Linear layer for {config.id} to run in fp8")
@@ -289,6 +314,9 @@ class PreparedRun:
                     self.around_step_params = previous
                 with self.around_step[1]() if around else contextlib.nullcontext():
                     previous = self._step(i, loop, autocast, previous, changed)
+        if config.own_fp8 and t.fp8 is not None and not t.fp8.tensors:
+            raise TrainingError(f"{self.where}: the spec's fp8(model) conversion ran, and no cast to a float8 dtype ran in "
+                                f"{spec.steps} steps: nothing of the model ran in fp8 to judge")
         t.grads0, t.first_step = rec.first_grads, rec.first_step
         t.final, t.changed = previous, changed
         return t

@@ -2,7 +2,8 @@
 
 Contract (kind ``train_step``)::
 
-    spec = pytest_precision.TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None, loss_fn=None, seeds=1)
+    spec = pytest_precision.TrainSpec(model_fn, optimizer_fn, batch_fn, steps, step_fn=None, loss_fn=None, seeds=1,
+                                      fp8=None)
     pytest_precision.register("my_model", spec, kind="train_step")
 
 ``model_fn()`` builds a fresh model (the harness seeds torch before calling it).
@@ -22,6 +23,12 @@ run only forward and loss, through ``loss_fn`` (or the default above), never the
 ``step_fn`` with an ``accumulate`` parameter is given N), judged by ``training.accumulation``.
 ``checkpoint``: how activation checkpointing is turned on in a built model, judged by
 ``training.checkpointing`` against the same step without it.
+``fp8=convert``: the repository's own fp8 conversion (torchao's ``convert_to_float8_training``, or
+a function that swaps in its own modules), applied to the built float32 model before the optimizer
+is built, in place or returning the model; the ``fp8-own`` config runs it, judged like the built-in
+recipes (``training.fp8_observed``).
+``ships``: the config the repository trains in (``lightning_spec`` reads it from ``precision=``); the
+training summary marks its row.
 ``seeds=N`` (N > 1) adds a success-rate case per config: N runs from seeds ``seed + k``, each with
 its own initialisation and data order, judged on their failure rate against fp32's
 (``training.success_rate``).
@@ -61,6 +68,10 @@ class TrainSpec:
     accumulate: int = 1
     checkpoint: bool | str | Callable[[nn.Module], Any] | None = None
     seeds: int = 1  # > 1: each config also runs from this many seeds, its failure rate judged (success_rate.py)
+    # the repository's own fp8 conversion, applied to the built model (in place, or returning the model):
+    # the fp8-own config runs it and judges its casts (training.fp8_observed)
+    fp8: Callable[[nn.Module], Any] | None = None
+    ships: str | None = None  # the config the repository trains in (a Trainer's precision): its summary row is marked
 
     def __post_init__(self):
         keep = (self.keep_fp32,) if isinstance(self.keep_fp32, str) else self.keep_fp32
@@ -71,7 +82,7 @@ class TrainSpec:
         for name in ("model_fn", "optimizer_fn", "batch_fn"):
             if not callable(getattr(self, name)):
                 raise TypeError(f"TrainSpec.{name} must be callable, got {getattr(self, name)!r}")
-        for name in ("step_fn", "loss_fn"):
+        for name in ("step_fn", "loss_fn", "fp8"):
             if getattr(self, name) is not None and not callable(getattr(self, name)):
                 raise TypeError(f"TrainSpec.{name} must be callable or None, got {getattr(self, name)!r}")
         if not (isinstance(self.steps, int) and self.steps >= 1):
@@ -89,6 +100,8 @@ class TrainSpec:
         if not (self.checkpoint is None or isinstance(self.checkpoint, (bool, str)) or callable(self.checkpoint)):
             raise TypeError(f"TrainSpec.checkpoint must be True, the name of the model's block list, a callable(model) "
                             f"or None, got {self.checkpoint!r}")
+        if self.ships is not None and not isinstance(self.ships, str):
+            raise TypeError(f"TrainSpec.ships must be a training config's name or None, got {self.ships!r}")
         if not (isinstance(self.seeds, int) and not isinstance(self.seeds, bool) and self.seeds >= 1):
             raise ValueError(f"TrainSpec.seeds must be a positive int (1: one run per config), got {self.seeds!r}")
 

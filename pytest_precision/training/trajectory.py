@@ -53,8 +53,9 @@ class Trajectory:
     scalers: list[int] = field(default_factory=list)
     clips: list[list[float]] = field(default_factory=list)
     fp8: Fp8Counts | None = None  # a float8 recipe's saturated and underflowed elements per Linear and role
-    # an optimizer.step(closure) ran (LBFGS): its gradients were recorded after the step, where the
-    # closure's backward had run (the last evaluation's, for an optimizer that evaluates it more than once)
+    # an optimizer.step(closure) evaluated its closure more than once (LBFGS): its backward passes are
+    # evaluations, not micro-batches. A step(closure)'s gradients are recorded after the step, where the
+    # closure's backward had run (the last evaluation's)
     closure: bool = False
     after_first: dict[str, torch.Tensor] = field(repr=False, default_factory=dict)  # parameters after the first applied step
 

@@ -1,0 +1,298 @@
+"""A PyTorch Lightning ``LightningModule`` as a ``train_step`` target: its own ``training_step``,
+``configure_optimizers`` and hooks, with the ``Trainer`` options that change numerics, under every
+training config.
+
+    spec = lightning_spec(LitModel, batches, steps=4, precision="bf16-mixed", accumulate_grad_batches=2,
+                          gradient_clip_val=1.0, gradient_clip_algorithm="norm")
+    pytest_precision.register("lit", spec, kind="train_step")
+
+**One harness step is one optimizer step of Lightning's loop** (``pytorch_lightning.loops``,
+2.6), driven here with Lightning's own objects: a ``Trainer`` built from the keyword arguments
+(accumulation, clipping and its algorithm, callbacks), its strategy, precision plugin and
+``LightningOptimizer``. Automatic optimisation runs, per micro-batch, ``training_step`` in the
+precision plugin's context, the loss divided by ``accumulate_grad_batches``, ``zero_grad`` before
+the first backward, the strategy's ``backward`` (the module's ``backward`` hook, the plugin's
+scaling, ``on_before_backward``/``on_after_backward``); the last micro-batch's runs inside the
+module's ``optimizer_step`` hook as its closure, where the precision plugin unscales, calls
+``on_before_optimizer_step`` and the module's ``configure_gradient_clipping`` (default: clip to
+``gradient_clip_val`` by ``gradient_clip_algorithm``), and steps and updates its scaler. Then the
+learning-rate schedulers of interval ``"step"`` step (``"epoch"`` ones never do: a harness run
+is inside one epoch). Manual optimisation (``automatic_optimization = False``) runs
+``training_step`` once per step, where the module calls ``self.optimizers()``,
+``manual_backward`` and ``opt.step()`` itself, through the same plugin. ``self.log`` works and is
+kept nowhere. ``tests/test_training_lightning.py`` runs a real ``Trainer(...).fit`` beside it on
+the same module and batches and gets the same parameters, step for step.
+
+**The config decides the precision.** Each config runs the plugin Lightning builds for it:
+``amp-bf16`` ``MixedPrecision("bf16-mixed")``, ``amp-fp16`` ``MixedPrecision("16-mixed")`` with
+the harness's GradScaler (disabled under ``amp-fp16-noscale``), every other config Lightning's
+``Precision()`` on the model the harness cast (pure bf16, fp8, the float64 step). ``precision=``
+names the config the repository ships (``"bf16-mixed"`` is ``amp-bf16``): the training summary
+marks that row ``(shipped)`` (``TrainSpec.ships``).
+
+**Data.** ``batches`` is what the repository's ``DataLoader`` yields, in order (a list, or the
+loader itself, read once): harness step ``i`` takes micro-batches ``i N`` to ``i N + N - 1`` of it
+(N = ``accumulate_grad_batches``), wrapping around, as ``MicroBatches``, so the accumulation
+verdict splits a step into its micro-batches. Outside the loop (the careful-loop peer, the DDP
+cases) a step's loss is the mean of its micro-batches' ``training_step`` losses; a module that
+steps its own optimizer in ``training_step`` has none, and those comparisons say so.
+
+pytorch_lightning is imported when a spec is built, not with this module (the ``lightning`` extra).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from .batches import MicroBatches
+from .spec import LossContractError, TrainSpec
+
+__all__ = ["lightning_spec", "lightning_loss", "PRECISION_CONFIGS"]
+
+# Lightning's precision= -> the harness config that runs it
+PRECISION_CONFIGS = {"32-true": "fp32", "32": "fp32", 32: "fp32", "bf16-mixed": "amp-bf16", "bf16": "amp-bf16",
+                     "16-mixed": "amp-fp16", "16": "amp-fp16", 16: "amp-fp16", "bf16-true": "bf16"}
+# what lightning_spec sets on the Trainer itself; a repository's value for them is not its numerics
+_SET_HERE = {"accelerator": "cpu", "devices": 1, "logger": False, "enable_checkpointing": False,
+             "enable_progress_bar": False, "enable_model_summary": False, "num_sanity_val_steps": 0}
+_NOT_NUMERICS = {"max_steps", "max_epochs", "min_steps", "min_epochs", "max_time", "limit_train_batches",
+                 "limit_val_batches", "val_check_interval", "check_val_every_n_epoch", "log_every_n_steps",
+                 "default_root_dir", "enable_checkpointing", "enable_progress_bar", "enable_model_summary", "logger",
+                 "num_sanity_val_steps", "accelerator", "devices", "strategy", "num_nodes", "profiler", "fast_dev_run",
+                 "deterministic", "benchmark", "inference_mode", "use_distributed_sampler", "reload_dataloaders_every_n_epochs",
+                 "detect_anomaly", "barebones", "sync_batchnorm", "overfit_batches", "precision"}
+
+
+def _require_lightning():
+    try:
+        import pytorch_lightning
+    except ImportError as e:
+        raise ImportError(f"lightning_spec needs pytorch_lightning (pip install 'pytest-precision[lightning]'): {e}") from e
+    return pytorch_lightning
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Lightning's advice about a CPU run, workers and logging, which says nothing about numerics
+    (its warnings, and the lines its loggers print when a Trainer is built)."""
+    loggers = [logging.getLogger(name) for name in ("pytorch_lightning", "lightning.pytorch", "lightning_fabric")]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"(pytorch_)?lightning.*")
+        warnings.filterwarnings("ignore", message=r".*self\.log\(\).*")
+        for lg in loggers:
+            lg.setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+
+
+class _LoopRun:
+    """One harness run's Trainer around its module: built with the optimizer (``optimizer_fn``), its
+    precision plugin set at the first step (when the config's precision is known)."""
+
+    def __init__(self, pl, module, trainer_kwargs: dict):
+        self.pl, self.module = pl, module
+        with _quiet():
+            self.trainer = pl.Trainer(**{**trainer_kwargs, **_SET_HERE})
+        trainer = self.trainer
+        trainer.strategy.connect(module)
+        module.trainer = trainer
+        trainer.state.fn, trainer.state.stage = "fit", "train"
+        from pytorch_lightning.core.optimizer import _init_optimizers_and_lr_schedulers
+        with _quiet():
+            optimizers, self.schedulers = _init_optimizers_and_lr_schedulers(module)
+        if len(optimizers) != 1:
+            raise ValueError(f"lightning_spec: configure_optimizers returned {len(optimizers)} optimizers; a train_step "
+                             "case watches one (a module with several steps them in manual optimisation: register one "
+                             "spec per optimizer's part)")
+        trainer.strategy.optimizers = optimizers
+        trainer.strategy.lr_scheduler_configs = self.schedulers
+        self.optimizer = optimizers[0]
+        self.prepared = False
+        self.steps = 0
+
+    def prepare(self, autocast: Callable, scaler: torch.amp.GradScaler) -> None:
+        """The precision plugin Lightning builds for the config's precision (the module docstring)."""
+        from pytorch_lightning.plugins.precision import MixedPrecision, Precision
+        ctx = autocast()
+        dtype = ctx.fast_dtype if isinstance(ctx, torch.autocast) else None
+        device = next(self.module.parameters()).device.type
+        if dtype == torch.bfloat16:
+            plugin = MixedPrecision("bf16-mixed", device)
+        elif dtype == torch.float16:
+            plugin = MixedPrecision("16-mixed", device, scaler=scaler)
+        elif dtype is None:
+            plugin = Precision()
+        else:
+            raise ValueError(f"lightning_spec: Lightning has no mixed precision for autocast {dtype}")
+        self.trainer.strategy.precision_plugin = plugin
+        self.prepared = True
+
+    def step(self, batch: list, autocast: Callable, scaler: torch.amp.GradScaler):
+        if not self.prepared:
+            self.prepare(autocast, scaler)
+        module, trainer = self.module, self.trainer
+        lightning_optimizer = trainer.strategy._lightning_optimizers[0]
+        first = self.steps * len(batch)
+        with _quiet():
+            if not module.automatic_optimization:
+                losses = [self._training_step(mb, first + j) for j, mb in enumerate(batch)]
+                loss = _loss_of(losses[-1])
+            else:
+                loss = self._automatic(batch, first, lightning_optimizer)
+            self._update_schedulers()
+        self.steps += 1
+        return loss
+
+    def _training_step(self, micro_batch, batch_idx, step=None):
+        """``on_train_batch_start``, the training step (``step``, default the strategy's, in the precision
+        plugin's context), ``on_train_batch_end``: the hooks around each batch, the module's and the
+        callbacks'."""
+        from pytorch_lightning.trainer import call
+        trainer = self.trainer
+        call._call_callback_hooks(trainer, "on_train_batch_start", micro_batch, batch_idx)
+        call._call_lightning_module_hook(trainer, "on_train_batch_start", micro_batch, batch_idx)
+        out = (step or (lambda: call._call_strategy_hook(trainer, "training_step", micro_batch, batch_idx)))()
+        call._call_callback_hooks(trainer, "on_train_batch_end", out, micro_batch, batch_idx)
+        call._call_lightning_module_hook(trainer, "on_train_batch_end", out, micro_batch, batch_idx)
+        return out
+
+    def _automatic(self, batch: list, first: int, optimizer) -> torch.Tensor:
+        from pytorch_lightning.trainer import call
+        trainer, n = self.trainer, len(batch)
+        total = []
+
+        def closure_for(j, micro_batch):
+            def closure():  # Lightning's Closure: the step, zero_grad on a window's first batch, backward
+                loss = _loss_of(call._call_strategy_hook(trainer, "training_step", micro_batch, first + j))
+                if j == 0:
+                    call._call_callback_hooks(trainer, "on_before_zero_grad", optimizer)
+                    call._call_lightning_module_hook(trainer, "on_before_zero_grad", optimizer)
+                    call._call_lightning_module_hook(trainer, "optimizer_zero_grad", trainer.current_epoch,
+                                                     first + j, optimizer)
+                if loss is None:  # Lightning skips the backward of a step that returned None
+                    return None
+                loss = loss / n
+                call._call_strategy_hook(trainer, "backward", loss, optimizer)
+                total.append(loss.detach())
+                return loss
+            return closure
+        for j, micro_batch in enumerate(batch):
+            closure = closure_for(j, micro_batch)
+            if j < n - 1:
+                self._training_step(micro_batch, first + j, closure)
+            else:  # the last one runs inside the optimizer step, as its closure
+                self._training_step(micro_batch, first + j, lambda: call._call_lightning_module_hook(
+                    trainer, "optimizer_step", trainer.current_epoch, first + j, optimizer, closure))
+        return sum(total) if total else torch.tensor(math.nan)
+
+    def _update_schedulers(self) -> None:
+        for config in self.schedulers:
+            if config.interval == "step" and (self.steps + 1) % config.frequency == 0:
+                config.scheduler.step()
+
+
+def _loss_of(out: Any) -> torch.Tensor | None:
+    """The loss a ``training_step`` returned: a tensor, a dict's ``"loss"``, or None."""
+    if out is None or isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, dict) and "loss" in out:
+        return out["loss"]
+    raise TypeError(f"training_step returned {type(out).__name__}: Lightning takes a loss tensor, a dict with a "
+                    "\"loss\" key, or None")
+
+
+def lightning_spec(module_fn: Callable[[], nn.Module], batches: Any, steps: int = 4, seed: int = 0,
+                   keep_fp32: tuple[str, ...] | str = (), seeds: int = 1, **trainer_kwargs) -> TrainSpec:
+    """A ``TrainSpec`` whose step is Lightning's loop around the module ``module_fn()`` builds (the
+    module docstring). ``batches``: what the DataLoader yields, in order; ``trainer_kwargs``: the
+    repository's ``Trainer`` arguments (``precision`` names the shipped config; accumulation,
+    clipping and callbacks are run; those that do not change numerics, as ``max_epochs``, are left
+    out)."""
+    pl = _require_lightning()
+    precision = trainer_kwargs.pop("precision", "32-true")
+    if precision not in PRECISION_CONFIGS:
+        raise ValueError(f"lightning_spec: precision={precision!r} is not one the harness maps to a config "
+                         f"(one of {', '.join(repr(p) for p in PRECISION_CONFIGS if isinstance(p, str))})")
+    kwargs = {k: v for k, v in trainer_kwargs.items() if k not in _NOT_NUMERICS}
+    accumulate = int(kwargs.get("accumulate_grad_batches", 1))
+    if isinstance(batches, Sequence) and not isinstance(batches, (str, bytes)):
+        data = list(batches)
+    else:
+        data = list(iter(batches))  # a DataLoader: one pass, in its order
+    if not data:
+        raise ValueError("lightning_spec: batches is empty")
+    runs: "weakref.WeakKeyDictionary[torch.optim.Optimizer, _LoopRun]" = weakref.WeakKeyDictionary()
+
+    def optimizer_fn(model):
+        if not isinstance(model, pl.LightningModule):
+            raise TypeError(f"lightning_spec: module_fn() returned {type(model).__name__}, expected a "
+                            "pytorch_lightning.LightningModule")
+        if not model.automatic_optimization and accumulate != 1:
+            raise ValueError("lightning_spec: accumulate_grad_batches with manual optimisation (Lightning refuses it: "
+                             "accumulate in training_step)")
+        run = _LoopRun(pl, model, kwargs)
+        runs[run.optimizer] = run
+        return run.optimizer
+
+    def batch_fn(i: int) -> MicroBatches:
+        return MicroBatches(data[(i * accumulate + m) % len(data)] for m in range(accumulate))
+
+    def step_fn(model, optimizer, scaler, batch, autocast):
+        return runs[optimizer].step(batch, autocast, scaler)
+
+    # module_fn and lightning_loss by name: the DDP and FSDP ranks import them
+    return TrainSpec(module_fn, optimizer_fn, batch_fn, steps=steps, step_fn=step_fn, seed=seed,
+                     loss_fn=lightning_loss, keep_fp32=keep_fp32, seeds=seeds, ships=PRECISION_CONFIGS[precision])
+
+
+def lightning_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """A ``lightning_spec`` step's loss outside Lightning's loop (the careful-loop peer, the DDP and
+    FSDP cases): the mean of its micro-batches' ``training_step`` losses. A module that steps its own
+    optimizer has none (LossContractError: those comparisons say so)."""
+    if not getattr(model, "automatic_optimization", True):
+        raise LossContractError("the module steps its own optimizer in training_step (manual optimisation): it has no "
+                                "loss to run outside Lightning's loop")
+    parts = batch if isinstance(batch, list) else [batch]
+    with _quiet(), _forward_as_training_step(model) as inner, _logging_as_training_step(inner):
+        losses = [_loss_of(model(mb, k)) for k, mb in enumerate(parts)]
+    return torch.stack(losses).mean()
+
+
+@contextlib.contextmanager
+def _forward_as_training_step(model: nn.Module):
+    """The module's ``forward`` routed to its ``training_step``, as Lightning's strategies wrap a module
+    for DDP and FSDP: a call through the wrapper (DDP's forward, FSDP2's pre-forward unshard) runs
+    the training step. Yields the LightningModule."""
+    inner = model.module if isinstance(getattr(model, "module", None), nn.Module) else model
+    own = inner.__dict__.get("forward")
+    inner.forward = inner.training_step
+    try:
+        yield inner
+    finally:
+        if own is None:
+            del inner.forward
+        else:
+            inner.forward = own
+
+
+@contextlib.contextmanager
+def _logging_as_training_step(module):
+    """``self.log`` inside ``training_step`` called outside the loop: as the loop's own call (kept nowhere)."""
+    previous = module._current_fx_name
+    module._current_fx_name = "training_step"
+    try:
+        yield
+    finally:
+        module._current_fx_name = previous
