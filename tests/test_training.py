@@ -295,18 +295,20 @@ def test_a_step_that_trains_nothing_is_the_targets_error_not_a_pass():
         return optimizer.step(closure)
 
     # step(closure) (SGD evaluates it once, at the start): the gradients recorded are the closure's,
-    # those the step applied, not the previous step's (none at the first)
+    # those the step applied, not the previous step's (none at the first); one evaluation is a step
+    # like any other (Lightning's loop steps so), LBFGS's several are not micro-batches (Trajectory.closure)
     sgd = TrainSpec(_Attention, lambda p: torch.optim.SGD(p, lr=0.1), _TEXT, steps=2, step_fn=closure_step,
                     loss_fn=_attention_loss)
     plain = TrainSpec(_Attention, lambda p: torch.optim.SGD(p, lr=0.1), _TEXT, steps=2, loss_fn=_attention_loss)
     closed, stepped = run_training(sgd, fp32, "cpu"), run_training(plain, fp32, "cpu")
-    assert closed.closure and not stepped.closure and closed.first_step == 0
+    assert not closed.closure and not stepped.closure and closed.first_step == 0
     for step in (0, 1):
         assert closed.grads[step].keys() == stepped.grads[step].keys()
         assert all(torch.equal(closed.grads[step][n], stepped.grads[step][n]) for n in stepped.grads[step])
     lbfgs = TrainSpec(_Attention, lambda p: torch.optim.LBFGS(p, lr=0.1, max_iter=2), _TEXT, steps=1,
                       step_fn=closure_step, loss_fn=_attention_loss)
-    assert run_training(lbfgs, fp32, "cpu").grads[0]
+    evaluated = run_training(lbfgs, fp32, "cpu")
+    assert evaluated.grads[0] and evaluated.closure
 
 
 def test_markov_text_repeats_itself_and_is_contiguous():
