@@ -84,3 +84,53 @@ class ManualPlainBackward(Manual):
 def batches(n=16):
     g = torch.Generator().manual_seed(0)
     return [(torch.randn(8, 16, generator=g), torch.randn(8, 8, generator=g)) for _ in range(n)]
+
+
+class SelfCall(Lit):
+    """The usual shape: forward for predictions, training_step calling self(x)."""
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = F.mse_loss(self(x), y)
+        self.log("train_loss", loss)
+        return {"loss": loss, "size": x.shape[0]}
+
+
+class Warmup(SelfCall):
+    """A step scheduler, learning-rate warmup in optimizer_step read from global_step (Lightning's docs'
+    pattern), outputs read in on_train_batch_end, a plateau scheduler on the logged loss."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        cosine = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=10)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": cosine, "interval": "step"}}
+
+    def optimizer_step(self, epoch, batch_idx, optimizer, optimizer_closure=None):
+        optimizer.step(closure=optimizer_closure)
+        for group in optimizer.param_groups:
+            group["lr"] = group["lr"] * min(1.0, (self.trainer.global_step + 1) / 3)
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        assert outputs["loss"].ndim == 0 and outputs["size"] == 8
+
+
+class HalveGradients(pl.Callback):
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        for p in pl_module.parameters():
+            p.grad.mul_(0.5)
+
+
+class ManualScheduled(Manual):
+    """Manual optimisation stepping its own scheduler (Lightning never steps it in this mode)."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2)
+        return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)]
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.lr_schedulers().step()
+        return loss

@@ -394,3 +394,25 @@ def test_torchaos_float8_training_is_the_specs_own_recipe_and_passes(pytester):
     result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["| gpt *| fp8-own *| pass *|", "| mlp *| fp8-own *| *8 |*| pass *|"])
     assert len(list(pytester.path.rglob("fp8-own.json"))) == 2
+
+
+def test_observed_casts_see_an_in_place_clamp_and_credit_the_root_module():
+    """A clamp_ at the format's max overwrites the values it saturates: they are counted from a copy
+    made before it ran. A cast in the root module's own forward is counted under its class's name,
+    with a correct history's saturation credited there too."""
+    from pytest_precision.training.fp8_observed import observed_fp8_casts
+
+    class Root(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(64))
+
+        def forward(self, x):  # a scale 8 x too large, clamped in place
+            q = (x * (8 * 448 / x.abs().max())).clamp_(-448, 448).to(torch.float8_e4m3fn)
+            return (q.float() * self.weight).sum()
+
+    model = Root()
+    with observed_fp8_casts(model) as counts:
+        model(torch.linspace(-1, 1, 64))
+    c = counts.of("Root", "input")
+    assert counts.linears == ["Root"] and c.calls == 1 and c.saturated == 56  # |x| > 1/8 of the amax

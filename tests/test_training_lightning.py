@@ -18,15 +18,17 @@ CLIP = dict(gradient_clip_val=0.5, gradient_clip_algorithm="norm")
 CONFIG = {"32-true": "fp32", "bf16-mixed": "amp-bf16", "16-mixed": "amp-fp16"}
 
 
-def _fit(cls, precision, steps, **kwargs):
+def _fit(cls, precision, steps, root, **kwargs):
     """A real Trainer.fit of ``steps`` optimizer steps on L.batches(), from the harness's seed; its module."""
     from pytorch_lightning.plugins.precision import MixedPrecision
     torch.manual_seed(0)
     module = cls()
     # Lightning turns 16-mixed into bf16-mixed on a CPU; the plugin keeps float16, as on a GPU
     chosen = dict(plugins=[MixedPrecision("16-mixed", "cpu")]) if precision == "16-mixed" else dict(precision=precision)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, **chosen, **kwargs)
+    checkpoints = any(isinstance(c, pl.callbacks.ModelCheckpoint) for c in kwargs.get("callbacks", []))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_steps=steps, logger=False, enable_checkpointing=checkpoints,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=root, **chosen,
+                         **kwargs)
     trainer.fit(module, torch.utils.data.DataLoader(L.batches(), batch_size=None))
     return module
 
@@ -38,9 +40,15 @@ def _fit(cls, precision, steps, **kwargs):
     (L.Lit, "16-mixed", dict(accumulate_grad_batches=2, **CLIP)),
     (L.OwnClipping, "16-mixed", CLIP),
     (L.Manual, "16-mixed", {}),
-], ids=["accumulate-clip-fp32", "accumulate-clip-value-bf16", "accumulate-clip-fp16", "own-clipping-fp16", "manual-fp16"])
-def test_the_harness_steps_are_trainer_fits_bit_for_bit(cls, precision, kwargs):
-    fitted = _fit(cls, precision, 4, **kwargs)
+    (L.Warmup, "bf16-mixed", dict(accumulate_grad_batches=2, callbacks=[L.HalveGradients()], **CLIP)),
+    (L.Warmup, "16-mixed", dict(callbacks=[L.HalveGradients()])),
+    (L.ManualScheduled, "32-true", {}),
+], ids=["accumulate-clip-fp32", "accumulate-clip-value-bf16", "accumulate-clip-fp16", "own-clipping-fp16", "manual-fp16",
+        "warmup-callback-bf16", "warmup-callback-fp16", "manual-scheduler-fp32"])
+def test_the_harness_steps_are_trainer_fits_bit_for_bit(cls, precision, kwargs, tmp_path):
+    """Hooks, callbacks, schedulers (their frequency counted as Lightning counts it), global_step in a
+    warmup, outputs in on_train_batch_end: as fit runs them."""
+    fitted = _fit(cls, precision, 4, tmp_path, **kwargs)
     run = run_training(lightning_spec(cls, L.batches(), steps=4, precision=precision, **kwargs),
                        TRAIN_CONFIGS[CONFIG[precision]], "cpu")
     for name, p in fitted.named_parameters():
@@ -54,14 +62,14 @@ from pytest_precision.training.lightning import lightning_spec
 
 clip = dict(gradient_clip_val=0.5, gradient_clip_algorithm="norm")
 for name, cls, kw in (("lit", L.Lit, dict(accumulate_grad_batches=2, **clip)), ("own_clipping", L.OwnClipping, clip),
-                      ("manual", L.Manual, {}),
+                      ("manual", L.Manual, {}), ("self_call", L.SelfCall, dict(accumulate_grad_batches=2, **clip)),
                       ("zero_grad_each_batch", L.ZeroGradEachBatch, dict(accumulate_grad_batches=2)),
                       ("clips_after_backward", L.ClipsAfterBackward, dict(accumulate_grad_batches=2)),
                       ("unscales_again", L.UnscalesAgain, clip), ("manual_plain_backward", L.ManualPlainBackward, {})):
     pytest_precision.register(name, lightning_spec(cls, L.batches(), steps=4, precision="bf16-mixed", **kw),
                               kind="train_step")
 """
-CORRECT = ("lit", "own_clipping", "manual")
+CORRECT = ("lit", "own_clipping", "manual", "self_call")
 SINGLE = ("fp32", "amp-bf16 (shipped)", "amp-fp16", "amp-fp16-noscale", "bf16", "bf16-sr", "fp8-e4m3", "fp8-tensorwise",
           "fp8-delayed")
 
@@ -92,3 +100,40 @@ def test_lightning_modules_pass_first_run_and_each_planted_defect_fails(pytester
     for target, config in (("clips_after_backward", "amp-fp16"), ("unscales_again", "amp-fp16"),
                            ("manual_plain_backward", "amp-fp16")):
         result.stdout.fnmatch_lines([f"| {target} *| {config} *| FAIL *|"])
+
+
+def test_a_run_leaves_nothing_alive_and_keeps_out_what_is_not_numerics(tmp_path):
+    """The module, its Trainer and optimizer are freed after a run (nothing keeps a table of runs); a
+    ModelCheckpoint and a plateau scheduler are left out (no files, no monitored metric); a
+    precision with no harness config marks no row."""
+    import gc
+    import weakref
+
+    class Plateau(L.SelfCall):
+        def configure_optimizers(self):
+            optimizer = torch.optim.AdamW(self.parameters(), lr=1e-2)
+            plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer)
+            return {"optimizer": optimizer,
+                    "lr_scheduler": {"scheduler": plateau, "interval": "step", "monitor": "train_loss"}}
+    made = []
+
+    def module_fn():
+        made.append(weakref.ref(m := Plateau()))
+        return m
+    spec = lightning_spec(module_fn, L.batches(), steps=2, precision="16-true",
+                          callbacks=[pl.callbacks.ModelCheckpoint(dirpath=tmp_path)])
+    assert spec.ships is None
+    run_training(spec, TRAIN_CONFIGS["amp-fp16"], "cpu")
+    gc.collect()
+    assert made and all(ref() is None for ref in made)
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_module_calling_itself_runs_under_ddp_and_fsdp2(pytester):
+    """training_step calling self(x): the ranks run the step through the wrapper, the inner call reaches
+    the module's forward (before, it went back into training_step and crashed)."""
+    pytester.makeconftest(MODULES)
+    result = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "-k",
+                                "train_step and self_call and (ddp-bf16 or fsdp-bf16-trajectory)",
+                                "--precision-update-baselines")
+    result.assert_outcomes(passed=2)

@@ -45,6 +45,9 @@ __all__ = ["observed_fp8_casts", "FP8_DTYPES"]
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _MAXES = {format_of(d).max: d for d in FP8_DTYPES}
 _aten = torch.ops.aten
+_CLAMPS = (_aten.clamp.default, _aten.clamp.Tensor, _aten.clamp_.default, _aten.clamp_.Tensor)
+_CLAMP_MAXES = (_aten.clamp_max.default, _aten.clamp_max.Tensor, _aten.clamp_max_.default, _aten.clamp_max_.Tensor)
+_IN_PLACE = (_aten.clamp_.default, _aten.clamp_.Tensor, _aten.clamp_max_.default, _aten.clamp_max_.Tensor)
 
 
 def _past(dtype: torch.dtype) -> float:
@@ -72,25 +75,38 @@ class _Observer(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        pre = self._clamp_input(func, args, kwargs)
         out = func(*args, **kwargs)
+        if pre is not None and isinstance(out, torch.Tensor):
+            self.clamped[out] = pre
         role = next((self.role.get(a) for a in pytree.tree_leaves((args, kwargs))
                      if isinstance(a, torch.Tensor) and a in self.role), None)
         if role is not None:
             for o in pytree.tree_leaves(out):
                 if isinstance(o, torch.Tensor) and o not in self.role:
                     self.role[o] = role
-        if func in (_aten.clamp.default, _aten.clamp.Tensor):
-            high = args[2] if len(args) > 2 else kwargs.get("max")
-            if isinstance(high, torch.Tensor) and high.numel() == 1:
-                high = float(high)
-            if isinstance(high, float | int) and float(high) in _MAXES and isinstance(out, torch.Tensor):
-                self.clamped[out] = args[0]
-        elif func is _aten._to_copy.default and kwargs.get("dtype") in FP8_DTYPES:
+        if func is _aten._to_copy.default and kwargs.get("dtype") in FP8_DTYPES:
             self._count(args[0], out, kwargs["dtype"])
         elif func is _aten.copy_.default and args[0].dtype in FP8_DTYPES and args[1].is_floating_point() \
                 and args[1].dtype not in FP8_DTYPES:
             self._count(args[1], args[0], args[0].dtype)
         return out
+
+    def _clamp_input(self, func, args, kwargs) -> torch.Tensor | None:
+        """The input of a clamp at a float8 format's max (``clamp``, ``clamp_max`` and their in-place
+        forms, whose input is copied before it is overwritten), or None."""
+        if func in _CLAMPS:
+            high = args[2] if len(args) > 2 else kwargs.get("max")
+        elif func in _CLAMP_MAXES:
+            high = args[1] if len(args) > 1 else kwargs.get("max")
+        else:
+            return None
+        if isinstance(high, torch.Tensor) and high.numel() == 1:
+            high = float(high)
+        if not (isinstance(high, float | int) and float(high) in _MAXES):
+            return None
+        x = args[0]
+        return x.detach().clone() if func in _IN_PLACE else x
 
     def _module(self) -> nn.Module | None:
         return self.stack[-1] if self.stack else self.backward
@@ -152,7 +168,8 @@ def observed_fp8_casts(model: nn.Module, counts: Fp8Counts | None = None) -> Ite
     handles = []
     observer.root = model
     for name, module in model.named_modules():
-        observer.names[module] = name or type(module).__name__
+        name = name or type(module).__name__  # the root, under its class's name (the counts' key and the hooks')
+        observer.names[module] = name
 
         def pre(m, args, name=name):
             observer.stack.append(m)
@@ -167,13 +184,14 @@ def observed_fp8_casts(model: nn.Module, counts: Fp8Counts | None = None) -> Ite
         def post(m, args, out, name=name):
             if observer.stack and observer.stack[-1] is m:
                 observer.stack.pop()
-            if isinstance(out, torch.Tensor) and out.requires_grad and torch.is_grad_enabled():
+            # (not a leaf: a hook on a parameter returned as it is would outlive the run)
+            if isinstance(out, torch.Tensor) and out.grad_fn is not None and torch.is_grad_enabled():
                 def arrived(g, m=m, name=name):
                     current = observer.names.get(observer.backward)
                     # one gradient can reach a module and its parent (an output passed through, or a residual's
                     # add, which passes its gradient on as it is): the innermost of them is the one running
-                    if g is observer.last_grad and not (current == observer.names[observer.root] or
-                                                        name.startswith(f"{current}.")):
+                    root = observer.names[observer.root]
+                    if g is observer.last_grad and not (current == root or name.startswith(f"{current}.")):
                         return
                     observer.last_grad, observer.backward = g, m
                     observer.mark(g, "grad")

@@ -6,22 +6,29 @@ training config.
                           gradient_clip_val=1.0, gradient_clip_algorithm="norm")
     pytest_precision.register("lit", spec, kind="train_step")
 
-**One harness step is one optimizer step of Lightning's loop** (``pytorch_lightning.loops``,
-2.6), driven here with Lightning's own objects: a ``Trainer`` built from the keyword arguments
-(accumulation, clipping and its algorithm, callbacks), its strategy, precision plugin and
-``LightningOptimizer``. Automatic optimisation runs, per micro-batch, ``training_step`` in the
-precision plugin's context, the loss divided by ``accumulate_grad_batches``, ``zero_grad`` before
-the first backward, the strategy's ``backward`` (the module's ``backward`` hook, the plugin's
-scaling, ``on_before_backward``/``on_after_backward``); the last micro-batch's runs inside the
-module's ``optimizer_step`` hook as its closure, where the precision plugin unscales, calls
-``on_before_optimizer_step`` and the module's ``configure_gradient_clipping`` (default: clip to
-``gradient_clip_val`` by ``gradient_clip_algorithm``), and steps and updates its scaler. Then the
-learning-rate schedulers of interval ``"step"`` step (``"epoch"`` ones never do: a harness run
-is inside one epoch). Manual optimisation (``automatic_optimization = False``) runs
-``training_step`` once per step, where the module calls ``self.optimizers()``,
-``manual_backward`` and ``opt.step()`` itself, through the same plugin. ``self.log`` works and is
-kept nowhere. ``tests/test_training_lightning.py`` runs a real ``Trainer(...).fit`` beside it on
-the same module and batches and gets the same parameters, step for step.
+**One harness step is one optimizer step of Lightning's loop** (``loops``, 2.6), driven here
+with Lightning's own objects: a ``Trainer`` built from the keyword arguments (accumulation,
+clipping and its algorithm, callbacks), its strategy, precision plugin and ``LightningOptimizer``.
+A run starts as ``fit`` does: ``setup``, ``configure_model`` (which must build no parameters: the
+harness casts and snapshots the module ``module_fn()`` returns), ``configure_optimizers``,
+``on_fit_start``, ``on_train_start``, ``on_train_epoch_start``. Automatic optimisation then runs,
+per micro-batch, ``on_train_batch_start``, ``training_step`` in the precision plugin's context,
+``zero_grad`` (with ``on_before_zero_grad``) on a window's first micro-batch, the loss divided by
+``accumulate_grad_batches``, the strategy's ``backward`` (the module's ``backward`` hook, the
+plugin's scaling, ``on_before_backward``/``on_after_backward``), ``on_train_batch_end`` with the
+outputs Lightning gives it; the last micro-batch's step runs inside the module's ``optimizer_step``
+hook as its closure, where the precision plugin unscales, calls ``on_before_optimizer_step`` and the
+module's ``configure_gradient_clipping`` (default: clip to ``gradient_clip_val`` by
+``gradient_clip_algorithm``), and steps and updates its scaler; ``global_step`` counts the steps
+completed. Then the ``"step"`` schedulers step at Lightning's frequency (``batch_idx + 1``);
+plateau schedulers, which step on a monitored metric, and ``"epoch"`` ones (a harness run is inside
+one epoch) do not. Manual optimisation (``automatic_optimization = False``) runs ``training_step``
+once per step, where the module calls ``self.optimizers()``, ``manual_backward``, ``opt.step()``
+and its schedulers itself, through the same plugin. ``self.log`` works and is kept nowhere;
+checkpoint, progress-bar and summary callbacks are left out (files and lines, not numerics).
+``tests/test_training_lightning.py`` runs a real ``Trainer(...).fit`` beside it on the same module
+and batches and gets the same parameters, bit for bit. A module of the ``lightning`` package
+(``lightning.pytorch``) runs with that package's objects, one of ``pytorch_lightning`` with its.
 
 **The config decides the precision.** Each config runs the plugin Lightning builds for it:
 ``amp-bf16`` ``MixedPrecision("bf16-mixed")``, ``amp-fp16`` ``MixedPrecision("16-mixed")`` with
@@ -35,17 +42,21 @@ loader itself, read once): harness step ``i`` takes micro-batches ``i N`` to ``i
 (N = ``accumulate_grad_batches``), wrapping around, as ``MicroBatches``, so the accumulation
 verdict splits a step into its micro-batches. Outside the loop (the careful-loop peer, the DDP
 cases) a step's loss is the mean of its micro-batches' ``training_step`` losses; a module that
-steps its own optimizer in ``training_step`` has none, and those comparisons say so.
+steps its own optimizer in ``training_step`` has none, and those comparisons say so. In the DDP and
+FSDP2 cases the step runs through the wrapper, as Lightning's strategies run it: the wrapped
+module's ``forward`` is its ``training_step`` for that one call, and ``self(x)`` inside reaches
+its own ``forward``.
 
-pytorch_lightning is imported when a spec is built, not with this module (the ``lightning`` extra).
+PyTorch Lightning is imported when a run starts, not with this module (the ``lightning`` extra).
 """
 from __future__ import annotations
 
 import contextlib
+import importlib
+import itertools
 import logging
 import math
 import warnings
-import weakref
 from collections.abc import Sequence
 from typing import Any, Callable
 
@@ -71,12 +82,19 @@ _NOT_NUMERICS = {"max_steps", "max_epochs", "min_steps", "min_epochs", "max_time
                  "detect_anomaly", "barebones", "sync_batchnorm", "overfit_batches", "precision"}
 
 
-def _require_lightning():
-    try:
-        import pytorch_lightning
-    except ImportError as e:
-        raise ImportError(f"lightning_spec needs pytorch_lightning (pip install 'pytest-precision[lightning]'): {e}") from e
-    return pytorch_lightning
+def _require_lightning() -> None:
+    if importlib.util.find_spec("pytorch_lightning") is None and importlib.util.find_spec("lightning") is None:
+        raise ImportError("lightning_spec needs PyTorch Lightning (pip install 'pytest-precision[lightning]', or the "
+                          "lightning package)")
+
+
+def _lightning_of(module: nn.Module):
+    """The package the module's ``LightningModule`` comes from: ``pytorch_lightning`` or
+    ``lightning.pytorch`` (two packages with classes of their own); None for another module."""
+    for cls in type(module).__mro__:
+        if cls.__name__ == "LightningModule" and ".core" in cls.__module__:
+            return importlib.import_module(cls.__module__.split(".core")[0])
+    return None
 
 
 @contextlib.contextmanager
@@ -103,37 +121,54 @@ class _LoopRun:
 
     def __init__(self, pl, module, trainer_kwargs: dict):
         self.pl, self.module = pl, module
+        call = _import(pl, "trainer.call")
+        skipped = tuple(getattr(pl.callbacks, c) for c in ("Checkpoint", "ProgressBar", "ModelSummary"))
+        callbacks = trainer_kwargs.get("callbacks") or []
+        callbacks = [c for c in (callbacks if isinstance(callbacks, list) else [callbacks])
+                     if not isinstance(c, skipped)]  # no files, no progress lines: not numerics
         with _quiet():
-            self.trainer = pl.Trainer(**{**trainer_kwargs, **_SET_HERE})
+            self.trainer = pl.Trainer(**{**trainer_kwargs, "callbacks": callbacks, **_SET_HERE})
         trainer = self.trainer
         trainer.strategy.connect(module)
         module.trainer = trainer
         trainer.state.fn, trainer.state.stage = "fit", "train"
-        from pytorch_lightning.core.optimizer import _init_optimizers_and_lr_schedulers
+        built = [n for n, _ in module.named_parameters()]
         with _quiet():
-            optimizers, self.schedulers = _init_optimizers_and_lr_schedulers(module)
-        if len(optimizers) != 1:
-            raise ValueError(f"lightning_spec: configure_optimizers returned {len(optimizers)} optimizers; a train_step "
-                             "case watches one (a module with several steps them in manual optimisation: register one "
-                             "spec per optimizer's part)")
-        trainer.strategy.optimizers = optimizers
-        trainer.strategy.lr_scheduler_configs = self.schedulers
+            # fit's hooks before the first batch: setup and configure_model, the optimizers, the starts
+            call._call_callback_hooks(trainer, "setup", stage="fit")
+            call._call_lightning_module_hook(trainer, "setup", stage="fit")
+            call._call_lightning_module_hook(trainer, "configure_model")
+            if [n for n, _ in module.named_parameters()] != built:
+                raise ValueError("lightning_spec: setup() or configure_model() built parameters the module did not have: "
+                                 "the harness casts and snapshots the module module_fn() returns, so build its layers in "
+                                 "__init__")
+            optimizers, schedulers = _import(pl, "core.optimizer")._init_optimizers_and_lr_schedulers(module)
+            if len(optimizers) != 1:
+                raise ValueError(f"lightning_spec: configure_optimizers returned {len(optimizers)} optimizers; a "
+                                 "train_step case watches one")
+            trainer.strategy.optimizers = optimizers
+            trainer.strategy.lr_scheduler_configs = schedulers
+            for hook in ("on_fit_start", "on_train_start", "on_train_epoch_start"):
+                call._call_callback_hooks(trainer, hook)
+                call._call_lightning_module_hook(trainer, hook)
+        # a plateau scheduler steps on a monitored metric, which a harness run does not log; said in the docstring
+        self.schedulers = [c for c in schedulers if c.interval == "step" and not c.reduce_on_plateau]
         self.optimizer = optimizers[0]
         self.prepared = False
-        self.steps = 0
+        self.batches = 0  # micro-batches run (Lightning's batch_idx)
 
     def prepare(self, autocast: Callable, scaler: torch.amp.GradScaler) -> None:
         """The precision plugin Lightning builds for the config's precision (the module docstring)."""
-        from pytorch_lightning.plugins.precision import MixedPrecision, Precision
+        precision = _import(self.pl, "plugins.precision")
         ctx = autocast()
         dtype = ctx.fast_dtype if isinstance(ctx, torch.autocast) else None
         device = next(self.module.parameters()).device.type
         if dtype == torch.bfloat16:
-            plugin = MixedPrecision("bf16-mixed", device)
+            plugin = precision.MixedPrecision("bf16-mixed", device)
         elif dtype == torch.float16:
-            plugin = MixedPrecision("16-mixed", device, scaler=scaler)
+            plugin = precision.MixedPrecision("16-mixed", device, scaler=scaler)
         elif dtype is None:
-            plugin = Precision()
+            plugin = precision.Precision()
         else:
             raise ValueError(f"lightning_spec: Lightning has no mixed precision for autocast {dtype}")
         self.trainer.strategy.precision_plugin = plugin
@@ -144,38 +179,45 @@ class _LoopRun:
             self.prepare(autocast, scaler)
         module, trainer = self.module, self.trainer
         lightning_optimizer = trainer.strategy._lightning_optimizers[0]
-        first = self.steps * len(batch)
+        loop = trainer.fit_loop.epoch_loop
         with _quiet():
             if not module.automatic_optimization:
-                losses = [self._training_step(mb, first + j) for j, mb in enumerate(batch)]
-                loss = _loss_of(losses[-1])
+                # the manual loop counts the optimizer's steps (global_step) as Lightning's does
+                progress = loop.manual_optimization.optim_step_progress
+                lightning_optimizer._on_before_step = progress.increment_ready
+                lightning_optimizer._on_after_step = progress.increment_completed
+                outs = [self._training_step(mb, self.batches + j) for j, mb in enumerate(batch)]
+                loss = _loss_of(outs[-1])
             else:
-                loss = self._automatic(batch, first, lightning_optimizer)
-            self._update_schedulers()
-        self.steps += 1
+                loss = self._automatic(batch, self.batches, lightning_optimizer,
+                                       loop.automatic_optimization.optim_progress.optimizer.step)
+                self._update_schedulers(self.batches + len(batch) - 1)
+        self.batches += len(batch)
         return loss
 
     def _training_step(self, micro_batch, batch_idx, step=None):
         """``on_train_batch_start``, the training step (``step``, default the strategy's, in the precision
-        plugin's context), ``on_train_batch_end``: the hooks around each batch, the module's and the
-        callbacks'."""
-        from pytorch_lightning.trainer import call
+        plugin's context), ``on_train_batch_end`` with the outputs Lightning hands it: the hooks around
+        each batch, the module's and the callbacks'."""
+        call = _import(self.pl, "trainer.call")
         trainer = self.trainer
         call._call_callback_hooks(trainer, "on_train_batch_start", micro_batch, batch_idx)
         call._call_lightning_module_hook(trainer, "on_train_batch_start", micro_batch, batch_idx)
         out = (step or (lambda: call._call_strategy_hook(trainer, "training_step", micro_batch, batch_idx)))()
-        call._call_callback_hooks(trainer, "on_train_batch_end", out, micro_batch, batch_idx)
-        call._call_lightning_module_hook(trainer, "on_train_batch_end", out, micro_batch, batch_idx)
+        outputs = _batch_outputs(out)
+        call._call_callback_hooks(trainer, "on_train_batch_end", outputs, micro_batch, batch_idx)
+        call._call_lightning_module_hook(trainer, "on_train_batch_end", outputs, micro_batch, batch_idx)
         return out
 
-    def _automatic(self, batch: list, first: int, optimizer) -> torch.Tensor:
-        from pytorch_lightning.trainer import call
+    def _automatic(self, batch: list, first: int, optimizer, progress) -> torch.Tensor:
+        call = _import(self.pl, "trainer.call")
         trainer, n = self.trainer, len(batch)
         total = []
 
         def closure_for(j, micro_batch):
             def closure():  # Lightning's Closure: the step, zero_grad on a window's first batch, backward
-                loss = _loss_of(call._call_strategy_hook(trainer, "training_step", micro_batch, first + j))
+                out = call._call_strategy_hook(trainer, "training_step", micro_batch, first + j)
+                loss = _loss_of(out)
                 if j == 0:
                     call._call_callback_hooks(trainer, "on_before_zero_grad", optimizer)
                     call._call_lightning_module_hook(trainer, "on_before_zero_grad", optimizer)
@@ -186,21 +228,43 @@ class _LoopRun:
                 loss = loss / n
                 call._call_strategy_hook(trainer, "backward", loss, optimizer)
                 total.append(loss.detach())
+                result[j] = {**(out if isinstance(out, dict) else {}), "loss": loss.detach()}
                 return loss
             return closure
+        result: dict[int, dict] = {}
+
+        def stepped(j, micro_batch):  # the last micro-batch: its closure runs inside the optimizer step
+            progress.increment_ready()
+            call._call_lightning_module_hook(trainer, "optimizer_step", trainer.current_epoch, first + j, optimizer,
+                                             closure_for(j, micro_batch))
+            progress.increment_completed()  # global_step: the optimizer steps completed
+            return result.get(j)
         for j, micro_batch in enumerate(batch):
-            closure = closure_for(j, micro_batch)
             if j < n - 1:
-                self._training_step(micro_batch, first + j, closure)
-            else:  # the last one runs inside the optimizer step, as its closure
-                self._training_step(micro_batch, first + j, lambda: call._call_lightning_module_hook(
-                    trainer, "optimizer_step", trainer.current_epoch, first + j, optimizer, closure))
+                closure = closure_for(j, micro_batch)
+                self._training_step(micro_batch, first + j, lambda c=closure, j=j: (c(), result.get(j))[1])
+            else:
+                self._training_step(micro_batch, first + j, lambda j=j, mb=micro_batch: stepped(j, mb))
         return sum(total) if total else torch.tensor(math.nan)
 
-    def _update_schedulers(self) -> None:
+    def _update_schedulers(self, batch_idx: int) -> None:
+        """The "step" schedulers after an optimizer step, as Lightning's loop counts their frequency
+        (by batch_idx + 1, micro-batches included)."""
         for config in self.schedulers:
-            if config.interval == "step" and (self.steps + 1) % config.frequency == 0:
+            if (batch_idx + 1) % config.frequency == 0:
                 config.scheduler.step()
+
+
+def _batch_outputs(out: Any) -> Any:
+    """What ``on_train_batch_end`` receives: a dict with the (divided) loss, as Lightning's loops pass it."""
+    if isinstance(out, torch.Tensor):
+        return {"loss": out.detach()}
+    return out
+
+
+def _import(pl, name: str):
+    """``pl``'s submodule ``name`` (``pytorch_lightning`` or ``lightning.pytorch``, whichever the module is of)."""
+    return importlib.import_module(f"{pl.__name__}.{name}")
 
 
 def _loss_of(out: Any) -> torch.Tensor | None:
@@ -216,45 +280,44 @@ def _loss_of(out: Any) -> torch.Tensor | None:
 def lightning_spec(module_fn: Callable[[], nn.Module], batches: Any, steps: int = 4, seed: int = 0,
                    keep_fp32: tuple[str, ...] | str = (), seeds: int = 1, **trainer_kwargs) -> TrainSpec:
     """A ``TrainSpec`` whose step is Lightning's loop around the module ``module_fn()`` builds (the
-    module docstring). ``batches``: what the DataLoader yields, in order; ``trainer_kwargs``: the
-    repository's ``Trainer`` arguments (``precision`` names the shipped config; accumulation,
-    clipping and callbacks are run; those that do not change numerics, as ``max_epochs``, are left
-    out)."""
-    pl = _require_lightning()
+    module docstring). ``batches``: what the DataLoader yields, in order (a loader is read for the
+    steps' micro-batches only); ``trainer_kwargs``: the repository's ``Trainer`` arguments
+    (``precision`` names the shipped config; accumulation, clipping and callbacks are run; those that
+    do not change numerics, as ``max_epochs``, are left out, and so are checkpoint, progress-bar and
+    summary callbacks)."""
+    _require_lightning()
     precision = trainer_kwargs.pop("precision", "32-true")
-    if precision not in PRECISION_CONFIGS:
-        raise ValueError(f"lightning_spec: precision={precision!r} is not one the harness maps to a config "
-                         f"(one of {', '.join(repr(p) for p in PRECISION_CONFIGS if isinstance(p, str))})")
+    ships = PRECISION_CONFIGS.get(precision)  # a precision with no harness config ("16-true"): no row marked
     kwargs = {k: v for k, v in trainer_kwargs.items() if k not in _NOT_NUMERICS}
     accumulate = int(kwargs.get("accumulate_grad_batches", 1))
     if isinstance(batches, Sequence) and not isinstance(batches, (str, bytes)):
         data = list(batches)
-    else:
-        data = list(iter(batches))  # a DataLoader: one pass, in its order
+    else:  # a DataLoader: the micro-batches the steps take, in its order
+        data = list(itertools.islice(iter(batches), steps * accumulate))
     if not data:
         raise ValueError("lightning_spec: batches is empty")
-    runs: "weakref.WeakKeyDictionary[torch.optim.Optimizer, _LoopRun]" = weakref.WeakKeyDictionary()
 
     def optimizer_fn(model):
-        if not isinstance(model, pl.LightningModule):
-            raise TypeError(f"lightning_spec: module_fn() returned {type(model).__name__}, expected a "
-                            "pytorch_lightning.LightningModule")
+        pl = _lightning_of(model)
+        if pl is None:
+            raise TypeError(f"lightning_spec: module_fn() returned {type(model).__name__}, expected a LightningModule")
         if not model.automatic_optimization and accumulate != 1:
             raise ValueError("lightning_spec: accumulate_grad_batches with manual optimisation (Lightning refuses it: "
                              "accumulate in training_step)")
         run = _LoopRun(pl, model, kwargs)
-        runs[run.optimizer] = run
+        # the run rides on its optimizer (no table of runs keeps a model, its Trainer and optimizer alive)
+        run.optimizer._precision_lightning_run = run
         return run.optimizer
 
     def batch_fn(i: int) -> MicroBatches:
         return MicroBatches(data[(i * accumulate + m) % len(data)] for m in range(accumulate))
 
     def step_fn(model, optimizer, scaler, batch, autocast):
-        return runs[optimizer].step(batch, autocast, scaler)
+        return optimizer._precision_lightning_run.step(batch, autocast, scaler)
 
     # module_fn and lightning_loss by name: the DDP and FSDP ranks import them
     return TrainSpec(module_fn, optimizer_fn, batch_fn, steps=steps, step_fn=step_fn, seed=seed,
-                     loss_fn=lightning_loss, keep_fp32=keep_fp32, seeds=seeds, ships=PRECISION_CONFIGS[precision])
+                     loss_fn=lightning_loss, keep_fp32=keep_fp32, seeds=seeds, ships=ships)
 
 
 def lightning_loss(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -265,26 +328,47 @@ def lightning_loss(model: nn.Module, batch: Any) -> torch.Tensor:
         raise LossContractError("the module steps its own optimizer in training_step (manual optimisation): it has no "
                                 "loss to run outside Lightning's loop")
     parts = batch if isinstance(batch, list) else [batch]
-    with _quiet(), _forward_as_training_step(model) as inner, _logging_as_training_step(inner):
-        losses = [_loss_of(model(mb, k)) for k, mb in enumerate(parts)]
+    wrapped = model is not getattr(model, "module", model) or _fully_sharded(model)
+    routing = _forward_as_training_step(model) if wrapped else contextlib.nullcontext(model)
+    with _quiet(), routing as inner, _logging_as_training_step(inner):
+        # through the wrapper where there is one (DDP, FSDP2), else the step itself (no forward hooks of the root)
+        losses = [_loss_of(model(mb, k) if wrapped else inner.training_step(mb, k)) for k, mb in enumerate(parts)]
     return torch.stack(losses).mean()
+
+
+def _fully_sharded(model: nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # pragma: no cover - torch without distributed
+        return False
+    return isinstance(model, FSDPModule)
 
 
 @contextlib.contextmanager
 def _forward_as_training_step(model: nn.Module):
     """The module's ``forward`` routed to its ``training_step``, as Lightning's strategies wrap a module
     for DDP and FSDP: a call through the wrapper (DDP's forward, FSDP2's pre-forward unshard) runs
-    the training step. Yields the LightningModule."""
+    the training step, where ``self(x)`` reaches the module's own forward. Yields the LightningModule."""
     inner = model.module if isinstance(getattr(model, "module", None), nn.Module) else model
     own = inner.__dict__.get("forward")
-    inner.forward = inner.training_step
+
+    def restore():
+        if own is None:
+            inner.__dict__.pop("forward", None)
+        else:
+            inner.forward = own
+
+    def routed(*args, **kwargs):
+        restore()  # the step's own self(x) calls the module's forward
+        try:
+            return inner.training_step(*args, **kwargs)
+        finally:
+            inner.forward = routed
+    inner.forward = routed
     try:
         yield inner
     finally:
-        if own is None:
-            del inner.forward
-        else:
-            inner.forward = own
+        restore()
 
 
 @contextlib.contextmanager
