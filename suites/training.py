@@ -361,7 +361,8 @@ class TrainStepKind(Kind):
             else:
                 outcome.not_judged.append(f"accumulation ({cache[key]})")
             return
-        accum = judge_accumulation(judged, case.config, run, cache[key])
+        floors = outcome.evidence.metrics.group_floor_db
+        accum = judge_accumulation(judged, case.config, run, cache[key], min(floors.values()) if floors else None)
         outcome.details.append(accum.detail + (f" ({said})" if undeclared else ""))
         problem = accum.problem
         if problem and undeclared:

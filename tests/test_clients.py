@@ -320,7 +320,7 @@ def test_nanogpt_trained_as_train_py_passes_and_a_loss_not_divided_fails_first_r
     assert all("accuracy" in cats for cats in _failed(result).values()), _failed(result)
     result.stdout.fnmatch_lines([
         "precision-suite::train_step[[]nanogpt.train-amp-bf16-trajectory[]]: FAIL accuracy (accumulated gradient of 2 "
-        "micro-batches at step 0: SQNR * dB against the float64 gradient of the whole batch's mean loss < 30.1 dB, 2 x "
+        "micro-batches at step 0: SQNR * dB against the float64 gradient of the whole batch's mean loss < * dB, 2 x "
         "along it: the loss of each micro-batch was not divided by the 2 micro-batches (loss / 2))"])
 
 

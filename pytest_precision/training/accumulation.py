@@ -14,7 +14,8 @@ reached the optimizer: each micro-batch's share is 1 in a correct loop, N where 
 divided, 0 for all but the last where the gradients were zeroed or unscaled inside the loop.
 
 A step whose accumulated gradient's SQNR against the float64 one is below the config's first-step
-floor (``limits.first_step_floor_db``, at least ``ACCUMULATION_MIN_DB``) fails, and so does a step
+floor (``limits.first_step_floor_db``, no higher than what the model's own conditioning leaves,
+``compare.group_floors``, and at least ``ACCUMULATION_MIN_DB``) fails, and so does a step
 that ran ``optimizer.step()`` more than once, unscaled more than once, or ran another number of
 backward passes than it declares; the message says what the loop did. A ``clip_grad_norm_`` in the
 step (seen by ``loop_watch``) scales the float64 gradient by the factor it applied. Where the
@@ -138,9 +139,12 @@ def _steps_text(steps: list[int]) -> str:
     return f"step {steps[0]}" if len(steps) == 1 else f"steps {', '.join(map(str, steps[:4]))}"
 
 
-def judge_accumulation(spec, config: TrainConfig, run, truth: BatchGradients) -> AccumulationCheck:
+def judge_accumulation(spec, config: TrainConfig, run, truth: BatchGradients,
+                       model_floor_db: float | None = None) -> AccumulationCheck:
     """``run``'s accumulated gradient at its first applied step against ``truth`` (that step's float64
-    gradients); ``problem`` says what the loop did where it is wrong (the module docstring)."""
+    gradients); ``problem`` says what the loop did where it is wrong (the module docstring).
+    ``model_floor_db``: the lowest first-step floor the model's own conditioning gives its groups
+    (``compare.group_floors``), which the floor never exceeds."""
     n, step = spec.accumulate, run.first_step
     sep = truth.separable_error
     if sep <= SEPARABLE_RTOL:
@@ -161,7 +165,10 @@ def judge_accumulation(spec, config: TrainConfig, run, truth: BatchGradients) ->
         shares = [float(c) for c in torch.linalg.lstsq(a, g.unsqueeze(1)).solution.flatten()]
     else:
         shares = [math.nan] * n
-    floor = max(min(first_step_floor_db(config.mantissa_bits), ACCUMULATION_MAX_DB), ACCUMULATION_MIN_DB)
+    floor = min(first_step_floor_db(config.mantissa_bits), ACCUMULATION_MAX_DB)
+    if model_floor_db is not None and math.isfinite(model_floor_db):
+        floor = min(floor, model_floor_db)  # a transformer's fp32 gradient keeps 91 dB against float64, not 100
+    floor = max(floor, ACCUMULATION_MIN_DB)
     check = AccumulationCheck(n, step, db, floor, ratio, shares, clip, against)
     sentence = _problem(check, spec, config, run)
     check.problem = Problem("oracle", "accuracy", sentence) if sentence else None

@@ -163,10 +163,17 @@ class _LoopRun:
         ctx = autocast()
         dtype = ctx.fast_dtype if isinstance(ctx, torch.autocast) else None
         device = next(self.module.parameters()).device.type
+        params = next(self.module.parameters()).dtype
         if dtype == torch.bfloat16:
             plugin = precision.MixedPrecision("bf16-mixed", device)
         elif dtype == torch.float16:
             plugin = precision.MixedPrecision("16-mixed", device, scaler=scaler)
+        elif dtype is None and params in (torch.bfloat16, torch.float16):
+            # pure 16 bits as Lightning's "bf16-true" runs it: the default dtype is the parameters' inside
+            # the step, so a mask the model builds with torch.full matches them
+            plugin = precision.HalfPrecision("bf16-true" if params == torch.bfloat16 else "16-true")
+        elif dtype is None and params == torch.float64:
+            plugin = precision.DoublePrecision()  # the float64 step: "64-true"
         elif dtype is None:
             plugin = precision.Precision()
         else:
