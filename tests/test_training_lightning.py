@@ -66,7 +66,7 @@ for name, cls, kw in (("lit", L.Lit, dict(accumulate_grad_batches=2, **clip)), (
                       ("zero_grad_each_batch", L.ZeroGradEachBatch, dict(accumulate_grad_batches=2)),
                       ("clips_after_backward", L.ClipsAfterBackward, dict(accumulate_grad_batches=2)),
                       ("unscales_again", L.UnscalesAgain, clip), ("manual_plain_backward", L.ManualPlainBackward, {})):
-    pytest_precision.register(name, lightning_spec(cls, L.batches(), steps=4, precision="bf16-mixed", **kw),
+    pytest_precision.register(name, lightning_spec(cls, L.batches(), steps=2, precision="bf16-mixed", **kw),
                               kind="train_step")
 """
 CORRECT = ("lit", "own_clipping", "manual", "self_call")
