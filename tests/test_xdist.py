@@ -23,6 +23,8 @@ def _snapshot(root):
     return files
 
 
+@pytest.mark.slow(reason="two sessions of every kind (35 s); test_an_interrupted_parallel_update_lists_every_golden_it_"
+                         "wrote runs a parallel update and checks what it wrote")
 def test_parallel_update_writes_what_serial_writes(pytester):
     pytester.makeini("[pytest]\n")
     args = ("--precision-suite", "--precision-update-baselines", "--precision-configs=fp32,bf16", "-p", "no:cacheprovider",
