@@ -100,6 +100,14 @@ def judge(outcome: Outcome) -> None:
     outcome.problems += baseline_problems(outcome.baseline)
 
 
+def _undeclared_passes(spec: TrainSpec, run: Trajectory) -> int | None:
+    """N where the run's first applied step ran N > 1 backward passes (its closure evaluated at most
+    once) and the spec declares no ``accumulate=``: a loop that accumulates as users write it; else None."""
+    step = run.first_step
+    passes = run.backward_passes[step] if step is not None and step < len(run.backward_passes) else 1
+    return passes if spec.accumulate == 1 and passes > 1 and not run.closure else None
+
+
 class TrainStepKind(Kind):
     name = "train_step"
     suite = "training"
@@ -297,9 +305,6 @@ class TrainStepKind(Kind):
         for the session; None where there is nothing to compare (no step_fn, fp32, no finite first step)."""
         if spec.step_fn is None or case.config.id == "fp32" or run.first_step is None or run.first_nonfinite is not None:
             return None
-        step = run.first_step
-        passes = run.backward_passes[step] if step < len(run.backward_passes) else 1
-        undeclared = spec.accumulate == 1 and passes > 1 and not run.closure
         memo = case.state.memo(PEER_FP32)
 
         def fp32_step(careful, k, rng, device, where):
@@ -309,7 +314,7 @@ class TrainStepKind(Kind):
             return memo[key]
         try:
             return run_peer(spec, case.config, case.device, self._where(case.target, case.config),
-                            passes if undeclared else spec.accumulate, fp32_step)
+                            _undeclared_passes(spec, run) or spec.accumulate, fp32_step)
         except GlobalStateError as e:
             raise TargetError(str(e)) from None
 
@@ -334,10 +339,8 @@ class TrainStepKind(Kind):
         ``optimizer.step()`` and declares nothing (a loop that accumulates as users write it): judged
         as ``TrainSpec(accumulate=N)``, its batch split in N along dim 0, against the whole batch's
         float64 gradient."""
-        step = run.first_step
-        passes = run.backward_passes[step] if step < len(run.backward_passes) else 1
-        undeclared = (spec.accumulate == 1 and passes > 1 and not run.closure
-                      and step < len(run.optimizer_steps) and run.optimizer_steps[step] == 1)
+        step, passes = run.first_step, _undeclared_passes(spec, run)
+        undeclared = passes is not None and step < len(run.optimizer_steps) and run.optimizer_steps[step] == 1
         if spec.accumulate == 1 and not undeclared:
             return
         judged = dataclasses.replace(spec, accumulate=passes) if undeclared else spec

@@ -16,6 +16,7 @@ from pytest_precision.explain.tracing import OpTracer, tracing
 from pytest_precision.numerics.rng import RngState
 from pytest_precision.platform.launches import as_harness
 from pytest_precision.training import FLOAT64, TrainConfig, TrainSpec, prepare_training
+from pytest_precision.training.spec import single_step
 
 __all__ = ["step_fault", "traced_step"]
 
@@ -43,7 +44,7 @@ def step_fault(spec: TrainSpec, config: TrainConfig, device: str, step: int = 0,
 
     def reference():
         with as_harness():  # its construction is no op of the step's
-            one = dataclasses.replace(spec, steps=1, batch_fn=lambda _i: spec.batch_fn(step))
+            one = single_step(spec, step)
             exact = prepare_training(one, FLOAT64, device, rng_state=run.trajectory.rng_states[step],
                                      start_params=run.around_step_params)
         return exact()

@@ -25,7 +25,6 @@ detail says so.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -85,6 +84,7 @@ def exact_batch_gradients(spec, step: int, device: str, where: str = "", rng_sta
     it as every config's run): each micro-batch's loss / N first, from ``rng_state`` (the random
     state the run had at that step), then the whole batch's loss in one pass."""
     from .float64 import float64_step  # run imports spec, which imports this module
+    from .spec import single_step
 
     n = spec.accumulate
     out: dict[str, Any] = {}
@@ -102,7 +102,7 @@ def exact_batch_gradients(spec, step: int, device: str, where: str = "", rng_sta
         out["whole"] = grad_of(loss)
         return loss.detach()
 
-    one = dataclasses.replace(spec, steps=1, batch_fn=lambda _i: spec.batch_fn(step), step_fn=gradients, accumulate=1)
+    one = single_step(spec, step, step_fn=gradients, accumulate=1)
     float64_step(one, device, where or f"the float64 gradients of batch {step}", rng_state)
     return BatchGradients(out["whole"], out["parts"])
 

@@ -8,7 +8,6 @@ random numbers from the state the run it judges had at that step's start (``Traj
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -16,7 +15,7 @@ import torch
 from ..numerics.rng import RngState
 from .configs import FLOAT64
 from .run import TrainingError, run_casting_buffers
-from .spec import TrainSpec
+from .spec import TrainSpec, single_step
 from .trajectory import Trajectory
 
 __all__ = ["ExactStep", "exact_first_step", "float64_step"]
@@ -51,7 +50,7 @@ def exact_first_step(spec: TrainSpec, step: int, device: str, where: str = "",
     weights), drawing its random numbers from ``rng_state``: the state the run it judges had at
     the start of that step (``Trajectory.rng_states[step]``; default: a first step's). Raises
     TrainingError when the model cannot run in float64."""
-    one = dataclasses.replace(spec, steps=1, batch_fn=lambda _i: spec.batch_fn(step))
+    one = single_step(spec, step)
     t = float64_step(one, device, where or f"the float64 step {step}", rng_state)
     if t.first_step is None:
         raise TrainingError(f"{where or 'the float64 step'}: optimizer.step() did not run")

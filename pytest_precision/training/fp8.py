@@ -154,6 +154,28 @@ class Fp8Counts:
                 "tensors": {f"{n} {role}": c.as_dict() for (n, role), c in self.tensors.items()}}
 
 
+def saturation_threshold(dtype: torch.dtype) -> float:
+    """Where rounding alone leaves ``dtype``'s range: its max plus half the top binade's spacing (a
+    scaled value past it saturated)."""
+    fmt = format_of(dtype)
+    return fmt.max + 2.0 ** (fmt.emax - fmt.mantissa_bits) / 2
+
+
+def careful_dtype(role: str) -> torch.dtype:
+    """The careful recipe's format for a role: e5m2 for output gradients, e4m3 for inputs and weights."""
+    return E5M2 if role == "grad" else E4M3
+
+
+def careful_lost(x: torch.Tensor, significant: torch.Tensor, role: str) -> int:
+    """Of ``x``'s ``significant`` elements, those current scaling in the careful format casts to 0 (a
+    scale is linear: ``x`` may be the tensor or any scaling of it)."""
+    careful = careful_dtype(role)
+    fmax = format_of(careful).max
+    amax = x.detach().abs().max().float()
+    kept = (x.detach().float() * (fmax / torch.clamp(amax, min=AMAX_EPS))).clamp(-fmax, fmax)
+    return int(((kept.to(careful).float() == 0) & significant).sum())
+
+
 class Float8Cast:
     """The cast of one Linear's tensors: the scales (current, or from each role's amax history) and
     the counts of what each cast saturated and lost."""
@@ -205,12 +227,11 @@ class Float8Cast:
         return q, scale.reciprocal()
 
     def _cast(self, role: str, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        fmt = format_of(self.recipe.dtype(role))
         scale = self._scale(role, x)
         scaled, q = self._quantise(role, x, scale)
         self.record(role, x, q, scale)
         c = self.counts.of(self.name, role)
-        past = fmt.max + 2.0 ** (fmt.emax - fmt.mantissa_bits) / 2  # where rounding alone leaves the range
+        past = saturation_threshold(self.recipe.dtype(role))
         saturated = int((scaled.abs() > past).sum())
         careful_saturated = self._careful_saturated(role, x, past, saturated)
         if saturated and c.first_saturated_call is None:
@@ -226,14 +247,10 @@ class Float8Cast:
         c.careful_saturated += careful_saturated
         lost = (q.float() == 0) & significant
         c.underflowed += int(lost.sum())
-        careful = E5M2 if role == "grad" else E4M3
-        if self.recipe.scaling == "tensorwise" and self.recipe.dtype(role) == careful:
+        if self.recipe.scaling == "tensorwise" and self.recipe.dtype(role) == careful_dtype(role):
             c.careful_underflowed += int(lost.sum())  # this cast is the careful one
         else:
-            amax = x.detach().abs().max().float()
-            careful_scale = format_of(careful).max / torch.clamp(amax, min=AMAX_EPS)
-            kept = (x.detach().float() * careful_scale).clamp(-format_of(careful).max, format_of(careful).max)
-            c.careful_underflowed += int(((kept.to(careful).float() == 0) & significant).sum())
+            c.careful_underflowed += careful_lost(x, significant, role)
         return q, scale
 
     def _careful_saturated(self, role: str, x: torch.Tensor, past: float, saturated: int) -> int:

@@ -38,7 +38,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..numerics.formats import format_of
-from .fp8 import NOISE_FLOOR, Fp8Counts
+from .fp8 import NOISE_FLOOR, Fp8Counts, careful_dtype, careful_lost, saturation_threshold
 
 __all__ = ["observed_fp8_casts", "FP8_DTYPES"]
 
@@ -48,12 +48,6 @@ _aten = torch.ops.aten
 _CLAMPS = (_aten.clamp.default, _aten.clamp.Tensor, _aten.clamp_.default, _aten.clamp_.Tensor)
 _CLAMP_MAXES = (_aten.clamp_max.default, _aten.clamp_max.Tensor, _aten.clamp_max_.default, _aten.clamp_max_.Tensor)
 _IN_PLACE = (_aten.clamp_.default, _aten.clamp_.Tensor, _aten.clamp_max_.default, _aten.clamp_max_.Tensor)
-
-
-def _past(dtype: torch.dtype) -> float:
-    """Where rounding alone leaves the format's range: its max plus half the top binade's spacing."""
-    fmt = format_of(dtype)
-    return fmt.max + 2.0 ** (fmt.emax - fmt.mantissa_bits) / 2
 
 
 class _Observer(TorchDispatchMode):
@@ -121,7 +115,7 @@ class _Observer(TorchDispatchMode):
         magnitude = pre.abs()
         top = float(magnitude.max()) if magnitude.numel() else 0.0
         significant = magnitude > NOISE_FLOOR * top
-        saturated = int((magnitude > _past(dtype)).sum())
+        saturated = int((magnitude > saturation_threshold(dtype)).sum())
         if saturated and c.first_saturated_call is None:
             c.first_saturated_call = c.calls
         c.calls += 1
@@ -129,11 +123,8 @@ class _Observer(TorchDispatchMode):
         c.significant += int(significant.sum())
         c.saturated += saturated
         c.underflowed += int(((q.float() == 0) & significant).sum())
-        careful = torch.float8_e5m2 if role == "grad" else torch.float8_e4m3fn
-        fmax = format_of(careful).max
         if top > 0:
-            kept = (pre * (fmax / top)).clamp(-fmax, fmax).to(careful)
-            c.careful_underflowed += int(((kept.float() == 0) & significant).sum())
+            c.careful_underflowed += careful_lost(pre, significant, role)
 
 
 class _TrueAmaxes:
@@ -149,12 +140,12 @@ class _TrueAmaxes:
         a = t.detach().abs()
         held = self.held.get((name, role), 0.0)
         if held > 0 and (name, role) in self.counts.tensors:
-            dtype = torch.float8_e5m2 if role == "grad" else torch.float8_e4m3fn
+            dtype = careful_dtype(role)
             c = self.counts.tensors[(name, role)]
             if c.dtype:
                 dtype = getattr(torch, c.dtype)
             fmax = format_of(dtype).max
-            self.counts.tensors[(name, role)].careful_saturated += int((a.float() * (fmax / held) > _past(dtype)).sum())
+            self.counts.tensors[(name, role)].careful_saturated += int((a.float() * (fmax / held) > saturation_threshold(dtype)).sum())
         self.held[(name, role)] = max(held, float(a.max()))
 
 

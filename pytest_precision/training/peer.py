@@ -34,7 +34,7 @@ from .compare import group_labels, tensors_sqnr_db
 from .configs import TRAIN_CONFIGS, TrainConfig
 from .limits import db_to_error, error_to_db
 from .run import GlobalStateError, TrainingError, run_casting_buffers
-from .spec import TrainSpec
+from .spec import TrainSpec, single_step
 from .trajectory import Trajectory
 
 __all__ = ["LoopPeer", "careful_loop", "run_peer", "fp32_first_step", "peer_budget", "loop_rounding", "PEER_STEPS"]
@@ -79,7 +79,7 @@ def peer_budget(peer: LoopPeer, group: str, config: TrainConfig) -> float:
 
 def fp32_first_step(careful: TrainSpec, step: int, rng: RngState, device: str, where: str) -> Trajectory:
     """The careful loop's step ``step`` in fp32 from the initial weights, drawing from ``rng``."""
-    one = dataclasses.replace(careful, steps=1, batch_fn=lambda _i: careful.batch_fn(step))
+    one = single_step(careful, step)
     return run_casting_buffers(one, TRAIN_CONFIGS["fp32"], device, where, rng)
 
 

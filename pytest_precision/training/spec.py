@@ -35,6 +35,7 @@ its own initialisation and data order, judged on their failure rate against fp32
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -44,7 +45,7 @@ from torch import nn
 
 from .batches import split_batch
 
-__all__ = ["TrainSpec", "compute_loss", "hf_labels", "standard_step", "takes_model", "LossContractError"]
+__all__ = ["TrainSpec", "compute_loss", "hf_labels", "standard_step", "takes_model", "single_step", "LossContractError"]
 
 
 class LossContractError(TypeError):
@@ -125,6 +126,12 @@ class TrainSpec:
             return self.step_fn
         return lambda model, optimizer, scaler, batch, autocast: standard_step(
             model, optimizer, scaler, batch, autocast, loss_fn=self.loss_fn, accumulate=self.accumulate)
+
+
+def single_step(spec: TrainSpec, step: int, **changes) -> TrainSpec:
+    """``spec`` as one step on batch ``step``'s data, from the initial weights (a re-run of that step:
+    the float64 step, its careful loop's fp32 step, a traced fault); ``changes`` replace other fields."""
+    return dataclasses.replace(spec, steps=1, batch_fn=lambda _i: spec.batch_fn(step), **changes)
 
 
 def takes_model(optimizer_fn: Callable) -> bool:
