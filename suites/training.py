@@ -73,7 +73,7 @@ from pytest_precision.training.fsdp import fsdp_skip_reason
 from pytest_precision.training.loss_scale import scale_health
 from pytest_precision.training.accumulation import exact_batch_gradients, judge_accumulation
 from pytest_precision.training.checkpointing import judge_checkpoint
-from pytest_precision.training.peer import LoopPeer, fp32_first_step, run_peer
+from pytest_precision.training.peer import LoopPeer, fp32_first_step, fp32_whole_run, run_peer
 from pytest_precision.training.verdicts import judge_run
 
 from . import ddp, fsdp, training_seeds
@@ -88,7 +88,7 @@ __all__ = ["TRAIN_STEP", "TrainStepKind", "judge"]
 CHECKED, REFERENCES, EXACT = "train_step.checked", "train_step.fp32", "train_step.float64"
 BATCH_GRADIENTS = "train_step.batch_float64"  # (spec, device, step, random state) -> accumulation's truth
 FLOAT64_RUNS = "train_step.float64_run"  # (spec, device) -> the spec's whole run in float64, or why it could not run
-PEER_FP32 = "train_step.peer_fp32"  # (careful loop, device, step, random state) -> its fp32 step (training.peer)
+PEER_FP32 = "train_step.peer_fp32"  # (careful loop, device[, step, random state]) -> its fp32 run [step] (training.peer)
 
 
 def judge(outcome: Outcome) -> None:
@@ -312,9 +312,15 @@ class TrainStepKind(Kind):
             if key not in memo:
                 memo[key] = fp32_first_step(careful, k, rng, device, where)
             return memo[key]
+
+        def fp32_run(careful, device, where):
+            key = (careful, device)
+            if key not in memo:
+                memo[key] = fp32_whole_run(careful, device, where)
+            return memo[key]
         try:
             return run_peer(spec, case.config, case.device, self._where(case.target, case.config),
-                            _undeclared_passes(spec, run) or spec.accumulate, fp32_step)
+                            _undeclared_passes(spec, run) or spec.accumulate, fp32_step, fp32_run)
         except GlobalStateError as e:
             raise TargetError(str(e)) from None
 
@@ -364,8 +370,10 @@ class TrainStepKind(Kind):
             else:
                 outcome.not_judged.append(f"accumulation ({cache[key]})")
             return
-        floors = outcome.evidence.metrics.group_floor_db
-        accum = judge_accumulation(judged, case.config, run, cache[key], min(floors.values()) if floors else None)
+        metrics = outcome.evidence.metrics
+        floors = metrics.group_floor_db
+        accum = judge_accumulation(judged, case.config, run, cache[key], min(floors.values()) if floors else None,
+                                   noise=bool(metrics.unresolved) and not floors)
         outcome.details.append(accum.detail + (f" ({said})" if undeclared else ""))
         problem = accum.problem
         if problem and undeclared:

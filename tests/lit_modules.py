@@ -134,3 +134,11 @@ class ManualScheduled(Manual):
         loss = super().training_step(batch, batch_idx)
         self.lr_schedulers().step()
         return loss
+
+
+class BuildsItsScale(SelfCall):
+    """Builds a tensor in forward with the default dtype, as a mask or position table is built:
+    Lightning's "bf16-true" makes that the parameters' dtype inside the step."""
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x * torch.ones(x.shape[-1]))))

@@ -283,3 +283,33 @@ def test_an_accumulation_that_cannot_be_judged_is_a_skip_saying_so_not_a_pass(py
                                  "the float64 gradients: step 0 raised RuntimeError: no float64 kernel) (every other "
                                  "verdict passed)*"])
     assert (pytester.path / "precision_baselines/train_step/declared/trajectory/fp32.npz").exists()  # golden written
+
+
+@pytest.mark.parametrize("shares, fails", [((0.96, 0.97), None), ((2.0, 2.0), "was not divided"),
+                                           ((0.0, 1.0), "zeroed (zero_grad) inside")])
+def test_where_the_model_leaves_the_format_nothing_the_shares_alone_judge(shares, fails):
+    """Lightning's demo transformer keeps 8.8 dB of its accumulated bfloat16 gradient, correct, where
+    the model's conditioning leaves bfloat16 nothing (compare.group_floors): noise, not a defect, so
+    only shares that read as a loop defect fail (an undivided loss, zero_grad inside the loop)."""
+    from types import SimpleNamespace
+
+    from pytest_precision.training import TRAIN_CONFIGS, TrainSpec
+    from pytest_precision.training.accumulation import BatchGradients, judge_accumulation
+
+    g = torch.Generator().manual_seed(0)
+    parts = [{"w": torch.randn(4096, generator=g, dtype=torch.float64)} for _ in range(2)]
+    truth = BatchGradients({"w": parts[0]["w"] + parts[1]["w"]}, parts)
+    # rounding noise of 9 dB, as the demo's bfloat16 gradient holds
+    noise = 0.35 * torch.randn(4096, generator=g, dtype=torch.float64) * truth.whole["w"].norm() / 64
+    applied = {"w": (shares[0] * parts[0]["w"] + shares[1] * parts[1]["w"] + noise).float()}
+    run = SimpleNamespace(first_step=0, grads0=applied, clips=[[]], backward_passes=[2], optimizer_steps=[1],
+                          unscales=[0], scalers=[0])
+    spec = TrainSpec(lambda: torch.nn.Linear(1, 1), torch.optim.SGD, lambda i: None, accumulate=2)
+    config = TRAIN_CONFIGS["amp-bf16"]
+    assert judge_accumulation(spec, config, run, truth).problem is not None  # held to bfloat16's floor: red
+    check = judge_accumulation(spec, config, run, truth, noise=True)
+    if fails is None:
+        assert check.problem is None
+        assert "not judged: the model's own conditioning leaves this format nothing" in check.detail
+    else:
+        assert fails in check.problem.sentence

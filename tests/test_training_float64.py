@@ -199,12 +199,12 @@ def test_a_modern_gpt_is_green_on_its_first_run_and_its_planted_defect_red(pytes
 
 
 def test_fp32s_own_drift_from_the_float64_run_widens_only_the_later_steps():
-    from pytest_precision.training.drift import fp32_drift, noise_driven
+    from pytest_precision.training.drift import drift_between, noise_driven
 
     spec = TrainSpec(TableChecked, adamw, DATA, steps=3)
     fp32 = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu")
     from pytest_precision.training.float64 import float64_step
-    drift = fp32_drift(fp32, float64_step(spec, "cpu", "f64"), {"all parameters": list(fp32.initial)}, tensors_sqnr_db)
+    drift = drift_between(fp32, float64_step(spec, "cpu", "f64"), {"all parameters": list(fp32.initial)}, tensors_sqnr_db)
     assert drift.loss[0] < 1e-6 and drift.loss == sorted(drift.loss)  # the largest so far: never shrinks
     assert drift.loss_allowance(2) < 1e-5 and drift.params < 1e-5  # a well-conditioned run: limits as they were
     assert noise_driven(17.3, 18.7) and not noise_driven(19.8, 86.6)  # the GPT above; the built-in GPT

@@ -161,3 +161,20 @@ def test_lightnings_demo_transformer_accumulates_within_its_own_fp32_precision(p
     result = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "-k", "train_step and fp32-trajectory",
                                 "--precision-update-baselines")
     result.assert_outcomes(passed=1)
+
+
+def test_a_module_building_tensors_in_forward_runs_outside_lightnings_loop_as_bf16_true_runs_it():
+    """The careful loop and the FSDP2 ranks call the module outside Lightning's loop: a tensor its
+    forward builds with the default dtype matches its bfloat16 parameters there as under Lightning's
+    "bf16-true" (before: the careful loop could not run, float != BFloat16), and the default is
+    restored after."""
+    from pytest_precision.training.lightning import lightning_loss
+    from pytest_precision.training.peer import LoopPeer, run_peer
+
+    spec = lightning_spec(L.BuildsItsScale, L.batches(), steps=2)
+    assert isinstance(run_peer(spec, TRAIN_CONFIGS["bf16"], "cpu", "t", 1), LoopPeer)
+    x, y = L.batches(1)[0]
+    assert lightning_loss(L.BuildsItsScale().to(torch.bfloat16), (x.bfloat16(), y.bfloat16())).dtype == torch.bfloat16
+    assert torch.get_default_dtype() == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # "bf16-mixed" keeps float32 the default
+        assert lightning_loss(L.BuildsItsScale(), (x, y)).dtype == torch.float32

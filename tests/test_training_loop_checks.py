@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from training_helpers import HEADER, run_suite
 
@@ -431,3 +432,98 @@ def test_a_step_fn_is_judged_against_the_careful_loop_on_the_same_model(pytester
         "(0.000488); the step_fn loses precision the model does not (a cast of its gradients to a coarser format, say))"])
     written = sorted(p.parents[1].name for p in pytester.path.rglob("amp-fp16.json"))
     assert written == ["own_loop", "unpacks"]
+
+
+# ---- later steps against the careful loop's own drift (training.peer, training.verdicts.LaterSteps)
+
+def _own_loop(model, optimizer, scaler, batch, autocast):
+    optimizer.zero_grad(set_to_none=True)
+    with autocast():
+        loss = F.mse_loss(model(batch[0]), batch[1])
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return loss
+
+
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+
+
+def _regression(i):
+    g = torch.Generator().manual_seed(100 + i)
+    return torch.randn(64, 16, generator=g), torch.randn(64, 8, generator=g)
+
+
+def _later_step_case():
+    """A step_fn's amp-bf16 run of 3 steps against fp32, and its careful loop."""
+    from pytest_precision.training import TRAIN_CONFIGS, TrainSpec, compare_trajectories, run_training
+    from pytest_precision.training.peer import run_peer
+
+    spec = TrainSpec(_mlp, lambda p: torch.optim.SGD(p, lr=0.1), _regression, steps=3,
+                     loss_fn=lambda model, batch: F.mse_loss(model(batch[0]), batch[1]), step_fn=_own_loop)
+    config = TRAIN_CONFIGS["amp-bf16"]
+    fp32, run = run_training(spec, TRAIN_CONFIGS["fp32"], "cpu"), run_training(spec, config, "cpu")
+    return compare_trajectories(run, fp32, config), config, run_peer(spec, config, "cpu", "t", 1)
+
+
+def test_the_careful_loop_measures_its_own_drift_from_its_fp32_run_at_every_step():
+    from pytest_precision.training.peer import LoopPeer
+
+    _, _, peer = _later_step_case()
+    assert isinstance(peer, LoopPeer) and peer.step == 0
+    drift = peer.drift
+    assert len(drift.grads) == len(drift.loss) == 3 and drift.multiple == 3
+    # its first step is the error the first-step budget reads; the drift only grows (the largest so far)
+    assert drift.grads[0]["all parameters"] == pytest.approx(peer.group_error["all parameters"])
+    assert 0 < drift.grads[0]["all parameters"] <= drift.grads[1]["all parameters"] <= drift.grads[2]["all parameters"]
+    assert 0 < drift.loss[2] and 0 < drift.params
+
+
+def test_a_later_step_is_judged_against_the_careful_loops_drift_and_names_its_parameter():
+    """A later step whose gradients have left fp32's further than the format's later-step floor: red
+    judged against fp32 alone, naming the parameter that holds the error; green where the careful
+    loop on the same model and steps drifted as far; red again where it stayed close."""
+    import dataclasses
+
+    from pytest_precision.training.drift import Drift
+    from pytest_precision.training.limits import db_to_error
+    from pytest_precision.training.verdicts import judge_run
+
+    m, config, peer = _later_step_case()
+    collapsed = dict(m.grad_sqnr_by_step)
+    collapsed[2] = {"all parameters": 3.0}  # 71 % of the gradient's size in error by step 2
+    m = dataclasses.replace(m, grad_sqnr_by_step=collapsed, grad_error_in={2: {"all parameters": "2.weight"}})
+    alone = [p.sentence for p in judge_run(m, config, None, None).problems]
+    assert alone == ["gradient SQNR 3 dB in all parameters at step 2 < 12.1 dB (most of it in 2.weight), what "
+                     "bfloat16 keeps in a correct step"]
+
+    def drifted(db):
+        grads = [dict(g) for g in peer.drift.grads]
+        grads[2] = {"all parameters": db_to_error(db)}
+        return dataclasses.replace(peer, drift=dataclasses.replace(peer.drift, grads=grads))
+
+    assert judge_run(m, config, None, None, peer=drifted(2.0)).problems == []
+    [close] = judge_run(m, config, None, None, peer=drifted(40.0)).problems
+    assert close.sentence == ("gradient SQNR 3 dB in all parameters at step 2 < 11.1 dB (most of it in 2.weight), what "
+                              "bfloat16 keeps in a correct step; the careful loop (standard_step) itself had left its "
+                              "fp32 run by a gradient error of 0.01 by step 2 on the same model and steps, and the "
+                              "limit grows by 3 x that")
+    # the peer widens only after the first step; a careful loop that overflowed later widens nothing
+    assert isinstance(peer.drift, Drift)
+    assert judge_run(m, config, None, None, peer=drifted(float("-inf"))).problems[0].sentence == alone[0]
+
+
+def test_a_group_with_nothing_to_judge_at_the_first_step_is_not_judged_later():
+    import dataclasses
+
+    from pytest_precision.training.verdicts import judge_run
+
+    m, config, _ = _later_step_case()
+    collapsed = dict(m.grad_sqnr_by_step)
+    collapsed[2] = {"all parameters": 3.0}
+    noise = dataclasses.replace(m, grad_sqnr_by_step=collapsed, unresolved={"all parameters": 4.0})
+    verdict = judge_run(noise, config, None, None)
+    assert verdict.problems == []
+    assert any(d.startswith("gradient SQNR not judged at step 0 or later in all parameters (4 dB)")
+               for d in verdict.details)

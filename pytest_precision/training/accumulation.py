@@ -15,7 +15,9 @@ divided, 0 for all but the last where the gradients were zeroed or unscaled insi
 
 A step whose accumulated gradient's SQNR against the float64 one is below the config's first-step
 floor (``limits.first_step_floor_db``, no higher than what the model's own conditioning leaves,
-``compare.group_floors``, and at least ``ACCUMULATION_MIN_DB``) fails, and so does a step
+``compare.group_floors``, and at least ``ACCUMULATION_MIN_DB``) fails (where that conditioning
+leaves the format nothing of any group, only shares that read as a loop defect fail: Lightning's
+demo transformer keeps 8.8 dB in bfloat16, correct), and so does a step
 that ran ``optimizer.step()`` more than once, unscaled more than once, or ran another number of
 backward passes than it declares; the message says what the loop did. A ``clip_grad_norm_`` in the
 step (seen by ``loop_watch``) scales the float64 gradient by the factor it applied. Where the
@@ -121,13 +123,16 @@ class AccumulationCheck:
     against: str  # what the float64 gradient was: the whole batch's in one pass, or the parts' sum
     problem: Problem | None = None  # category accuracy
     shown: bool = False  # the config shows underflow: the SQNR is reported, not failed
+    noise: bool = False  # the model leaves the format nothing of the gradient: the shares judge alone
 
     @property
     def detail(self) -> str:
         shares = ", ".join(f"{s:.3g}" for s in self.shares)
         clip = f", clipped by {self.clip:.4g} (clip_grad_norm_) in both" if self.clip != 1.0 else ""
+        floor = ("not judged: the model's own conditioning leaves this format nothing of its gradients, "
+                 "compare.group_floors; the shares judge" if self.noise else f"floor {self.floor_db:.3g} dB")
         return (f"accumulation: {self.micro_batches} micro-batches per step; the gradient of step {self.step} against "
-                f"{self.against}{clip}: SQNR {_db(self.sqnr_db)} dB (floor {self.floor_db:.3g} dB), {self.ratio:.4g} x "
+                f"{self.against}{clip}: SQNR {_db(self.sqnr_db)} dB ({floor}), {self.ratio:.4g} x "
                 f"along it, the micro-batches' shares {shares} (1 each in a correct loop)")
 
 
@@ -140,11 +145,12 @@ def _steps_text(steps: list[int]) -> str:
 
 
 def judge_accumulation(spec, config: TrainConfig, run, truth: BatchGradients,
-                       model_floor_db: float | None = None) -> AccumulationCheck:
+                       model_floor_db: float | None = None, noise: bool = False) -> AccumulationCheck:
     """``run``'s accumulated gradient at its first applied step against ``truth`` (that step's float64
     gradients); ``problem`` says what the loop did where it is wrong (the module docstring).
     ``model_floor_db``: the lowest first-step floor the model's own conditioning gives its groups
-    (``compare.group_floors``), which the floor never exceeds."""
+    (``compare.group_floors``), which the floor never exceeds; ``noise``: that conditioning leaves the
+    format nothing of any group's gradient, so only the micro-batches' shares can show a loop defect."""
     n, step = spec.accumulate, run.first_step
     sep = truth.separable_error
     if sep <= SEPARABLE_RTOL:
@@ -169,7 +175,7 @@ def judge_accumulation(spec, config: TrainConfig, run, truth: BatchGradients,
     if model_floor_db is not None and math.isfinite(model_floor_db):
         floor = min(floor, model_floor_db)  # a transformer's fp32 gradient keeps 91 dB against float64, not 100
     floor = max(floor, ACCUMULATION_MIN_DB)
-    check = AccumulationCheck(n, step, db, floor, ratio, shares, clip, against)
+    check = AccumulationCheck(n, step, db, floor, ratio, shares, clip, against, noise=noise)
     sentence = _problem(check, spec, config, run)
     check.problem = Problem("oracle", "accuracy", sentence) if sentence else None
     return check
@@ -217,6 +223,8 @@ def _problem(c: AccumulationCheck, spec, config: TrainConfig, run) -> str | None
     elif all(_near(x, 0.0) for x in s[:-1]) and _near(s[-1], 1.0):
         cause = ("only the last micro-batch's gradient reached the optimizer: the gradients were zeroed (zero_grad) "
                  "inside the accumulation loop; zero them once per optimizer step, before the first micro-batch")
+    elif c.noise:  # no loop defect read from the shares, and an SQNR the model leaves to noise
+        return None
     else:
         # no loop defect read from the shares: a config that shows underflow reports its own error
         c.shown = "underflow" in config.shows and math.isfinite(c.sqnr_db)

@@ -36,7 +36,7 @@ from ..numerics.formats import format_of, ulp as ulp_of
 from ..numerics.metrics import sqnr_db
 from .limits import DB_PER_BIT, FIRST_STEP_MARGIN_DB
 from .configs import TrainConfig
-from .drift import Fp32Drift, fp32_drift
+from .drift import Drift, drift_between
 from .float64 import ExactStep
 from .trajectory import Trajectory
 
@@ -157,7 +157,8 @@ class TrainMetrics:
     group_floor_db: dict[str, float] = field(default_factory=dict)
     unresolved: dict[str, float] = field(default_factory=dict)
     grad_sqnr_by_step: dict[int, dict[str, float]] = field(default_factory=dict)  # step -> group -> SQNR
-    drift: Fp32Drift | None = None  # fp32's own distance from the float64 run (training.drift)
+    grad_error_in: dict[int, dict[str, str]] = field(default_factory=dict)  # step -> group -> parameter with most error
+    drift: Drift | None = None  # fp32's own distance from the float64 run (training.drift)
     # the first applied update's SQNR against the float64 step's, this run's and fp32's (NaN without it)
     first_update_db: float = math.nan
     fp32_first_update_db: float = math.nan
@@ -208,6 +209,7 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
                   if g not in noise} if ref_grads else {}
     worst, worst_at = math.nan, None
     by_step: dict[int, dict[str, float]] = {}
+    error_in: dict[int, dict[str, str]] = {}
     ratios: list[float | None] = []
     for i in range(len(run.losses)):
         a, b = run.grads.get(i), ref.grads.get(i)
@@ -221,6 +223,9 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
                 continue
             s = tensors_sqnr_db(a, b, names)
             by_step.setdefault(i, {})[g] = s
+            top = _largest_error(a, b, names)
+            if top is not None:
+                error_in.setdefault(i, {})[g] = top
             if worst_at is None or s < worst:
                 worst, worst_at = s, (i, g)
     worst_ratio = max((r for r in ratios if r is not None), key=_log_distance, default=None)
@@ -260,9 +265,18 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
         step_time_spread=step_spread(run), fp32_step_time_spread=step_spread(ref),
         groups=groups, truth=truth if exact is not None or first is None else "the fp32 run (no float64 step)",
         underflow_elements=loss.elements, update_elements=lost_elements, below_range_elements=loss.below_elements,
-        built_dtypes=dict(run.built_dtypes), unresolved=noise, grad_sqnr_by_step=by_step,
-        drift=fp32_drift(ref, float64, groups, tensors_sqnr_db) if float64 is not None else None, group_floor_db=floors,
+        built_dtypes=dict(run.built_dtypes), unresolved=noise, grad_sqnr_by_step=by_step, grad_error_in=error_in,
+        drift=drift_between(ref, float64, groups, tensors_sqnr_db) if float64 is not None else None, group_floor_db=floors,
         first_update_db=_first_update_db(run, exact), fp32_first_update_db=_first_update_db(ref, exact))
+
+
+def _largest_error(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], names: list[str]) -> str | None:
+    """The parameter among ``names`` whose gradient differs most from ``ref``'s (by the norm of the
+    difference): where a group's error is."""
+    errors = {n: float(torch.linalg.vector_norm(out[n].double() - ref[n].double()))
+              for n in names if n in out and n in ref}
+    top = max(errors, key=lambda n: (errors[n], n), default=None)
+    return top if top is not None and errors[top] > 0 else None
 
 
 def _first_update_db(t: Trajectory, exact: ExactStep | None) -> float:

@@ -34,7 +34,7 @@ from typing import Callable
 
 from .limits import db_to_error
 
-__all__ = ["DRIFT_MULTIPLE", "NOISE_DRIVEN_MARGIN_DB", "Fp32Drift", "fp32_drift", "noise_driven"]
+__all__ = ["DRIFT_MULTIPLE", "NOISE_DRIVEN_MARGIN_DB", "Drift", "drift_between", "noise_driven"]
 
 # a config's run and fp32's each drift from the float64 one: their distance is up to the sum of two such drifts
 DRIFT_MULTIPLE = 2.0
@@ -49,26 +49,28 @@ def noise_driven(first_update_db: float, fp32_first_update_db: float) -> bool:
 
 
 @dataclass
-class Fp32Drift:
-    """fp32's distance from the float64 run, the largest up to each step (per step index)."""
+class Drift:
+    """A run's distance from its reference run, the largest up to each step (per step index): fp32's
+    from the float64 run here, the careful loop's from its fp32 run in ``training.peer``."""
 
-    loss: list[float]  # |fp32 loss - float64 loss| / |float64 loss|
-    grad_norm: list[float]  # |log(fp32 gradient norm / float64's)|
-    grads: list[dict[str, float]] = field(default_factory=list)  # per group: fp32's gradient error (relative)
-    params: float = 0.0  # fp32's final parameters' error against float64's (relative)
+    loss: list[float]  # |loss - reference loss| / |reference loss|
+    grad_norm: list[float]  # |log(gradient norm / the reference's)|
+    grads: list[dict[str, float]] = field(default_factory=list)  # per group: the gradient error (relative)
+    params: float = 0.0  # the final parameters' error against the reference's (relative)
+    multiple: float = DRIFT_MULTIPLE  # what a limit grows by per unit of this drift
 
     def loss_allowance(self, step: int) -> float:
-        return DRIFT_MULTIPLE * self.loss[step] if step < len(self.loss) else 0.0
+        return self.multiple * self.loss[step] if step < len(self.loss) else 0.0
 
     def norm_allowance(self, step: int) -> float:
-        return DRIFT_MULTIPLE * self.grad_norm[step] if step < len(self.grad_norm) else 0.0
+        return self.multiple * self.grad_norm[step] if step < len(self.grad_norm) else 0.0
 
     def grad_allowance(self, step: int, group: str) -> float:
-        return DRIFT_MULTIPLE * self.grads[step].get(group, 0.0) if step < len(self.grads) else 0.0
+        return self.multiple * self.grads[step].get(group, 0.0) if step < len(self.grads) else 0.0
 
     @property
     def params_allowance(self) -> float:
-        return DRIFT_MULTIPLE * self.params
+        return self.multiple * self.params
 
 
 def _log_distance(a: float | None, b: float | None) -> float:
@@ -79,11 +81,12 @@ def _log_distance(a: float | None, b: float | None) -> float:
     return abs(math.log(a / b)) if a > 0 and b > 0 and math.isfinite(a) and math.isfinite(b) else math.inf
 
 
-def fp32_drift(fp32, float64, groups: dict[str, list[str]],
-               sqnr_db: Callable[[dict, dict, list[str]], float]) -> Fp32Drift:
-    """fp32's distance from ``float64`` (both ``run.Trajectory`` of the same spec, from the same start)
-    at each step, as the largest up to it; ``sqnr_db(out, ref, names)`` is the SQNR of named tensors
-    (``compare.tensors_sqnr_db``, which builds the metrics from this drift)."""
+def drift_between(fp32, float64, groups: dict[str, list[str]],
+                  sqnr_db: Callable[[dict, dict, list[str]], float], multiple: float = DRIFT_MULTIPLE) -> Drift:
+    """A run's distance from its reference (``fp32`` from ``float64`` here; both ``run.Trajectory`` of
+    the same spec, from the same start) at each step, as the largest up to it; ``sqnr_db(out, ref,
+    names)`` is the SQNR of named tensors (``compare.tensors_sqnr_db``, which builds the metrics from
+    this drift)."""
     def _error(out, ref, names) -> float:
         db = sqnr_db(out, ref, names)
         return 0.0 if math.isnan(db) else db_to_error(db)
@@ -102,4 +105,4 @@ def fp32_drift(fp32, float64, groups: dict[str, list[str]],
         loss.append(top_loss)
         norm.append(top_norm)
         grads.append(dict(top_grads))
-    return Fp32Drift(loss, norm, grads, _error(fp32.final, float64.final, list(fp32.final)))
+    return Drift(loss, norm, grads, _error(fp32.final, float64.final, list(fp32.final)), multiple)

@@ -337,10 +337,36 @@ def lightning_loss(model: nn.Module, batch: Any) -> torch.Tensor:
     parts = batch if isinstance(batch, list) else [batch]
     wrapped = model is not getattr(model, "module", model) or _fully_sharded(model)
     routing = _forward_as_training_step(model) if wrapped else contextlib.nullcontext(model)
-    with _quiet(), routing as inner, _logging_as_training_step(inner):
+    with _quiet(), _default_dtype(_true_precision_dtype(model)), routing as inner, _logging_as_training_step(inner):
         # through the wrapper where there is one (DDP, FSDP2), else the step itself (no forward hooks of the root)
         losses = [_loss_of(model(mb, k) if wrapped else inner.training_step(mb, k)) for k, mb in enumerate(parts)]
     return torch.stack(losses).mean()
+
+
+def _true_precision_dtype(model: nn.Module) -> torch.dtype | None:
+    """The default dtype Lightning's "true" precision plugins (HalfPrecision, DoublePrecision, FSDP's
+    "bf16-true") set inside a step, so that a mask or position table the model builds matches its
+    parameters: their dtype in a pure 16-bit or float64 run, FSDP2's ``param_dtype``; None under
+    autocast (Lightning's "-mixed" plugins leave float32 the default) or in float32."""
+    if torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"):
+        return None
+    if _fully_sharded(model):
+        state = model._get_fsdp_state() if hasattr(model, "_get_fsdp_state") else None
+        dtype = getattr(getattr(state, "_mp_policy", None), "param_dtype", None)
+    else:
+        dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    return dtype if dtype in (torch.bfloat16, torch.float16, torch.float64) else None
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype | None):
+    before = torch.get_default_dtype()
+    if dtype is not None:
+        torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(before)
 
 
 def _fully_sharded(model: nn.Module) -> bool:

@@ -1,7 +1,10 @@
 """The absolute verdicts of a training config's run: against the fp32 run of the session and the
 float64 step, with floors from the compute format's mantissa bits (``limits``) and the model's own
-conditioning (``compare.group_floors``), later steps widened by fp32's own drift from the float64
-run (``drift``). Each verdict is a ``Problem``; a config that exists to show a failure mode (its
+conditioning (``compare.group_floors``). A later step's limit grows by the larger of two drifts
+(``LaterSteps``): fp32's own from the float64 run (``drift``), and, for a ``step_fn``, the careful
+loop's own from its fp32 run (``peer``): what the model's dynamics make of the config's rounding on
+the same steps. A group with nothing left to judge at the first step (``TrainMetrics.unresolved``)
+is judged at no later step: its error only grows from noise. Each verdict is a ``Problem``; a config that exists to show a failure mode (its
 ``shows``: amp-fp16 without a scaler shows underflow, pure bf16 lost updates) reports it as a detail
 instead, and the regression budget holds it where it was accepted.
 """
@@ -15,7 +18,7 @@ from ..numerics.budgets import GRAD_PEER_FACTOR
 from ..numerics.problem import Problem
 from .compare import TrainMetrics, unresolved_reason
 from .configs import TrainConfig
-from .drift import DRIFT_MULTIPLE, noise_driven
+from .drift import Drift, noise_driven
 from .fp8 import Fp8Counts, fp8_problems
 from .limits import (UNDERFLOW_LIMIT, UPDATE_LOST_LIMIT, UPDATE_RATIO_BAND, db_to_error, error_to_db,
                      first_step_floor_db, grad_norm_band, later_step_floor_db, limit_problem)
@@ -23,7 +26,7 @@ from .loss_precision import LowPrecisionLoss
 from .loss_scale import ScaleHealth, scale_problem
 from .peer import LoopPeer, loop_rounding, peer_budget
 
-__all__ = ["RunVerdict", "judge_run"]
+__all__ = ["RunVerdict", "judge_run", "LaterSteps"]
 
 _LOSS_CATEGORIES = ("accuracy", "overflow", "nan", "underflow")  # what a loss computed in 16 bits can cause
 
@@ -47,6 +50,40 @@ class RunVerdict:
             else:
                 self.add(category, sentence)
         return record
+
+
+@dataclass
+class LaterSteps:
+    """What a later step's limit grows by: the larger of fp32's drift from the float64 run (``fp32``)
+    and the careful loop's from its fp32 run (``careful``, after the first applied step ``first``),
+    each times its ``Drift.multiple``; and the clause that says which, and by how much."""
+
+    fp32: Drift | None
+    careful: Drift | None = None
+    loop: str = "standard_step"
+    first: int | None = None
+
+    def allowance(self, step: int, pick) -> tuple[float, Drift | None]:
+        """``pick(drift)`` of the drift that allows more at ``step``, and that drift (None: neither)."""
+        a = pick(self.fp32) if self.fp32 is not None else 0.0
+        b = (pick(self.careful) if self.careful is not None and self.first is not None and step > self.first
+             else 0.0)
+        if math.isfinite(b) and b > a:  # a careful loop that overflowed later says nothing of the limit
+            return b, self.careful
+        return a, (self.fp32 if a else None)
+
+    def clause(self, step: int, allowance: float, source: Drift | None, base: float, what: str = "",
+               shown=None) -> str:
+        """Why a later step's limit grew; nothing where it moved the limit ``base`` by less than 1 %."""
+        if source is None or not allowance >= 0.01 * base:
+            return ""
+        drift = allowance / source.multiple
+        value = f"{shown(drift):.3g}" if shown else f"{drift:.3g}"
+        if source is self.careful:
+            return (f"; the careful loop ({self.loop}) itself had left its fp32 run by {what}{value} by step {step} "
+                    f"on the same model and steps, and the limit grows by {source.multiple:g} x that")
+        return (f"; fp32 itself had left the float64 run by {what}{value} by step {step}, and its limit grows by "
+                f"{source.multiple:g} x that")
 
 
 def _about_one_over(ratio: float, scale: float | None) -> bool:
@@ -102,21 +139,23 @@ def judge_run(m: TrainMetrics, c: TrainConfig, scale: ScaleHealth | None, fp8: F
         add(cat, f"non-finite {what} at step {step} (loss {value:g}){where}")
     finite = m.first_nonfinite is None
     judged = _judged_steps(m, c, verdict.details)
-    loss_allowed = [c.loss_rtol + (m.drift.loss_allowance(i) if m.drift else 0.0) for i in range(m.steps)]
+    later = LaterSteps(m.drift, peer.drift if isinstance(peer, LoopPeer) else None,
+                       peer.loop if isinstance(peer, LoopPeer) else "standard_step", _first_applied(m))
+    loss_widened = [later.allowance(i, lambda d: d.loss_allowance(i)) for i in range(m.steps)]
+    loss_allowed = [c.loss_rtol + w for w, _ in loss_widened]
     over = [(d - loss_allowed[i], i) for i, d in enumerate(m.loss_deviation)
             if i in judged and d is not None and not d <= loss_allowed[i]]
     if c.id != "fp32" and over and finite:
         worst = max(over, key=lambda o: (o[0], -o[1]))[1]  # the first of equals
         shown_or_failed("underflow", "accuracy", f"loss deviates from fp32 by {m.loss_deviation[worst]:.3g} (relative) "
                         f"at step {worst} > {_allowed(loss_allowed[worst], c.loss_rtol)} allowed for {c.id}"
-                        f"{_drift_clause(m, worst, m.drift.loss[worst] if m.drift else 0.0, c.loss_rtol)}",
-                        "the loss limit")
+                        f"{later.clause(worst, *loss_widened[worst], c.loss_rtol)}", "the loss limit")
     if c.id != "fp32" and finite:
-        _judge_gradients(m, c, shown_or_failed, judged)
+        _judge_gradients(m, c, shown_or_failed, judged, later)
         _judge_against_peer(m, c, peer, verdict)
     if m.unresolved and c.id != "fp32":
         groups = ", ".join(f"{g} ({v:.3g} dB)" for g, v in sorted(m.unresolved.items()))
-        verdict.details.append(f"gradient SQNR not judged at step {_first_applied(m)} in {groups}: "
+        verdict.details.append(f"gradient SQNR not judged at step {_first_applied(m)} or later in {groups}: "
                                f"{unresolved_reason(c.precision_name)}")
     low, high = UPDATE_RATIO_BAND
     if m.update_ratio is not None and not low <= m.update_ratio <= high:
@@ -165,9 +204,10 @@ def _judged_steps(m: TrainMetrics, c: TrainConfig, details: list[str]) -> range:
     return range(first + 1)
 
 
-def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: range) -> None:
+def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: range, later_steps: LaterSteps) -> None:
     """Gradient SQNR (first and worst step), gradient-norm ratio and final-parameter SQNR against
-    the floors of the compute format; a config that shows underflow reports them."""
+    the floors of the compute format, later steps' widened (``LaterSteps``); a config that shows
+    underflow reports them."""
     bits, name = c.mantissa_bits, c.precision_name
     first, later = first_step_floor_db(bits), later_step_floor_db(bits)
     low, high = grad_norm_band(bits)
@@ -175,42 +215,56 @@ def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: r
     for i, r in enumerate(m.grad_norm_ratio):
         if i not in judged:
             continue
-        widen = m.drift.norm_allowance(i) if m.drift else 0.0
+        widen, source = later_steps.allowance(i, lambda d: d.norm_allowance(i))
         excess = (max(math.log(r) - math.log(high), math.log(low) - math.log(r)) - widen
                   if r is not None and 0 < r < math.inf else (math.inf if r is not None else -math.inf))
         if excess > 0:
-            norm_over.append((excess, i, widen))
+            norm_over.append((excess, i, widen, source))
     if norm_over:
-        _, step, widen = max(norm_over, key=lambda o: (o[0], -o[1]))
+        _, step, widen, source = max(norm_over, key=lambda o: (o[0], -o[1]))
         ratio = m.grad_norm_ratio[step]
-        clause = _drift_clause(m, step, m.drift.grad_norm[step] if m.drift else 0.0, math.log(high),
-                               "its gradient norm by a factor ", math.exp)
+        clause = later_steps.clause(step, widen, source, math.log(high), "its gradient norm by a factor ", math.exp)
         band = (f"{low:.3g} to {high:.3g} in {name}" if not clause else
                 f"{low * math.exp(-widen):.3g} to {high * math.exp(widen):.3g} in {name}{clause}")
         shown_or_failed("underflow", "accuracy", f"gradient norm {ratio:.3g} x fp32's at step {step} (a correct step "
                         f"stays within {band}){_clip_cause(m, ratio)}", "the band")
     floors = {g: min(first, m.group_floor_db.get(g, first)) for g in m.group_grad_sqnr_db}
     bad = {g: v for g, v in m.group_grad_sqnr_db.items() if not v >= floors[g]}
-    later_over = []  # (excess error, step, group, SQNR, the least SQNR allowed there)
+    later_over = []  # (excess error, step, group, SQNR, the least SQNR allowed there, widening, its drift)
     for i, groups in m.grad_sqnr_by_step.items():
         if i not in judged:
             continue
         for g, db in groups.items():
-            allowed = db_to_error(later) + (m.drift.grad_allowance(i, g) if m.drift else 0.0)
+            if g in m.unresolved:  # noise at the first step (the module docstring)
+                continue
+            widen, source = later_steps.allowance(i, lambda d: d.grad_allowance(i, g))
+            allowed = db_to_error(later) + widen
             if not math.isnan(db) and db_to_error(db) > allowed:
-                later_over.append((db_to_error(db) - allowed, i, g, db, error_to_db(allowed)))
+                later_over.append((db_to_error(db) - allowed, i, g, db, error_to_db(allowed), widen, source))
+    clause = ""
     if bad or later_over:
         parts = [f"{v:.3g} dB in {g} at the first step < {floors[g]:.3g} dB" for g, v in sorted(bad.items())]
         if later_over:
-            _, step, group, db, allowed_db = max(later_over, key=lambda o: (o[0], -o[1]))
+            _, step, group, db, allowed_db, widen, source = max(later_over, key=lambda o: (o[0], -o[1]))
             if not (step == _first_applied(m) and group in bad):
-                parts.append(f"{db:.3g} dB in {group} at step {step} < {allowed_db:.3g} dB")
+                parts.append(f"{db:.3g} dB in {group} at step {step} < {allowed_db:.3g} dB{_error_in(m, step, group)}")
+                clause = later_steps.clause(step, widen, source, db_to_error(later), "a gradient error of ")
         shown_or_failed("underflow", "accuracy", f"gradient SQNR {', '.join(parts)}, what {name} keeps in a correct "
-                        "step", "the format's floors")
-    params_allowed = db_to_error(later) + (m.drift.params_allowance if m.drift else 0.0)
+                        f"step{clause}", "the format's floors")
+    last = m.steps - 1
+    widen, source = later_steps.allowance(last, lambda d: d.params_allowance)
+    params_allowed = db_to_error(later) + widen
     if len(judged) == m.steps and not (math.isnan(m.param_sqnr_db) or db_to_error(m.param_sqnr_db) <= params_allowed):
         shown_or_failed("underflow", "accuracy", f"final-parameter SQNR {m.param_sqnr_db:.3g} dB < "
-                        f"{error_to_db(params_allowed):.3g} dB, what {name} keeps in a correct run", "the format's floor")
+                        f"{error_to_db(params_allowed):.3g} dB, what {name} keeps in a correct run"
+                        f"{later_steps.clause(last, widen, source, db_to_error(later), 'a parameter error of ')}",
+                        "the format's floor")
+
+
+def _error_in(m: TrainMetrics, step: int | None, group: str) -> str:
+    """Which parameter of ``group`` holds most of the gradient error at ``step``, as a clause."""
+    name = m.grad_error_in.get(step, {}).get(group) if step is not None else None
+    return f" (most of it in {name})" if name and (group != name) else ""
 
 
 def _judge_against_peer(m: TrainMetrics, c: TrainConfig, peer: LoopPeer | str | None, verdict: RunVerdict) -> None:
@@ -239,12 +293,3 @@ def _judge_against_peer(m: TrainMetrics, c: TrainConfig, peer: LoopPeer | str | 
 def _allowed(allowed: float, base: float) -> str:
     return f"{base:g}" if allowed == base else f"{allowed:.3g}"
 
-
-def _drift_clause(m: TrainMetrics, step: int, drift: float, base: float, what: str = "", shown=None) -> str:
-    """What widened a later step's limit: fp32's own distance from the float64 run by then; nothing
-    where it moved the limit ``base`` by less than 1 %."""
-    if not m.drift or not DRIFT_MULTIPLE * drift >= 0.01 * base:
-        return ""
-    value = f"{shown(drift):.3g}" if shown else f"{drift:.3g}"
-    return (f"; fp32 itself had left the float64 run by {what}{value} by step {step}, and its limit grows by "
-            f"{DRIFT_MULTIPLE:g} x that")
