@@ -77,7 +77,7 @@ def test_compiled_code_that_differs_from_eager_fails_as_compiled(pytester):
         "*softmax[[]sneaky-fp32+compiled-unit[]]: FAIL underflow,accuracy,baseline,compiled (oracle: *; compiled vs "
         "eager: underflow * > 0 allowed (eager: max ULP *",
         "*eager (the target not compiled, same config): max ULP *, max abs * -> compiled budget max ULP *",
-        "*write it with: pytest --precision-suite -k 'softmax[[]sneaky-fp32+compiled-unit[]]' --precision-compile "
+        "*if this run is right, accept it with: pytest --precision-suite -k 'softmax[[]sneaky-fp32+compiled-unit[]]' --precision-compile "
         "--precision-configs=fp32 --precision-update-baselines",
     ])
     for line in result.stdout.lines:  # the eager cases fail for their missing golden only

@@ -103,7 +103,7 @@ def test_unreadable_baseline_is_a_verdict_and_update_moves_it_aside(pytester, da
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     result.stdout.fnmatch_lines([f"*softmax[[]mine-fp32-unit[]]: FAIL baseline ({path}: *",
-                                 "*rewrite it with: pytest --precision-suite -k 'softmax[[]mine-fp32-unit[]]' "
+                                 "*if this run is right, accept it with: pytest --precision-suite -k 'softmax[[]mine-fp32-unit[]]' "
                                  "--precision-configs=fp32 --precision-update-baselines*",
                                  "*precision summary (device cpu*", "*| mine *| fp32 *| FAIL 1/1: baseline*"])
     assert "Traceback" not in out and "baselines/store.py" not in out and "INTERNALERROR" not in out

@@ -34,7 +34,7 @@ def test_precision_config_ids_and_golden_roundtrip(pytester):
     missing.assert_outcomes(failed=1)
     missing.stdout.fnmatch_lines([
         "*golden baseline: no golden baseline at *precision_baselines/test_user/test_softmax*7*/fp16.npz",
-        "*write it with: pytest 'test_user.py::test_softmax[[]fp16-7[]]' --precision-update-baselines"])
+        "*if this run is right, accept it with: pytest 'test_user.py::test_softmax[[]fp16-7[]]' --precision-update-baselines"])
     ran = len(configs_run())  # the CPU: every config but tf32
     counts = dict(passed=2 * ran, skipped=2 * (len(CONFIG_IDS) - ran))
     pytester.runpytest("--precision-update-baselines").assert_outcomes(**counts)
@@ -54,4 +54,4 @@ def test_golden_catches_a_regressed_user_function(pytester):
     r.stdout.fnmatch_lines([
         "*test_user.py::test_softmax[[]bf16-300[]]: regressed against its golden (max ULP * > budget *",
         "*worst elements:*",
-        "*accept them as the golden with: pytest 'test_user.py::test_softmax[[]bf16-300[]]' --precision-update-baselines"])
+        "*if this run is right, accept it with: pytest 'test_user.py::test_softmax[[]bf16-300[]]' --precision-update-baselines"])

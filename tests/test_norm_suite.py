@@ -248,7 +248,7 @@ def mine(x, weight, bias, eps):
     result = _run(pytester, "--precision-configs=fp32", "-k", "long")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*FAIL regression (golden: *RMS abs * > budget *",
-                                 "*accept them as the golden with: pytest --precision-suite -k 'layer_norm[[]mine-fp32-long[]]'*"])
+                                 "*if this run is right, accept it with: pytest --precision-suite -k 'layer_norm[[]mine-fp32-long[]]'*"])
     assert "oracle:" not in result.stdout.str()  # within the peer budget: only the regression fires
 
 

@@ -155,7 +155,7 @@ def mine(x):
     result.stdout.fnmatch_lines([
         "*FAIL regression (golden: max ULP * > budget *",
         "*against the golden (regression budget max ULP *",
-        "*accept them as the golden with: pytest --precision-suite -k 'softmax[[]mine-fp32-scale20[]]' "
+        "*if this run is right, accept it with: pytest --precision-suite -k 'softmax[[]mine-fp32-scale20[]]' "
         "--precision-configs=fp32 --precision-update-baselines",
     ])
     assert "oracle:" not in result.stdout.str()  # within the peer budget: only the regression fires
@@ -167,7 +167,7 @@ def test_missing_baseline_names_the_command(pytester):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([
         "*no golden baseline at *precision_baselines/softmax/mine/unit/bf16.npz",
-        "*write it with: pytest --precision-suite -k 'softmax[[]mine-bf16-unit[]]' --precision-configs=bf16 "
+        "*if this run is right, accept it with: pytest --precision-suite -k 'softmax[[]mine-bf16-unit[]]' --precision-configs=bf16 "
         "--precision-update-baselines",
     ])
     assert not (pytester.path / "precision_baselines").exists()  # nothing written without the flag
@@ -203,7 +203,7 @@ def test_damaged_baseline_is_named_and_kept(pytester, damage):
     before = (npz.read_bytes(), meta.read_bytes())
     result = _run(pytester, "--precision-configs=fp16", "-k", "unit")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines([expect, "*the file is left as it is; rewrite it with: pytest --precision-suite -k "
+    result.stdout.fnmatch_lines([expect, "*the file is left as it is; if this run is right, accept it with: pytest --precision-suite -k "
                                          "'softmax[[]mine-fp16-unit[]]' --precision-configs=fp16 --precision-update-baselines)"])
     assert (npz.read_bytes(), meta.read_bytes()) == before
     _run(pytester, "--precision-update-baselines", "--precision-configs=fp16", "-k", "unit").assert_outcomes(passed=1)
@@ -389,7 +389,7 @@ def mine(x):
     failed.assert_outcomes(failed=1)
     failed.stdout.fnmatch_lines([f"*(no budget recorded for {isa}: judged by the widest recorded for cpu-tight, scaled by the spread between machines "
                                  "(2 x the largest error, 1.47 x the typical); "
-                                 "record this machine's with: pytest --precision-suite *--precision-update-baselines)",
+                                 "if this run is right, accept it with: pytest --precision-suite *--precision-update-baselines)",
                                  "*1 case(s) had no budget recorded for*judged by the widest recorded for other cpu machines*"])
     # a second machine that accepted a looser budget: the widest limit applies and the case passes
     loose = json.loads(json.dumps(tight))
@@ -423,6 +423,6 @@ def test_a_first_run_on_another_device_type_borrows_from_any_machine_unless_stri
     strict = _run(pytester, "--precision-configs=fp32", "-k", "unit", "--precision-strict-budgets")
     strict.assert_outcomes(failed=1)
     strict.stdout.fnmatch_lines([f"*fp32.json: no accepted budget for '{isa}' (strict budgets: none borrowed) "
-                                 "(has: cuda-sm90); accept with: pytest --precision-suite*"])
+                                 "(has: cuda-sm90); if this run is right, accept it with: pytest --precision-suite*"])
 
 

@@ -231,7 +231,7 @@ def test_no_speed_baseline_for_this_device_is_reported_not_failed(pytester):
     r = _run(pytester)
     r.assert_outcomes(passed=1)
     r.stdout.fnmatch_lines(["*| time *| vs fp32 *", "no speed baseline for this device (*) in 1 case(s): "
-                            "record with --precision-update-baselines"])
+                            "if this run is right, accept it with: this run's command with --precision-update-baselines"])
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "-5"])

@@ -130,7 +130,7 @@ def test_printed_update_commands_select_exactly_their_case(pytester):
                                 "-p", "no:cacheprovider", "-k", "torch.softmax-fp32-unit")
     result.assert_outcomes(failed=2)  # softmax[torch.softmax-fp32-unit] and safe_softmax[...]: no goldens yet
     # each once (under CI pytest's short summary repeats the whole message)
-    commands = list(dict.fromkeys(re.findall(r"write it with: (pytest .*)$", result.stdout.str(), re.MULTILINE)))
+    commands = list(dict.fromkeys(re.findall(r"accept it with: (pytest .*)$", result.stdout.str(), re.MULTILINE)))
     assert len(commands) == 2, result.stdout.str()
     for command in commands:
         kind = "safe_softmax" if "k 'safe_softmax" in command else "softmax"
@@ -159,7 +159,7 @@ def test_softmax(precision_config, golden, label):
     result = pytester.runpytest("--precision-configs=fp32", "-p", "no:cacheprovider")
     result.assert_outcomes(failed=3)
     # each once (under CI pytest's short summary repeats the whole message)
-    commands = list(dict.fromkeys(re.findall(r"write it with: (pytest .*)$", result.stdout.str(), re.MULTILINE)))
+    commands = list(dict.fromkeys(re.findall(r"accept it with: (pytest .*)$", result.stdout.str(), re.MULTILINE)))
     assert len(commands) == 3
     for command in commands:
         fixed = _shell(pytester, command + " --precision-configs=fp32")

@@ -330,7 +330,7 @@ pytest_precision.register("net", pytest_precision.TrainSpec(Net, sgd, batch, ste
     result = run_suite(pytester, "--precision-configs=fp32")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*FAIL baseline*no golden baseline at *train_step/net/trajectory/fp32.npz*",
-                                 "*write it with: pytest --precision-suite -k *net-fp32-trajectory* --precision-update-baselines*"])
+                                 "*if this run is right, accept it with: pytest --precision-suite -k *net-fp32-trajectory* --precision-update-baselines*"])
     run_suite(pytester, "--precision-configs=fp32", "--precision-update-baselines").assert_outcomes(passed=1)
     meta = pytester.path / "precision_baselines" / "train_step" / "net" / "trajectory" / "fp32.json"
     meta.write_text("{not json")
@@ -381,7 +381,7 @@ def test_a_machine_without_its_own_key_still_checks_the_fp32_reference(pytester)
     result.stdout.fnmatch_lines(["*FAIL regression*golden: the fp32 reference moved against cpu-elsewhere's (relative "
                                  "tolerance 0.0001): step 1 loss * vs *",
                                  "*no budget recorded for cpu-*: judged by the widest recorded for cpu-elsewhere, its fp32 "
-                                 "reference held to theirs within 0.0001; record this machine's with: *"])
+                                 "reference held to theirs within 0.0001; if this run is right, accept it with: *"])
 
 
 def test_a_golden_of_an_earlier_format_says_to_re_accept(pytester):
@@ -399,7 +399,7 @@ pytest_precision.register("net", pytest_precision.TrainSpec(Net, sgd, batch, ste
     result = run_suite(pytester, "--precision-configs=amp-bf16")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines([f"*FAIL baseline ({path}: the budget recorded for cpu-* is of an earlier format (no "
-                                 "min_grad_sqnr_db per parameter group): re-accept it with: pytest --precision-suite "
+                                 "min_grad_sqnr_db per parameter group): if this run is right, accept it with: pytest --precision-suite "
                                  "-k *net-amp-bf16-trajectory* --precision-update-baselines)"])
     # re-accepted here: this machine's record is current; another machine's old one is that
     # machine's to re-accept and does not stop this one
@@ -562,7 +562,7 @@ def test_a_model_switched_to_bf16_names_the_switch_against_its_golden(pytester):
         "*net-fp32-trajectory*: FAIL baseline (*fp32.json: model_fn() now builds the model's parameters in bfloat16 "
         "(not float32); when the golden was accepted on cpu-* it built them in float32. Every config starts from the "
         "built weights cast to float32, so the run starts from other weights: not a precision regression. Return the "
-        "model as it was to keep this golden, or re-accept with: pytest --precision-suite -k *",
+        "model as it was to keep this golden, or if this run is right, accept it with: pytest --precision-suite -k *",
         "    model_fn() built the model in bfloat16 (4 of 4 parameter tensors*"])
     assert "initial parameters" not in result.stdout.str()
 

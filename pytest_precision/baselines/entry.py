@@ -15,7 +15,7 @@ import torch
 
 from ..numerics.describe import Held, comparison_lines
 from ..numerics.metrics import Comparison
-from .commands import accept_sentence
+from .commands import offer
 from .reading import Baseline
 
 __all__ = ["SINGLE", "BaselineResult", "BaselineEntry", "output_label"]
@@ -68,7 +68,7 @@ class BaselineResult:
             lines += comparison_lines(c, f"the golden (regression budget {b.describe()})", held=[Held.regression(b)],
                                       name=name if several else None, brief=brief)
         lines += [f"    ({note})" for note in (self.note, self.moved_inputs, self.unjudged) if note]
-        lines.append(f"  {accept_sentence(update_command)}")
+        lines.append(f"  {offer(update_command)}")
         return lines
 
 

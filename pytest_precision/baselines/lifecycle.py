@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..platform.devices import device_class, machine_name, numerics_key
+from .commands import OFFER, offer
 from .entry import SINGLE, BaselineEntry, BaselineResult
 from .reading import Baseline
 from .schema import BaselineError, unlimited
@@ -110,10 +111,10 @@ class BaselineCheck:
         except BaselineError as e:
             if e.newer_schema is not None:
                 return None, BaselineResult(error=str(e))
-            return None, BaselineResult(error=f"{e}\n(the file is left as it is; rewrite it with: {self.update_command})")
+            return None, BaselineResult(error=f"{e}\n(the file is left as it is; {offer(self.update_command)})")
         if base is None:
             npz, _ = self.store.paths(self.key, self.config_id)
-            return None, BaselineResult(error=f"no golden baseline at {npz}\nwrite it with: {self.update_command}")
+            return None, BaselineResult(error=f"no golden baseline at {npz}\n{offer(self.update_command)}")
         return base, None
 
     def _add_machine(self, entry: BaselineEntry, base: Baseline, result: BaselineResult) -> None:
@@ -133,7 +134,7 @@ class BaselineCheck:
         line = (f"{self.head} added: {entry.describe(outputs)}; kept the tensors and the budgets of "
                 f"{', '.join(sorted(recorded)) or 'no other machine'}")
         if result.note:  # judged by borrowed budgets: what this run records is this machine's own
-            result.note = result.note.split("; record this machine's with:")[0] + "; this machine's are added now"
+            result.note = result.note.split("; " + OFFER)[0] + "; this machine's are added now"
         self.pending.append(PendingWrite(result, None, meta, [], line))
 
     def check_outputs(self, outputs: dict[str, TensorOutput], *, inputs: torch.Tensor | None = None,
@@ -163,7 +164,7 @@ class BaselineCheck:
             return BaselineResult(error=(
                 f"{base.json_path}: this golden is {whose}'s, not {self.key} [{self.config_id}]'s (copied or renamed "
                 f"from another case?): its references and budgets were accepted for that case, so nothing is judged "
-                f"against them; rewrite it with: {self.update_command}"))
+                f"against them; {offer(self.update_command)}"))
         error = entry.inconsistency(base, self.budget_key, self.update_command)
         if error:
             return BaselineResult(error=error)
@@ -175,7 +176,7 @@ class BaselineCheck:
             scope = " (strict budgets: none borrowed)" if self.strict else ""
             return BaselineResult(error=(
                 f"{base.json_path}: no accepted budget for '{key}'{scope} (has: "
-                f"{', '.join(recorded) or 'none'}); accept with: {self.update_command}"))
+                f"{', '.join(recorded) or 'none'}); {offer(self.update_command)}"))
         budgets = {}
         entry.across_devices = all(device_class(k) != device_class(key) for k in sources)
         for name in entry.names:
@@ -199,8 +200,8 @@ class BaselineCheck:
             other = (f" (no {device_class(key)} machine has one: a first run on this device type)"
                      if result.borrowed_across_devices else "")
             result.note = (f"no budget recorded for {key}: judged by the widest recorded for "
-                           f"{', '.join(sources)}{other}{entry.borrowed_clause()}; record this machine's with: "
-                           f"{self.update_command}")
+                           f"{', '.join(sources)}{other}{entry.borrowed_clause()}; "
+                           f"{offer(self.update_command)}")
         return result
 
     def _prepare(self, entry: BaselineEntry) -> BaselineResult:

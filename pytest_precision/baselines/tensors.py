@@ -13,6 +13,7 @@ import torch
 from ..numerics.budgets import MACHINE_SPREAD, Budget, abs_floor, regression_budget, violations
 from ..numerics.formats import format_of
 from ..numerics.metrics import Comparison, compare
+from .commands import offer
 from .entry import SINGLE, BaselineEntry, BaselineResult, output_label
 from .reading import Baseline
 from .schema import same_value
@@ -128,15 +129,15 @@ class TensorOutputs(BaselineEntry):
                 and not self.inputs_moved(base):
             return (f"{base.json_path}: the inputs changed since the golden was accepted (checksum "
                     f"{stored[:12]} -> {self.input_checksum[:12]}): a generator or input-spec change, not a "
-                    f"precision regression; check it and re-accept with: {command}")
+                    f"precision regression; {offer(command)}")
         if set(base.arrays) != set(self.outputs):
             return (f"{base.npz_path}: holds outputs {sorted(base.arrays)}, this check has {sorted(self.outputs)}; "
-                    f"re-accept with: {command}")
+                    f"{offer(command)}")
         for name, o in self.outputs.items():
             ref = base.arrays[name]
             if tuple(ref.shape) != tuple(o.out.shape):
                 return (f"{base.npz_path}: shape mismatch for {name}, golden {tuple(ref.shape)} vs output "
-                        f"{tuple(o.out.shape)}; re-accept with: {command}")
+                        f"{tuple(o.out.shape)}; {offer(command)}")
         return None
 
     def budget_from(self, name: str, records: list[dict], borrowed: bool) -> Budget:

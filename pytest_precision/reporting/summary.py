@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from ..baselines.commands import UPDATE_OPTION
+from ..baselines.commands import offer_rerun
 from ..kinds.fresh import FRESH, seed_line
 from ..kinds.registry import get_kind, registered
 from ..kinds.tables import HEADERS, TENSOR_TABLE, SummaryTable
@@ -69,7 +69,7 @@ def speed_lines(records: list[dict], fingerprint: str) -> list[str]:
     missing = sum(1 for r in records if r.get("speed_status") == "no-baseline")
     if missing:
         lines.append(f"no speed baseline for this device ({fingerprint}) in {missing} case(s): "
-                     f"record with {UPDATE_OPTION}")
+                     f"{offer_rerun()}")
     noisy = [f"{r['target']}-{r['config']}-{r['regime']} {r['speed_ratio']:.2f} x" for r in records
              if r.get("speed_status") == "noisy"]
     if noisy:
@@ -83,8 +83,8 @@ def speed_lines(records: list[dict], fingerprint: str) -> list[str]:
                      f"machine to judge speed: {', '.join(named)}{more}")
     unrecorded = [r for r in records if r.get("speed_status") == "unrecorded"]
     if unrecorded:
-        lines.append(f"speed not recorded in {len(unrecorded)} case(s) ({unrecorded[0].get('speed_shared')}): record "
-                     f"it with {UPDATE_OPTION} in a serial run")
+        lines.append(f"speed not recorded in {len(unrecorded)} case(s) ({unrecorded[0].get('speed_shared')}): "
+                     f"{offer_rerun(' in a serial run')}")
     return lines
 
 
@@ -154,7 +154,7 @@ def borrowed_budgets_line(records: list[dict], key: str) -> str | None:
              f"other machines ({across} of them by machines of another device type, no {device_class(key)} "
              "machine having one)")
     return (f"{n} case(s) had no budget recorded for {key} and were judged by the widest recorded for {whose}; "
-            f"record this machine's with {UPDATE_OPTION} (--precision-strict-budgets fails them instead)")
+            f"{offer_rerun()} (--precision-strict-budgets fails them instead)")
 
 
 def write_terminal_summary(tr, options, records: list[dict], written: list[str] = ()) -> None:

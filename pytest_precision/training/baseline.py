@@ -36,6 +36,7 @@ import math
 
 import torch
 
+from ..baselines.commands import offer
 from ..baselines.entry import BaselineEntry, BaselineResult
 from ..baselines.lifecycle import budget_sources
 from ..baselines.reading import Baseline
@@ -128,19 +129,19 @@ class TrajectoryEntry(BaselineEntry):
             return (f"{base.json_path}: model_fn() now builds the model's parameters in {_built(self.built_in)}; when "
                     f"the golden was accepted on {key} it built them in {_built(then)}. Every config starts from "
                     "the built weights cast to float32, so the run starts from other weights: not a precision "
-                    f"regression. Return the model as it was to keep this golden, or re-accept with: {command}")
+                    f"regression. Return the model as it was to keep this golden, or {offer(command)}")
         if mine.get("input_checksum") not in (None, self.input_checksum):
             hint = ""
             if then is None and self.built_in:  # a golden from before the build dtype was recorded
                 hint = (f"; model_fn() builds parameters in {_built(self.built_in)}: if it built them in float32 then, "
                         "that is the change")
             return (f"{base.json_path}: the initial parameters or the first batch changed since the golden was "
-                    f"accepted on {key} (a seed, model or data change, not a precision regression{hint}); re-accept "
-                    f"with: {command}")
+                    f"accepted on {key} (a seed, model or data change, not a precision regression{hint}); "
+                    f"{offer(command)}")
         stored = mine.get("fp32_loss")
         if not isinstance(stored, list) or len(stored) != len(self.ref.losses):
             return (f"{base.json_path}: holds {len(stored) if isinstance(stored, list) else 0} fp32 steps for {key}, "
-                    f"this run has {len(self.ref.losses)}; re-accept with: {command}")
+                    f"this run has {len(self.ref.losses)}; {offer(command)}")
         return None
 
     def budget_from(self, name: str, records: list[dict], borrowed: bool) -> TrajectoryBudget:
@@ -240,8 +241,8 @@ def _older_format(base: Baseline, this_key: str, budget_type: type[TrajectoryBud
         budget = ((record or {}).get("outputs", {}).get(OUTPUT) or {}).get("budget") if isinstance(record, dict) else None
         lacks = budget_type.earlier_format(budget) if isinstance(budget, dict) else None
         if lacks:
-            return (f"{base.json_path}: the budget recorded for {key} is of an earlier format ({lacks}): re-accept "
-                    f"it with: {command}")
+            return (f"{base.json_path}: the budget recorded for {key} is of an earlier format ({lacks}): "
+                    f"{offer(command)}")
     return None
 
 
