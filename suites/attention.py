@@ -33,16 +33,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from torch.overrides import TorchFunctionMode
 
-from pytest_precision.kinds.cases import NO_VARIANT, Case, Regime, Variant
-from pytest_precision.kinds.declarations import Declaration, declared_flag
-from pytest_precision.kinds.fresh import Plan
-from pytest_precision.kinds.measurement import OutputRule
-from pytest_precision.kinds.tensor import TensorKind
-from pytest_precision.kinds.tables import ABS_ERROR_TABLE
-from pytest_precision.kinds.target import Target, TargetError
-from pytest_precision.platform.triton import triton_error, uses_triton
-from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR
-from pytest_precision.numerics.formats import format_of
+from pytest_precision.kinds import (Case, Declaration, OutputRule, Plan, Regime, Target, TargetError, TensorKind, Variant, ABS_ERROR_TABLE,
+                                     declared_flag, format_of, GRAD_PEER_FACTOR, NO_VARIANT, PEER_FACTOR, triton_error, ULP_FLOOR, uses_triton)
 from pytest_precision.strategies import AttentionInputs, build_attention_inputs
 from .attention_masks import (FULLY_MASKED, allowed_keys, attention_scores, fully_masked_hint, fully_masked_returned,
                               fully_masked_sentence, reference_attention)

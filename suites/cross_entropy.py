@@ -46,16 +46,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
-from pytest_precision.kinds.declarations import Declaration
-from pytest_precision.kinds.fresh import Plan
-from pytest_precision.kinds.measurement import MeasureContext, OutputRule
-from pytest_precision.kinds.tensor import TensorKind
-from pytest_precision.kinds.target import Target
-from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, ULP_FLOOR
-from pytest_precision.numerics.formats import format_of, ulp
-from pytest_precision.numerics.metrics import compare
-from pytest_precision.numerics.inputs import seeded_normal
+from pytest_precision.kinds import (Case, Declaration, DrawnRegime, MeasureContext, OutputRule, Plan, Regime, Target, TensorKind, compare,
+                                     format_of, GRAD_PEER_FACTOR, seeded_normal, ulp, ULP_FLOOR)
 
 __all__ = ["CrossEntropyKind", "CrossEntropyInputs", "CROSS_ENTROPY", "BASE_SEED",
            "IGNORE_INDEX", "cross_entropy_reference", "composite_cross_entropy", "naive_loss_hint",

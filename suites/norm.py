@@ -43,17 +43,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
-from pytest_precision.kinds.declarations import declared_flag
-from pytest_precision.kinds.fresh import Plan
-from pytest_precision.kinds.measurement import MeasureContext, OutputRule
-from pytest_precision.kinds.tensor import TensorKind
-from pytest_precision.kinds.tables import ABS_ERROR_TABLE
-from pytest_precision.kinds.target import Target
-from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR
-from pytest_precision.numerics.formats import format_of
-from pytest_precision.numerics.metrics import compare
-from pytest_precision.numerics.inputs import seeded_normal
+from pytest_precision.kinds import (Case, DrawnRegime, MeasureContext, OutputRule, Plan, Regime, Target, TensorKind, ABS_ERROR_TABLE, compare,
+                                     declared_flag, format_of, GRAD_PEER_FACTOR, PEER_FACTOR, seeded_normal, ULP_FLOOR)
 
 __all__ = ["NormKind", "NormInputs", "LAYER_NORM", "RMS_NORM", "BASE_SEED", "EPS",
            "norm_reference", "composite_norm", "sensitivity", "Sensitivity", "MEAN_ROUNDING", "torch_backward_limit"]

@@ -60,18 +60,9 @@ from typing import Any, Callable
 
 import torch
 
-from pytest_precision.baselines.store import file_component, name_problem
-from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
-from pytest_precision.kinds.declarations import Declaration, declared_dtypes
-from pytest_precision.kinds.measurement import MeasureContext, OutputRule
-from pytest_precision.kinds.tensor import TensorKind
-from pytest_precision.kinds.tables import ABS_ERROR_TABLE
-from pytest_precision.kinds.target import Target, TargetError
-from pytest_precision.numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR, abs_floor
-from pytest_precision.numerics.formats import format_of
-from pytest_precision.numerics.inputs import portable_normal_draws
-from pytest_precision.numerics.metrics import compare
-from pytest_precision.numerics.promote import float32_as_float64
+from pytest_precision.kinds import (Case, Declaration, DrawnRegime, MeasureContext, OutputRule, Regime, Target, TargetError, TensorKind,
+                                     ABS_ERROR_TABLE, abs_floor, compare, declared_dtypes, file_component, float32_as_float64, format_of,
+                                     GRAD_PEER_FACTOR, name_problem, PEER_FACTOR, portable_normal_draws, ULP_FLOOR)
 
 from .op_call import OpCall, batch_dims
 

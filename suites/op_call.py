@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from pytest_precision.kinds.target import Target, TargetError
+from pytest_precision.kinds import Target, TargetError
 
 __all__ = ["OpCall", "batch_dims"]
 

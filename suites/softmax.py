@@ -15,14 +15,7 @@ from typing import Callable
 
 import torch
 
-from pytest_precision.kinds.cases import Case, DrawnRegime, Regime
-from pytest_precision.kinds.fresh import Plan
-from pytest_precision.kinds.measurement import OutputRule
-from pytest_precision.kinds.tensor import TensorKind
-from pytest_precision.kinds.target import Target
-from pytest_precision.numerics.budgets import ULP_FLOOR
-from pytest_precision.numerics.formats import format_of
-from pytest_precision.numerics.inputs import seeded_normal
+from pytest_precision.kinds import (Case, DrawnRegime, OutputRule, Plan, Regime, Target, TensorKind, format_of, seeded_normal, ULP_FLOOR)
 
 __all__ = ["SoftmaxKind", "SOFTMAX", "LOG_SOFTMAX", "REGIMES", "oracle", "BASE_SEED"]
 

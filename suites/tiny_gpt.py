@@ -14,7 +14,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 
-from pytest_precision.numerics.inputs import seeded_normal
+from pytest_precision.kinds import seeded_normal
 from pytest_precision.training import MarkovText, TrainSpec
 
 VOCAB, WIDTH, HEADS, LAYERS, CONTEXT = 256, 64, 4, 2, 64

@@ -1,28 +1,69 @@
-"""Kinds of targets and the seam they go through:
+"""Kinds of targets, and the one surface a kind author imports from: ``pytest_precision.kinds``.
 
-- ``kind``: :class:`Kind`, the seam (identity, targets, declarations, the case matrix, and the
-  ``run`` / ``bench_call`` / ``trace_call`` each kind implements);
-- ``tensor``: :class:`TensorKind`, the template of kinds whose targets return a tensor, judged
-  from small hooks; ``measurement`` (the context ``output_rule`` reads, output rules,
-  measurements, tensor evidence), ``drawn`` (the drawn regime's Hypothesis search), ``fault``
-  (a failing case's first fault);
-- ``cases``: regimes, variants and the :class:`Case`; ``session``: :class:`RunState`, what one
-  session's cases learn for the next; ``declarations``: what targets may declare (dtypes, flags), and
-  a declaration a run found one needs;
-- ``compiled``: the ``+compiled`` variant; ``outcome``: a case's outcome and message; ``tables``
-  and ``details``: summary tables and report detail; ``registry``: the kinds and targets of a
-  session; ``target``: a registered target; ``target_code``: a digest of a target's code, which
-  its fresh seed is derived from; ``fresh``: the fresh regime and the seeds of the drawn one.
+A kind (the built-in ones in ``suites/`` are written this way, and ``tests/test_public_surface.py``
+holds them to it) imports what it needs from this package's namespace, never from its modules:
+
+- the seam: :class:`Kind`, :func:`skip`; the template of kinds whose targets return a tensor,
+  :class:`TensorKind`; the registries (:func:`register`, :func:`register_kind`, :func:`get_kind`,
+  :func:`kinds`);
+- cases: :class:`Case`, :class:`Regime`, :class:`DrawnRegime`, :class:`Variant`, ``NO_VARIANT``;
+  the fresh regime's :class:`Plan`; what targets may declare (:class:`Declaration`,
+  :func:`declared_dtypes`, :func:`declared_flag`); :class:`Target` and :class:`TargetError`;
+- judging: :class:`OutputRule` read from a :class:`MeasureContext`; the budgets' factors and
+  floors (``PEER_FACTOR``, ``GRAD_PEER_FACTOR``, ``ULP_FLOOR``, :func:`abs_floor`); formats
+  (:func:`format_of`, :func:`ulp`), :func:`compare`, :func:`float32_as_float64`; inputs
+  (:func:`seeded_normal`, :func:`portable_normal_draws`);
+- results: :class:`Outcome`, :class:`Evidence`, :class:`Problem`, :class:`PrecisionFailure`,
+  :func:`baseline_problems`, the summary tables (:class:`SummaryTable`, ``ABS_ERROR_TABLE``,
+  :func:`fmt`), :class:`RunState`; names in golden paths (:func:`file_component`,
+  :func:`name_problem`); Triton (:func:`uses_triton`, :func:`triton_error`).
+
+The modules behind it are internal: they move and change without notice.
+
+- ``kind``: the seam (identity, targets, declarations, the case matrix, and the ``run`` /
+  ``bench_call`` / ``trace_call`` each kind implements); ``registry``: the kinds and targets of a
+  session; ``target``: a registered target; ``target_call``: calling one, with what it must not
+  change; ``target_code``: a digest of a target's code, which its fresh seed is derived from;
+- ``tensor``: the tensor template, judged from small hooks; ``measurement`` (the context
+  ``output_rule`` reads, output rules, measurements, tensor evidence), ``record`` (a case's
+  measurement and golden check), ``drawn`` (the drawn regime's Hypothesis search), ``fault`` (a
+  failing case's first fault), ``batch`` (batch invariance), ``compiled`` (the ``+compiled``
+  variant), ``contract`` and ``contract_checks`` (the calling contract a target must keep);
+- ``cases``: regimes, variants and the :class:`Case`; ``fresh``: the fresh regime and the seeds of
+  the drawn one; ``declarations``: what targets may declare (dtypes, flags), and a declaration a
+  run found one needs; ``session``: :class:`RunState`, what one session's cases learn for the next;
+- ``outcome``: a case's outcome and message; ``tables`` and ``details``: summary tables and report
+  detail.
 """
+from ..baselines.store import file_component, name_problem
+from ..numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR, abs_floor
+from ..numerics.formats import format_of, ulp
+from ..numerics.inputs import portable_normal_draws, seeded_normal
+from ..numerics.metrics import compare
+from ..numerics.promote import float32_as_float64
+from ..platform.triton import triton_error, uses_triton
 from .cases import NO_VARIANT, Case, DrawnRegime, Regime, Variant
-from .kind import Kind
+from .declarations import Declaration, declared_dtypes, declared_flag
+from .fresh import Plan
+from .kind import Kind, skip
 from .measurement import MeasureContext, OutputRule
-from .outcome import Evidence, Outcome, PrecisionFailure, Problem
+from .outcome import Evidence, Outcome, PrecisionFailure, Problem, baseline_problems
 from .registry import get_kind, kinds, register, register_kind
 from .session import RunState
+from .tables import ABS_ERROR_TABLE, SummaryTable, fmt
 from .target import Target, TargetError
 from .tensor import TensorKind
 
-__all__ = ["Kind", "TensorKind", "Case", "Regime", "DrawnRegime", "Variant", "NO_VARIANT", "OutputRule",
-           "MeasureContext", "RunState", "Outcome", "Problem", "Evidence", "PrecisionFailure", "Target", "TargetError",
-           "register", "register_kind", "get_kind", "kinds"]
+__all__ = [
+    # the seam, the tensor template, the registries
+    "Kind", "skip", "TensorKind", "register", "register_kind", "get_kind", "kinds",
+    # cases and what targets declare
+    "Case", "Regime", "DrawnRegime", "Variant", "NO_VARIANT", "Plan", "Declaration", "declared_dtypes",
+    "declared_flag", "Target", "TargetError",
+    # judging
+    "OutputRule", "MeasureContext", "PEER_FACTOR", "GRAD_PEER_FACTOR", "ULP_FLOOR", "abs_floor", "format_of", "ulp",
+    "compare", "float32_as_float64", "seeded_normal", "portable_normal_draws",
+    # results
+    "Outcome", "Evidence", "Problem", "PrecisionFailure", "baseline_problems", "SummaryTable", "ABS_ERROR_TABLE", "fmt",
+    "RunState", "file_component", "name_problem", "uses_triton", "triton_error",
+]

@@ -1,4 +1,4 @@
-"""What a train_step case shows (``suites.training``): its evidence, a training run against the
+"""What a train_step case shows (``training.kind.train_step``): its evidence, a training run against the
 fp32 run from the same seed (the failure message's table of steps, the summary record, the
 report's trajectories), and the training summary table, one row per target and config."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pytest_precision.training.loss_scale import ScaleHealth, history_text
 from pytest_precision.training.limits import first_step_floor_db, later_step_floor_db, percent
 from pytest_precision.training.run import built_dtype_note
 
-from .training_seeds import render_rates, seeds_of
+from .seeds_case import render_rates, seeds_of
 
 __all__ = ["TrainingEvidence", "TrainingTable", "TRAINING_TABLE"]
 

@@ -1,5 +1,5 @@
 """The train_step kind's distributed one-step cases, written once: DDP's compression hooks
-(ddp.py) and FSDP2 mixed precision (fsdp.py) each judge one forward/backward of a target on
+(ddp_case.py) and FSDP2 mixed precision (fsdp_case.py) each judge one forward/backward of a target on
 spawned ranks (pytest_precision.training.distributed: gloo on the CPU, nccl on GPUs) against a
 reference, and supply only what differs (a :class:`DistributedCase`: how the comparison runs, the
 floor its gradients are held to, its evidence lines, any check of its own).

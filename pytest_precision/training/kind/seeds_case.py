@@ -21,7 +21,7 @@ from pytest_precision.training.run import GlobalStateError
 from pytest_precision.training.success_rate import (ALPHA, SeedRates, SeedRun, least_failing_count, rates_of,
                                                     seed_runs, seeded_spec)
 
-from .training_faults import step_fault
+from .faults import step_fault
 
 __all__ = ["PREFIX", "regime_of", "seeds_of", "run_case", "SeedEvidence", "render_rates", "TEST_NAME"]
 
