@@ -29,7 +29,7 @@ if _os.path.isfile(_os.path.join(_SOURCE_ROOT, "suites", "__init__.py")) and _ut
 
 from .kinds.cases import Case, DrawnRegime, Regime, Variant  # noqa: E402
 from .kinds.kind import Kind
-from .kinds.measurement import MeasureContext, OutputRule
+from .kinds.tensor.measurement import MeasureContext, OutputRule
 from .kinds.tensor import TensorKind
 from .kinds.registry import Target, register, register_kind
 from .platform.triton import needs_triton

@@ -46,8 +46,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from pytest_precision.kinds import (Case, Declaration, DrawnRegime, MeasureContext, OutputRule, Plan, Regime, Target, TensorKind, compare,
-                                     format_of, GRAD_PEER_FACTOR, seeded_normal, ulp, ULP_FLOOR)
+from pytest_precision.kinds import (GRAD_PEER_FACTOR, ULP_FLOOR, Case, Declaration, DrawnRegime, MeasureContext,
+                                    OutputRule, Plan, Regime, Target, TensorKind, compare, format_of, seeded_normal, ulp)
 
 __all__ = ["CrossEntropyKind", "CrossEntropyInputs", "CROSS_ENTROPY", "BASE_SEED",
            "IGNORE_INDEX", "cross_entropy_reference", "composite_cross_entropy", "naive_loss_hint",
@@ -110,7 +110,7 @@ REGIMES: dict[str, Regime] = {r.name: r for r in (
     # a number of classes that is no power of two, as the fresh regime draws: met by a seeded regime first
     _regime("vocab1000", "16 rows over 1000 classes (no power of two)", classes=1000, scale=5.0),
     # p(target) near 0.99, the loss near 0.01, held to fp32's steps at 1.0 (a margin of 20 made the loss
-    # 5e-7, below that budget: an all-zeros loss and gradient passed it, kinds.contract.degenerate)
+    # 5e-7, below that budget: an all-zeros loss and gradient passed it, kinds.tensor.contract.degenerate)
     _regime("confident", "the target's logit 10 above the rest: p near 1, loss near 0", margin=10.0),
     _regime("ignored", "a quarter of the rows ignored (target -100)", ignored=0.25),
     _regime("all-ignored", "every row ignored: expected loss NaN (0 / 0; 0 where all_ignored='zero' is declared), "
@@ -136,7 +136,7 @@ _FAMILY_KEYWORD = {"ignored": "ignore_index", "smoothing": "label_smoothing"}
 def _fresh_regime(target: Target, seed: int) -> Regime:
     plan = Plan(seed)
     # 3 rows at least: one row over 209 classes at scale 40 whose target was the largest logit by far had a
-    # loss and gradient that zeros passed in bf16 (kinds.contract.degenerate)
+    # loss and gradient that zeros passed in bf16 (kinds.tensor.contract.degenerate)
     rows, classes = plan.integer(3, 24, avoid=(ROWS, 4)), plan.length(2, 4096, avoid=(CLASSES, 32768, 1000))
     family = plan.choice(tuple(f for f in FRESH_FAMILIES if f not in _FAMILY_KEYWORD
                                or target.accepts(_FAMILY_KEYWORD[f])))

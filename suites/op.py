@@ -55,22 +55,21 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from pytest_precision.kinds import (Case, Declaration, DrawnRegime, MeasureContext, OutputRule, Regime, Target, TargetError, TensorKind,
-                                     ABS_ERROR_TABLE, abs_floor, compare, declared_dtypes, file_component, float32_as_float64, format_of,
-                                     GRAD_PEER_FACTOR, name_problem, PEER_FACTOR, portable_normal_draws, ULP_FLOOR)
+from pytest_precision.kinds import (ABS_ERROR_TABLE, GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR, Case, Declaration,
+                                    DrawnRegime, MeasureContext, Memo, OutputRule, Regime, Target, TargetError,
+                                    TensorKind, abs_floor, compare, declared_dtypes, float32_as_float64, format_of)
 
 from .op_call import OpCall, batch_dims
+from .op_inputs import BASE_SEED, OpInputs, declared_callable, declared_inputs
 
 __all__ = ["OP", "OpKind", "OpInputs", "round_to_tf32", "BASE_SEED", "DEFAULT_EXAMPLES"]
 
-BASE_SEED = 20261124
 DEFAULT_EXAMPLES = 30
-REPEATABLE = "op.repeatable"  # the session memo of (target, regime) seen to give the same inputs twice
+REPEATABLE: Memo[tuple, bool] = Memo("(target, regime) -> seen to give the same inputs twice")
 # the RMS floor of the peer budget, in ULPs of the dtype at the output's RMS magnitude: rounding
 # the output alone costs about 0.2 (measured: fp16 matmuls accumulated in fp32), a few more
 # roundings inside (a composite GELU) about twice that; a sum kept in fp16 over 64 terms 1.2
@@ -85,16 +84,6 @@ FLOAT32_MOVE_ULPS = 4.0
 # ones ~10 x it), and torch's float32 backwards of tanh-GELU, SiLU and softplus err by up to 7.7 ULPs
 # of the gradient's largest value, 1.1 x the budget with 4 ULPs of move (see README, op kind)
 FLOAT32_GRAD_MOVE_ULPS = 16.0
-
-
-@dataclass(frozen=True)
-class OpInputs:
-    """A target's ``inputs=`` declaration, normalised: its seeded regimes and, if one was a
-    Hypothesis strategy, the drawn regime's name and strategy."""
-
-    regimes: dict
-    drawn: str | None = None
-    strategy: Any = None
 
 
 def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
@@ -157,54 +146,6 @@ def _dtypes(values: dict[str, torch.Tensor]) -> list[str]:
     return list(dict.fromkeys(str(v.dtype).removeprefix("torch.") for v in values.values()))
 
 
-def _callable(name: str, key: str, value: Any) -> Callable:
-    if not callable(value):
-        raise TypeError(f"target {name!r} (op): {key}={value!r} is not callable")
-    return value
-
-
-def _inputs(name: str, value: Any) -> OpInputs:
-    from hypothesis.strategies import SearchStrategy
-
-    if not isinstance(value, dict) or not value:
-        raise TypeError(f"target {name!r} (op): inputs={value!r}: expected a dict of regime name -> generator "
-                        "(a function of a torch.Generator returning a tensor, a tuple or a dict of inputs) or "
-                        "Hypothesis strategy")
-    regimes, drawn, strategy, folded = {}, None, None, {}
-    for regime, make in value.items():
-        problem = name_problem(regime) if isinstance(regime, str) else f"{regime!r} is not a string"
-        if problem:
-            raise ValueError(f"target {name!r} (op): regime name {problem}")
-        other = folded.setdefault(file_component(regime), regime)
-        if other != regime:
-            raise ValueError(f"target {name!r} (op): regime names {other!r} and {regime!r} would share baseline files")
-        if isinstance(make, SearchStrategy):
-            if drawn is not None:
-                raise ValueError(f"target {name!r} (op): inputs {drawn!r} and {regime!r} are both Hypothesis "
-                                 "strategies; one drawn regime per target")
-            drawn, strategy = regime, make
-        elif callable(make):
-            regimes[regime] = Regime.from_generator(regime, f"inputs[{regime!r}] of {name}", _portable(name, regime, make),
-                                                    BASE_SEED)
-        else:
-            raise TypeError(f"target {name!r} (op): inputs[{regime!r}]={make!r} is neither a generator (a function "
-                            "of a torch.Generator) nor a Hypothesis strategy")
-    return OpInputs(regimes, drawn, strategy)
-
-
-def _portable(name: str, regime: str, make: Callable) -> Callable[[torch.Generator], Any]:
-    def inputs(g: torch.Generator):
-        try:
-            # torch's float32 randn draws other bits under another vector ISA: drawn portably, a
-            # golden's inputs are the same on every CPU
-            with portable_normal_draws():
-                return make(g)
-        except Exception as e:
-            raise TargetError(f"target {name!r} (op): the generator of inputs regime {regime!r} raised "
-                              f"{type(e).__name__}: {e}") from e
-    return inputs
-
-
 class OpKind(TensorKind):
     name = "op"
     contract = ("fn(*inputs) or fn(**inputs) -> one tensor; inputs=, and optionally reference=, peer=, grads=, "
@@ -238,9 +179,9 @@ class OpKind(TensorKind):
 
     def normalise_declaration(self, name: str, key: str, value: Any) -> Any:
         if key == "inputs":
-            return _inputs(name, value)
+            return declared_inputs(name, value)
         if key in ("reference", "peer"):
-            return _callable(name, key, value)
+            return declared_callable(name, key, value)
         if key == "out_dtype":
             dtypes = declared_dtypes(name, value, key)
             if len(dtypes) != 1:

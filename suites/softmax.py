@@ -15,7 +15,8 @@ from typing import Callable
 
 import torch
 
-from pytest_precision.kinds import (Case, DrawnRegime, OutputRule, Plan, Regime, Target, TensorKind, format_of, seeded_normal, ULP_FLOOR)
+from pytest_precision.kinds import (ULP_FLOOR, Case, DrawnRegime, OutputRule, Plan, Regime, Target, TensorKind,
+                                    format_of, seeded_normal)
 
 __all__ = ["SoftmaxKind", "SOFTMAX", "LOG_SOFTMAX", "REGIMES", "oracle", "BASE_SEED"]
 
@@ -30,7 +31,7 @@ def _randn(g, *shape, scale=1.0, shift=0.0):
 def _near_ties(g):
     # 10.0 against 10.01: fp16 spacing at 10 is 2**-7, bf16 2**-4, so bf16 cannot tell them apart;
     # one logit of 12 per row keeps the exact result from being one constant where they collapse
-    # (a regime a constant output would pass judges nothing: kinds.contract.degenerate)
+    # (a regime a constant output would pass judges nothing: kinds.tensor.contract.degenerate)
     x = 10.0 + 0.01 * torch.randint(0, 2, (ROWS, COLS), generator=g).to(torch.float32)
     x[torch.arange(ROWS), torch.randint(0, COLS, (ROWS,), generator=g)] = 12.0
     return x
@@ -104,7 +105,7 @@ def fresh_regime(seed: int) -> Regime:
     plan = Plan(seed)
     rows, cols = plan.integer(1, 24, avoid=(ROWS, 8, 2)), plan.length(2, 2048, avoid=(COLS, 1000))
     # a fully masked row beside others; logits near -1000 on rows of 64 or more: fp8's steps there (64)
-    # round 3 of them to one value, whose softmax any constant passes (kinds.contract.degenerate)
+    # round 3 of them to one value, whose softmax any constant passes (kinds.tensor.contract.degenerate)
     family = plan.choice(tuple(f for f in FRESH_FAMILIES if (rows > 1 or f != "fully-masked")
                                and (cols >= 64 or f != "large-negative")))
     return plan.regime(f"{rows} rows of {cols} logits, valued as the {family} regime's",

@@ -1,6 +1,6 @@
 """The cheat zoo: targets whose values looked right to the judges of generated kernels (KernelBench,
 robust-kbench, the GPU MODE harness) and passed this harness before it checked the callable's
-contract (kinds.contract). Each cheat fails now with one line saying what it did, and its good twin,
+contract (kinds.tensor.contract). Each cheat fails now with one line saying what it did, and its good twin,
 the same computation without the cheat, passes in the same session.
 
 Every cheat below passed its session on the harness before the contract checks (9899ff8); the

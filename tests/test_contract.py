@@ -1,4 +1,4 @@
-"""The callable's contract beyond its values (kinds.contract, kinds.contract_checks, kinds.batch), in
+"""The callable's contract beyond its values (kinds.tensor.contract, kinds.tensor.contract_checks, kinds.tensor.batch), in
 real sessions (pytester): for each check a correct target passes and a planted pattern fails with
 its category and the sentence a user reads. Sessions run fp32 on one or two regimes; most accept
 goldens as they go (--precision-update-baselines), which judges everything but a stored golden."""
@@ -466,7 +466,7 @@ def test_a_regime_whose_outputs_flush_to_zero_is_refused_as_degenerate(pytester)
 
 
 def test_changed_bits_counts_values_and_not_nan_payloads():
-    from pytest_precision.kinds.contract import changed_bits
+    from pytest_precision.kinds.tensor.contract import changed_bits
 
     nan = torch.tensor([float("nan")])
     negative_nan = torch.zeros(1) / torch.zeros(1)

@@ -1,4 +1,4 @@
-"""The distributed one-step case (pytest_precision/training/kind/distributed_case.py) without spawning a rank: the DDP and
+"""The distributed one-step case (suites/distributed_case.py) without spawning a rank: the DDP and
 FSDP2 cases' comparisons replaced by canned results. One comparison per spec and device serves
 every config; a spec that cannot run is skipped with its reason, a failed run is the target's
 error; the shared gradient checks and each engine's own give their problems in order, the golden's
@@ -13,8 +13,8 @@ from pytest_precision.baselines.store import BaselineStore
 from pytest_precision.kinds.session import RunState
 from pytest_precision.kinds.target import TargetError
 from pytest_precision.numerics.problem import Problem
-from pytest_precision.training.kind.ddp_case import DDPCase
-from pytest_precision.training.kind.fsdp_case import FSDPCase
+from pytest_precision.suites.ddp import DDPCase
+from pytest_precision.suites.fsdp import FSDPCase
 from pytest_precision.training import TRAIN_CONFIGS, LossContractError
 from pytest_precision.training.compare import unresolved_reason
 from pytest_precision.training.distributed import HookComparison, RankRunError

@@ -266,11 +266,11 @@ def broken(x):
                                  "conftest.py:8: in broken", "conftest.py:4: in reshape_rows",
                                  "E   RuntimeError: shape*"])
     failure = result.stdout.str().split("FAILURES")[1].split("precision summary")[0]
-    assert "pytest_precision" not in failure and "kinds/target_call.py" not in failure
+    assert "pytest_precision" not in failure and "kinds/tensor/target_call.py" not in failure
     assert len(failure.splitlines()) < 20
     # pytest's --fulltrace still shows every frame, the harness's too
     full = _run(pytester, "--precision-configs=fp32", "-k", "unit", "--fulltrace")
-    assert "kinds/target_call.py" in full.stdout.str().split("FAILURES")[1]
+    assert "kinds/tensor/target_call.py" in full.stdout.str().split("FAILURES")[1]
 
 
 def test_an_ini_target_declares_its_limits_on_its_line(pytester):

@@ -151,8 +151,9 @@ def test_y_rms_is_judged_on_settled_statistics_only(config, seed):
 
     from pytest_precision.kinds.target import Target
     from pytest_precision.numerics.inputs import seeded_normal
-    from pytest_precision.suites.norm import (Y_RMS_FACTOR, Y_RMS_MIN_ELEMENTS, NormInputs, _affine,
+    from pytest_precision.suites.norm import (Y_RMS_FACTOR, Y_RMS_MIN_ELEMENTS, NormInputs,
                                               composite_norm_affine_in_dtype)
+    from pytest_precision.suites.norm_inputs import affine_parameters as _affine
 
     kind = registry.get_kind("layer_norm")
     target = Target("ln_upcast", lambda x, w, b, eps: composite_norm_affine_in_dtype(x, w, b, eps, False), "layer_norm")

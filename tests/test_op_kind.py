@@ -425,7 +425,7 @@ pytest_precision.register("gelu", gelu, kind="op", inputs={"unit": lambda g: tor
     result = _run(pytester, "--precision-configs=fp32,bf16", "--precision-update-baselines", "-k", "unit")
     result.assert_outcomes(passed=2)
     calls = json.loads((pytester.path / "calls.json").read_text())
-    # one measured call per config, and in fp32 the contract's second call (kinds.contract_checks); the
+    # one measured call per config, and in fp32 the contract's second call (kinds.tensor.contract_checks); the
     # float64 ones are the oracle's (the target on float64 inputs)
     assert calls["torch.float32"] == 2 and calls["torch.bfloat16"] == 1, calls
 

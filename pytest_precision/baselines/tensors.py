@@ -41,7 +41,7 @@ class TensorOutput:
     # never held below a fraction of, and what scales a budget borrowed from another machine
     peer: Comparison | None = None
     # a second call on fresh copies of the same inputs against the first, where their bits differed
-    # (kinds.contract): the regression budget never sits below it
+    # (kinds.tensor.contract): the regression budget never sits below it
     spread: Comparison | None = None
 
     def compare_with(self, ref: torch.Tensor) -> Comparison:

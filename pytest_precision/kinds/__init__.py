@@ -15,41 +15,54 @@ holds them to it) imports what it needs from this package's namespace, never fro
   (:func:`seeded_normal`, :func:`portable_normal_draws`);
 - results: :class:`Outcome`, :class:`Evidence`, :class:`Problem`, :class:`PrecisionFailure`,
   :func:`baseline_problems`, the summary tables (:class:`SummaryTable`, ``ABS_ERROR_TABLE``,
-  :func:`fmt`), :class:`RunState`; names in golden paths (:func:`file_component`,
-  :func:`name_problem`); Triton (:func:`uses_triton`, :func:`triton_error`).
+  :func:`fmt`), :class:`RunState` and the typed :class:`Memo` s a kind keeps in it; names in golden paths (:func:`file_component`,
+  :func:`name_problem`), :func:`format_seconds`;
+- what a kind's run is handed and what it reads beyond the outcome: :class:`BaselineCheck` (the
+  golden's check) and its :class:`BaselineResult`; a failing case's first fault (:class:`Fault`,
+  :func:`first_fault`, :class:`OpTracer`, :func:`tracing`); :class:`RngState` (torch's generators,
+  to replay a call); Triton (:func:`uses_triton`, :func:`triton_error`, :func:`bf16_as_on_gpu`,
+  :func:`as_harness`).
+
+The train_step kind (``suites/training.py`` and the modules it names) drives the training engine,
+``pytest_precision.training``, whose modules it imports: a kind built on an engine of its own does
+the same with its engine.
 
 The modules behind it are internal: they move and change without notice.
 
 - ``kind``: the seam (identity, targets, declarations, the case matrix, and the ``run`` /
   ``bench_call`` / ``trace_call`` each kind implements); ``registry``: the kinds and targets of a
-  session; ``target``: a registered target; ``target_call``: calling one, with what it must not
-  change; ``target_code``: a digest of a target's code, which its fresh seed is derived from;
-- ``tensor``: the tensor template, judged from small hooks; ``measurement`` (the context
-  ``output_rule`` reads, output rules, measurements, tensor evidence), ``record`` (a case's
-  measurement and golden check), ``drawn`` (the drawn regime's Hypothesis search), ``fault`` (a
-  failing case's first fault), ``batch`` (batch invariance), ``compiled`` (the ``+compiled``
-  variant), ``contract`` and ``contract_checks`` (the calling contract a target must keep);
+  session; ``target``: a registered target; ``target_code``: a digest of a target's code, which its
+  fresh seed is derived from;
+- ``tensor``: the tensor template's folder (:class:`TensorKind`, its roles and its machinery);
 - ``cases``: regimes, variants and the :class:`Case`; ``fresh``: the fresh regime and the seeds of
   the drawn one; ``declarations``: what targets may declare (dtypes, flags), and a declaration a
   run found one needs; ``session``: :class:`RunState`, what one session's cases learn for the next;
-- ``outcome``: a case's outcome and message; ``tables`` and ``details``: summary tables and report
-  detail.
+  ``compiled``: the ``+compiled`` variant;
+- ``outcome``: a case's outcome and message; ``record``: the typed case record; ``tables`` and
+  ``details``: summary tables and report detail.
 """
+from ..baselines.entry import BaselineResult
+from ..baselines.lifecycle import BaselineCheck
 from ..baselines.store import file_component, name_problem
+from ..explain.faults import Fault, first_fault
+from ..explain.tracing import OpTracer, tracing
 from ..numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR, abs_floor
 from ..numerics.formats import format_of, ulp
 from ..numerics.inputs import portable_normal_draws, seeded_normal
 from ..numerics.metrics import compare
 from ..numerics.promote import float32_as_float64
-from ..platform.triton import triton_error, uses_triton
+from ..numerics.rng import RngState
+from ..platform.launches import as_harness
+from ..platform.triton import bf16_as_on_gpu, triton_error, uses_triton
+from ..speed.timing import format_seconds
 from .cases import NO_VARIANT, Case, DrawnRegime, Regime, Variant
 from .declarations import Declaration, declared_dtypes, declared_flag
 from .fresh import Plan
 from .kind import Kind, skip
-from .measurement import MeasureContext, OutputRule
+from .tensor.measurement import MeasureContext, OutputRule
 from .outcome import Evidence, Outcome, PrecisionFailure, Problem, baseline_problems
 from .registry import get_kind, kinds, register, register_kind
-from .session import RunState
+from .session import Memo, RunState
 from .tables import ABS_ERROR_TABLE, SummaryTable, fmt
 from .target import Target, TargetError
 from .tensor import TensorKind
@@ -65,5 +78,9 @@ __all__ = [
     "compare", "float32_as_float64", "seeded_normal", "portable_normal_draws",
     # results
     "Outcome", "Evidence", "Problem", "PrecisionFailure", "baseline_problems", "SummaryTable", "ABS_ERROR_TABLE", "fmt",
-    "RunState", "file_component", "name_problem", "uses_triton", "triton_error",
+    "RunState", "Memo", "file_component", "name_problem", "format_seconds",
+    # what a kind's run is handed and gives back beyond its outcome: the golden's check, the first
+    # fault of a failing case (tracing), torch's random state to replay a call, Triton's
+    "BaselineCheck", "BaselineResult", "Fault", "first_fault", "OpTracer", "tracing", "RngState",
+    "uses_triton", "triton_error", "bf16_as_on_gpu", "as_harness",
 ]

@@ -15,7 +15,7 @@ from .target import Target, TargetError
 
 if TYPE_CHECKING:  # (Kind and TensorKind are named in annotations only, as strings: their modules import
     # this one, and tests/test_layers.py counts an import under TYPE_CHECKING as a cycle too)
-    from .measurement import MeasureContext, Measurement
+    from .tensor.measurement import MeasureContext, Measurement
 
 __all__ = ["Regime", "DrawnRegime", "Variant", "NO_VARIANT", "Case"]
 
@@ -82,7 +82,7 @@ class Variant:
 
     suffix = ""
     # whether what ``wrap`` makes is specialised on torch's process-wide flags (a compiled frame's
-    # guards): the contract's re-calls then run under the flags the case ran under (kinds.contract_checks)
+    # guards): the contract's re-calls then run under the flags the case ran under (kinds.tensor.contract_checks)
     guards_global_state = False
 
     def context(self) -> ContextManager:

@@ -35,7 +35,7 @@ import torch
 
 from .cases import Case, Variant
 from .kind import Kind
-from .measurement import MeasureContext, Measurement
+from .tensor.measurement import MeasureContext, Measurement
 from .target import Target, TargetError
 from ..platform.triton import interpreted
 

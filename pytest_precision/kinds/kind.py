@@ -85,6 +85,9 @@ class Kind(ABC):
 
     def __new__(cls, *args, **kwargs):
         missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing and getattr(cls, "tensor_template", False):
+            raise TypeError(f"{cls.__name__} leaves TensorKind's required hook{'s' if len(missing) > 1 else ''} "
+                            f"{', '.join(missing)} unwritten (the core a tensor kind implements)")
         hooks = [h for h in TENSOR_HOOKS if any(h in vars(k) for k in cls.__mro__[:cls.__mro__.index(Kind)])]
         if missing and hooks:  # silently half a kind otherwise: the hooks would never run
             raise TypeError(f"{cls.__name__} writes the tensor kind's hooks ({', '.join(hooks)}) on "

@@ -63,7 +63,7 @@ class CaseRecord:
     overflow: int = _field("metrics")
     underflow: int = _field("metrics")
     nan: int = _field("metrics")
-    # the callable's contract (kinds.contract, kinds.batch): elements whose bits differ on a second
+    # the callable's contract (kinds.tensor.contract, kinds.tensor.batch): elements whose bits differ on a second
     # call on fresh copies of the same inputs, and its largest difference in ULPs; elements whose
     # bits differ when rows run alone or in another batch
     rerun_differing: int = _field("contract")

@@ -4,9 +4,25 @@
 sessions in one process (pytester's) never see each other's."""
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Generic, TypeVar
 
-__all__ = ["RunState"]
+__all__ = ["RunState", "Memo"]
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+@dataclass(frozen=True, eq=False)
+class Memo(Generic[K, V]):
+    """One memo kinds keep across a session's cases, declared once where it is used:
+    ``FP32_RUNS: Memo[tuple[TrainSpec, str], Trajectory] = Memo("the fp32 run of (spec, device)")``;
+    ``RunState.memo(FP32_RUNS)`` is its dict. Two declarations are two memos, whatever they say."""
+
+    what: str  # what a key and its value are, in words (repr and errors)
+
+    def __repr__(self) -> str:
+        return f"<Memo: {self.what}>"
 
 
 class RunState:
@@ -23,7 +39,7 @@ class RunState:
         self.replays: dict[str, int] = {}  # case name -> a remembered failing seed it replays now (runner.seed_memory)
         self.derived_seeds: dict[tuple[str, str], int] = {}  # (kind, target) -> its derived fresh seed
         self.train_seeds = train_seeds  # --precision-train-seeds: the seeds every TrainSpec runs from (None: its own)
-        self._memos: dict[str, dict] = {}
+        self._memos: dict[Memo, dict] = {}
 
     def first_launch_failure(self, target: str, case: str) -> str | None:
         """The case that already failed because ``target``'s Triton kernel cannot launch here (its
@@ -31,9 +47,11 @@ class RunState:
         first = self._launch_failures.setdefault(target, case)
         return None if first == case else first
 
-    def memo(self, name: str) -> dict[Any, Any]:
-        """The session's dict called ``name`` (one per use: ``"train_step.fp32"``), empty at first."""
-        return self._memos.setdefault(name, {})
+    def memo(self, memo: Memo[K, V]) -> dict[K, V]:
+        """The session's dict of ``memo`` (a :class:`Memo`), empty at first."""
+        if not isinstance(memo, Memo):
+            raise TypeError(f"RunState.memo takes a pytest_precision.kinds.Memo declared where it is used, got {memo!r}")
+        return self._memos.setdefault(memo, {})
 
     def __repr__(self) -> str:
-        return f"<RunState: {len(self._launch_failures)} launch failures, memos {sorted(self._memos)}>"
+        return f"<RunState: {len(self._launch_failures)} launch failures, {len(self._memos)} memos>"

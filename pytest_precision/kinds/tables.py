@@ -109,7 +109,7 @@ class TensorTable(SummaryTable):
         extra = [() for _ in rows]
         # timed run (the default; not with --precision-no-speed): the time of the row's cases and the
         # speed-up against fp32 on the same cases; on CUDA also peak memory and what it saves against fp32
-        # the callable's contract (kinds.contract, kinds.batch): bits that differ on a second call and
+        # the callable's contract (kinds.tensor.contract, kinds.tensor.batch): bits that differ on a second call and
         # when rows run in another batch, summed over the row's cases that were re-called
         for field, header in (("rerun_differing", "2nd call differs"), ("batch_differing", "batch differs")):
             if any(field in r for r in records):

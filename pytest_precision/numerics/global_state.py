@@ -3,7 +3,7 @@
 A target that sets ``torch.set_default_dtype(torch.float64)``, leaves an autocast entered or grad
 mode off, or flips a math flag changes every later case in the process: under an update, goldens
 were recorded under that state (the next clean run then failed as "the inputs changed"), and in a
-check other targets' cases crashed with a wrong cause. So ``TensorKind.call`` (``kinds/tensor.py``) takes a snapshot before the
+check other targets' cases crashed with a wrong cause. So ``TensorKind.call`` (``kinds/tensor/template.py``) takes a snapshot before the
 target runs and compares after: a change is restored at once and fails that target's case, naming
 what changed (a failed case writes no golden). The training kind does the same around each call
 of a ``TrainSpec``'s code (``training.run.judged_state``). Both go through :func:`guarded` and

@@ -117,7 +117,7 @@ def case_lines(records: list[dict]) -> list[str]:
         lines.append(f"{len(unjudged)} case(s) judged by goldens holding an unlimited limit (what they accepted was not "
                      f"finite, so that metric is not judged): {', '.join(unjudged[:5])}"
                      + (f" and {len(unjudged) - 5} more" if len(unjudged) > 5 else ""))
-    # the callable's contract, where it was reported and not judged (kinds.contract, kinds.batch)
+    # the callable's contract, where it was reported and not judged (kinds.tensor.contract, kinds.tensor.batch)
     for field, what, declare in (("rerun_differing", "gave other bits on a second call on fresh copies of the same "
                                   "inputs", "deterministic"),
                                  ("batch_differing", "gave rows whose bits depend on the batch around them",

@@ -1,6 +1,6 @@
 """Seeds of fresh and drawn cases that failed, remembered in pytest's cache and replayed first.
 
-A fresh case (``kinds.fresh``) or a drawn one (``kinds.drawn``) draws its inputs from a seed. When
+A fresh case (``kinds.fresh``) or a drawn one (``kinds.tensor.drawn``) draws its inputs from a seed. When
 one fails, its seed is kept under the case's name in ``.pytest_cache`` (``config.cache``; nothing
 without pytest's cacheprovider), and the next runs replay it before the case's own seed, as
 Hypothesis's example database replays a failing example, until it passes and is forgotten: a

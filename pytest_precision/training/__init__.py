@@ -10,7 +10,7 @@ spreads the verdicts use (``limits``), DDP gradient compression on the real engi
 against the whole batch's float64 gradient (``accumulation``) and activation checkpointing judged
 against the same step without it (``checkpointing``), FSDP2 mixed precision (``fsdp``), the success
 rate over seeds (``success_rate``), a LightningModule in Lightning's own loop with its Trainer's options (``lightning``), and the Hugging Face Trainer's own step (``hf_trainer``, imported
-on its own: it needs transformers). The ``train_step`` kind that runs them all is the ``kind`` package."""
+on its own: it needs transformers)."""
 from .compare import (GradientLoss, TrainMetrics, compare_trajectories, mantissa_eps, significant, tensors_sqnr_db,
                       underflow_rates, update_lost_rates)
 from .configs import FLOAT64, TRAIN_CONFIGS, TrainConfig
@@ -28,15 +28,4 @@ __all__ = ["TrainSpec", "TrainConfig", "TRAIN_CONFIGS", "FLOAT64", "Trajectory",
            "LossContractError", "standard_step", "compute_loss", "run_training", "prepare_training", "check_determinism",
            "exact_first_step", "ExactStep", "compare_trajectories", "tensors_sqnr_db", "underflow_rates",
            "update_lost_rates", "significant", "GradientLoss", "mantissa_eps", "stochastic_round", "emulated_fp8_linears",
-           "MarkovText", "split_batch", "checkpoint_blocks", "TRAIN_STEP", "TrainStepKind"]
-
-_KIND = ("TRAIN_STEP", "TrainStepKind")
-
-
-def __getattr__(name: str):
-    """The train_step kind (``training.kind``), imported when first named: it imports the runner's
-    kind machinery, which a user's ``TrainSpec`` does not need."""
-    if name in _KIND:
-        from . import kind
-        return getattr(kind, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+           "MarkovText", "split_batch", "checkpoint_blocks"]

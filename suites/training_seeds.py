@@ -12,22 +12,19 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
-from pytest_precision.baselines.entry import BaselineResult
-from pytest_precision.kinds.cases import Case
-from pytest_precision.kinds.outcome import Evidence, Outcome
-from pytest_precision.kinds.target import TargetError
+from pytest_precision.kinds import BaselineResult, Case, Evidence, Memo, Outcome, TargetError
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainingError, TrainSpec
 from pytest_precision.training.run import GlobalStateError
 from pytest_precision.training.success_rate import (ALPHA, SeedRates, SeedRun, least_failing_count, rates_of,
                                                     seed_runs, seeded_spec)
 
-from .faults import step_fault
+from .training_faults import step_fault
 
 __all__ = ["PREFIX", "regime_of", "seeds_of", "run_case", "SeedEvidence", "render_rates", "TEST_NAME"]
 
 PREFIX = "seeds"  # the regime's name: seeds8
 TEST_NAME = "Fisher's exact test, one-sided"
-FP32_RUNS = "train_step.seeds.fp32"  # the session's memo: (spec, device) -> the fp32 seeds' runs
+FP32_RUNS: Memo[tuple, list] = Memo("(spec, device) -> the fp32 runs from its seeds")
 
 
 def regime_of(spec: TrainSpec) -> str | None:

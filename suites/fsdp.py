@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 
-from pytest_precision.numerics.problem import Problem
+from pytest_precision.kinds import Memo, Problem
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainSpec
 from pytest_precision.training.baseline import rates_line
 from pytest_precision.training.compare import unresolved_reason
@@ -71,7 +71,7 @@ class FSDPCase(DistributedCase):
     """The FSDP2 cases: one ``compare_fsdp`` per spec and device over every FSDP2 config's policy,
     a result per config; the loss judged besides the gradients."""
 
-    engine, memo = "FSDP2", "train_step.fsdp"  # the memo: (spec, device) -> {config id: FSDPComparison} or why not
+    engine, memo = "FSDP2", Memo("(spec, device) -> {config id: FSDPComparison} or why not")
     skip_errors = (BatchShardError, TypeError)
     ran, reference = "under FSDP2", "in fp32"
 

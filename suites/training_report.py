@@ -1,4 +1,4 @@
-"""What a train_step case shows (``training.kind.train_step``): its evidence, a training run against the
+"""What a train_step case shows (``suites.training``): its evidence, a training run against the
 fp32 run from the same seed (the failure message's table of steps, the summary record, the
 report's trajectories), and the training summary table, one row per target and config."""
 from __future__ import annotations
@@ -7,9 +7,7 @@ import math
 
 from tabulate import tabulate
 
-from pytest_precision.kinds.outcome import Evidence
-from pytest_precision.kinds.tables import SummaryTable, fmt
-from pytest_precision.speed.timing import format_seconds
+from pytest_precision.kinds import Evidence, SummaryTable, fmt, format_seconds
 from pytest_precision.training.loss_precision import LowPrecisionLoss
 from pytest_precision.training.peer import LoopPeer
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainMetrics
@@ -21,7 +19,7 @@ from pytest_precision.training.loss_scale import ScaleHealth, history_text
 from pytest_precision.training.limits import first_step_floor_db, later_step_floor_db, percent
 from pytest_precision.training.run import built_dtype_note
 
-from .seeds_case import render_rates, seeds_of
+from .training_seeds import render_rates, seeds_of
 
 __all__ = ["TrainingEvidence", "TrainingTable", "TRAINING_TABLE"]
 

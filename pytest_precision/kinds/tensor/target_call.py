@@ -17,18 +17,19 @@ from typing import Any, Callable
 
 import torch
 
-from ..numerics.global_state import guarded, leak_message
-from ..platform.launches import as_harness
-from ..platform.triton import bf16_as_on_gpu, triton_error
+from ...numerics.global_state import guarded, leak_message
+from ...platform.launches import as_harness
+from ...platform.triton import bf16_as_on_gpu, triton_error
 from .contract import InputWatch, aliased_inputs, declared_names, plain_output
-from .declarations import Declaration
-from .kind import skip
+from ..declarations import Declaration
+from ..kind import skip
 from .measurement import upstream_gradient
-from .target import TargetError
+from ..session import Memo
+from ..target import TargetError
 
 __all__ = ["call_target", "quiet_after_first"]
 
-CALLS = "target_call.calls"  # the session's memo (RunState): case name -> the target's calls so far
+CALLS: Memo[str, int] = Memo("case name -> the target's calls so far")
 
 
 class _Discarded(io.TextIOBase):

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from pytest_precision.explain.faults import Fault, first_fault
-from pytest_precision.explain.tracing import OpTracer, tracing
-from pytest_precision.numerics.rng import RngState
-from pytest_precision.platform.launches import as_harness
+from pytest_precision.kinds import Fault, OpTracer, RngState, as_harness, first_fault, tracing
 from pytest_precision.training import FLOAT64, TrainConfig, TrainSpec, prepare_training
 from pytest_precision.training.spec import single_step
 

@@ -1,7 +1,7 @@
 """The contract checks a fixed-regime case of a tensor kind runs after its measurement
 (``check_contract``): a second call on fresh copies of the same inputs (determinism, and an
 output cached across calls), batch invariance where the kind has independent rows
-(``kinds.batch``), and the refusal of a degenerate regime. What each finds goes into the
+(``kinds.tensor.batch``), and the refusal of a degenerate regime. What each finds goes into the
 measurement (``Measurement.contract``, ``.spread``, ``.batch``), which the outcome reads."""
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..platform.launches import watch_launches
+from ...platform.launches import watch_launches
 from .contract import degenerate, poison_freed_memory, recall_context, spread_between
 
 if TYPE_CHECKING:
-    from .cases import Case
+    from ..cases import Case
     from .measurement import Measurement
 
 __all__ = ["check_contract", "second_call"]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from pytest_precision.kinds import Memo
 from pytest_precision.training import TrainConfig, TrainSpec
 from pytest_precision.training.baseline import rates_line
 from pytest_precision.training.distributed import HookComparison, compare_ddp_hooks
@@ -58,7 +59,7 @@ class DDPEvidence(OneStepEvidence):
 class DDPCase(DistributedCase):
     """The DDP cases: one ``compare_ddp_hooks`` per spec and device, a result per hook."""
 
-    engine, memo = "DDP", "train_step.ddp"  # the memo: (spec, device) -> {hook: HookComparison} or why not
+    engine, memo = "DDP", Memo("(spec, device) -> {hook: HookComparison} or why not")
     ran, reference = "with the hook", "without"
 
     def compare(self, spec: TrainSpec, device: str) -> dict[str, HookComparison]:

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..numerics.budgets import Budget, violations
-from ..numerics.metrics import compare
-from .declarations import Declaration
-from .target import TargetError
+from ...numerics.budgets import Budget, violations
+from ...numerics.metrics import compare
+from ..declarations import Declaration
+from ..target import TargetError
 
 if TYPE_CHECKING:
     from .measurement import Measurement
@@ -81,7 +81,7 @@ def _largest_change(before: torch.Tensor, after: torch.Tensor, changed: torch.Te
 
 def normalise_contract(name: str, key: str, value: Any) -> Any:
     """A contract declaration's value: input names for ``mutates`` and ``aliases``, a flag otherwise."""
-    from .declarations import declared_flag
+    from ..declarations import declared_flag
 
     if key in ("deterministic", "batch_invariant"):
         return declared_flag(name, key, value)

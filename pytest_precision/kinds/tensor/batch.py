@@ -20,7 +20,7 @@ import torch
 from .contract import changed_bits, recall_context
 
 if TYPE_CHECKING:
-    from .cases import Case
+    from ..cases import Case
     from .measurement import Measurement
 
 __all__ = ["BatchSpread", "batch_invariance", "probes"]

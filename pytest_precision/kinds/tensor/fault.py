@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from ..explain.faults import first_fault
-from ..numerics.configs import CONFIGS
-from .cases import NO_VARIANT, Case
-from .kind import Kind
+from ...explain.faults import first_fault
+from ...numerics.configs import CONFIGS
+from ..cases import NO_VARIANT, Case
+from ..kind import Kind
 from .measurement import Measurement
-from .outcome import Outcome
+from ..outcome import Outcome
 
 __all__ = ["locate_fault"]
 

@@ -1,56 +1,54 @@
-"""The tensor template: :class:`TensorKind`, a :class:`~.kind.Kind` whose targets take tensors and
-return one, judged from a few hooks.
+"""The tensor template: :class:`TensorKind`, a :class:`~..kind.Kind` whose targets take tensors and
+return one, judged from a core of hooks (abstract where required) and the hooks of its roles
+(``roles``: drawn inputs, batch invariance, conventions, golden inputs).
 
-A tensor kind says
+The core says
 
-- inputs: named, seeded :class:`~.cases.Regime` s (the same bits on every machine) and,
-  optionally, a :class:`~.cases.DrawnRegime` whose inputs Hypothesis draws (``draw``), attacked by
-  one generic loop (``kinds.drawn``); ``for_target`` (the inputs as a target reads them),
-  ``floating_inputs`` (what a config rounds);
+- inputs: named, seeded :class:`~..cases.Regime` s (the same bits on every machine), ``for_target``
+  (the inputs as a target reads them), ``floating_inputs`` (what a config rounds);
 - numerics: a float64 ``reference`` in the kind's calling convention (the oracle runs it on the
   config's *rounded* inputs), a ``peer`` (a trusted implementation run in the same config), an
-  :class:`~.measurement.OutputRule` per output (``output_rule``: the dtype its ULPs count in, the
-  budget's factor and floors, from a :class:`~.measurement.MeasureContext` and the facts
-  ``rule_facts`` computed once per measurement) and ``grad_inputs`` (inputs whose gradients are
-  outputs, under a seeded upstream gradient);
+  :class:`~.measurement.OutputRule` per output (``output_rule``, from a
+  :class:`~.measurement.MeasureContext` and the facts ``rule_facts`` computes once per
+  measurement) and ``grad_inputs`` (inputs whose gradients are outputs);
 - running: ``invoke`` (the call in the kind's convention) and ``validate`` (its output contract:
-  type, ``expected_shape``, and ``output_dtypes``, the dtypes a config can produce);
-- goldens: ``input_spec``, ``checksum_input``, ``magnitude_input``.
+  type, ``expected_shape``, and ``output_dtypes``, the dtypes a config can produce).
 
 The template methods (``run``, ``measure``, ``call``, ``bench_call``, ``trace_call``,
 ``why_skipped``) are final: a case is judged three ways, against the float64 oracle with the peer
 budget, against the golden with the regression budget, and by its overflow / underflow / NaN
-counts, and a failure with a lost value names the first op that lost it (``kinds.fault``).
+counts, and a failure with a lost value names the first op that lost it (``fault``).
 """
 from __future__ import annotations
 
 import contextlib
-import inspect
+from abc import abstractmethod
 from dataclasses import dataclass, replace
 from typing import Any, Callable, final
 
 import torch
 
-from ..baselines.entry import BaselineResult
-from ..baselines.lifecycle import BaselineCheck
-from ..baselines.tensors import TensorOutput
-from ..numerics.budgets import violations
-from ..numerics.metrics import compare
-from ..numerics.rng import RngState
-from ..platform.launches import watch_launches
-from ..platform.triton import interpreted, interpreter_excuse
-from ..speed.timing import Bench
-from .cases import NO_VARIANT, Case, Regime
-from .contract import CONTRACT_DECLARATIONS, normalise_contract, other_tensor_fields
+from ...baselines.entry import BaselineResult
+from ...baselines.lifecycle import BaselineCheck
+from ...baselines.tensors import TensorOutput
+from ...numerics.budgets import violations
+from ...numerics.metrics import compare
+from ...numerics.rng import RngState
+from ...platform.launches import watch_launches
+from ...platform.triton import interpreted, interpreter_excuse
+from ...speed.timing import Bench
+from ..cases import NO_VARIANT, Case, Regime
+from .contract import CONTRACT_DECLARATIONS, other_tensor_fields
 from .contract_checks import check_contract
-from .declarations import Declaration
+from ..declarations import Declaration
 from .drawn import attack
-from .fresh import FRESH, fresh_regime_of, fresh_result, is_fresh, note_fresh
+from ..fresh import FRESH, fresh_regime_of, fresh_result, is_fresh, note_fresh
 from .fault import locate_fault
-from .kind import Kind, skip, xfail
+from ..kind import Kind, skip, xfail
 from .measurement import MeasureContext, Measurement, OutputRule, TensorEvidence, upstream_gradient
-from .outcome import Outcome, Problem, baseline_problems
-from .target import Target, TargetError
+from ..outcome import Outcome, Problem, baseline_problems
+from ..target import Target, TargetError
+from .roles import BatchInvariance, Conventions, DrawnInputs, GoldenInputs
 from .target_call import call_target
 
 __all__ = ["TensorKind", "CaseInputs", "TEMPLATE_METHODS"]
@@ -70,10 +68,13 @@ class CaseInputs:
     inputs: Any = None
 
 
-class TensorKind(Kind):
+class TensorKind(DrawnInputs, BatchInvariance, Conventions, GoldenInputs, Kind):
     """A kind whose targets take tensors and return one (module docstring): subclasses set the
-    identity and the inputs and override the hooks; the template methods are final."""
+    identity and the inputs and implement the core hooks (``floating_inputs``, ``invoke``,
+    ``expected_shape``, ``reference``, ``peer``: abstract), override the others they need, and the
+    hooks of the roles they have (``roles``); the template methods are final."""
 
+    tensor_template = True  # Kind names the required hooks a subclass leaves unwritten
     compiles = True  # --precision-compile adds a compiled variant of each (cases go through ``call``)
     fresh = FRESH  # inputs from each target's own seed (kinds.fresh), by ``fresh_regime``
     declarations = {**Kind.declarations, **CONTRACT_DECLARATIONS}
@@ -93,72 +94,30 @@ class TensorKind(Kind):
             raise TypeError(f"{cls.__name__} overrides TensorKind's template method {', '.join(overridden)}: override "
                             "its hooks instead (output_rule with rule_facts for what a measurement needs), or "
                             "subclass pytest_precision.Kind and implement run, bench_call and trace_call")
-        rule = vars(cls).get("output_rule")
-        if rule is not None and len(inspect.signature(rule).parameters) == 8:  # the earlier form: a TypeError per case
-            raise TypeError(f"{cls.__name__}.output_rule(self, case, name, out, peer, ref, exact, inputs) is the earlier "
-                            "form: write output_rule(self, ctx, name, out, peer, ref), reading ctx.case, ctx.exact and "
-                            "ctx.inputs (a pytest_precision.MeasureContext)")
-
-    def normalise_declaration(self, name: str, key: str, value: Any) -> Any:
-        if key in CONTRACT_DECLARATIONS:
-            return normalise_contract(name, key, value)
-        return super().normalise_declaration(name, key, value)
-
-    # ---- inputs --------------------------------------------------------------------------------
 
     def for_target(self, case: Case, inputs: Any) -> Any:
         """The regime's inputs as the case's target reads them (attention: its causal alignment)."""
         return inputs
 
+    @abstractmethod
     def floating_inputs(self, inputs: Any) -> dict[str, torch.Tensor]:
         """The input tensors a config rounds, by name (the rest of ``inputs`` passes as it is)."""
-        raise NotImplementedError
 
     def other_tensors(self, inputs: Any) -> dict[str, torch.Tensor]:
-        """The other tensors the target is handed (masks, labels: checked left alone, kinds.contract)."""
+        """The other tensors the target is handed (masks, labels: checked left alone, kinds.tensor.contract)."""
         return other_tensor_fields(inputs, self.floating_inputs(inputs))
-
-    # batch invariance (kinds.batch): kinds whose rows are independent say how to take rows
-    def batch_size(self, case: Case, inputs: Any, values: dict[str, torch.Tensor]) -> int | None:
-        """The number of independent rows of ``inputs``, or None where rows are not independent."""
-        return None
-
-    def rows_of(self, case: Case, inputs: Any, values: dict[str, torch.Tensor], rows: torch.Tensor) -> tuple:
-        raise NotImplementedError  # (inputs, values) restricted to ``rows`` of the batch (repeated ones repeat)
-
-    batch_gradients = False  # the probes' calls take gradients too (row_results reads one)
-
-    def row_results(self, case: Case, inputs: Any, outputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
-        """The per-row result of a call's ``outputs`` that the batch probes compare: the forward output."""
-        return outputs[self.forward_output]
-
-    def output_rows(self, case: Case, inputs: Any, out: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``rows`` of a per-row result ``out`` (its first dimension by default)."""
-        return out.index_select(0, rows.to(out.device))
 
     def case_grad_inputs(self, case: Case, inputs: Any = None) -> tuple[str, ...]:
         """The inputs whose gradients the case judges: none for a forward-only target."""
         return () if case.target.declared.get("forward_only") else self.grad_inputs
 
-    # drawn inputs (kinds with a DrawnRegime)
-    def draw(self, case: Case):
-        """The Hypothesis strategy of the drawn regime's examples for ``case``."""
-        raise NotImplementedError
-
-    def drawn_inputs(self, example: Any) -> Any:
-        return example
-
-    def describe_drawn(self, example: Any, case: Case) -> list[str]:
-        return [f"Hypothesis found (after shrinking) {example!r}"]
-
-    # ---- the kind's calling convention -----------------------------------------------------------
-
+    @abstractmethod
     def invoke(self, fn: Callable, values: dict[str, torch.Tensor], inputs: Any, device: str) -> torch.Tensor:
         """Call ``fn`` in the kind's convention on ``values`` (and the non-tensor parts of ``inputs``)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def expected_shape(self, values: dict[str, torch.Tensor], inputs: Any) -> tuple[int, ...]:
-        raise NotImplementedError
+        """The shape the forward output must have for ``values``."""
 
     def output_dtypes(self, config: Any, values: dict[str, torch.Tensor]) -> tuple[torch.dtype, ...]:
         """The dtypes the forward output may have under ``config``: the dtype of the first floating
@@ -190,15 +149,13 @@ class TensorKind(Kind):
             what = " or ".join(str(d) for d in allowed)
             raise TargetError(f"{where}: output dtype {out.dtype}, the kind gives {what} under {case.config.id}")
 
-    # ---- numerics ------------------------------------------------------------------------------
-
+    @abstractmethod
     def reference(self, *args, **kwargs) -> torch.Tensor:
         """The exact result in the kind's convention, run in float64 on the rounded inputs."""
-        raise NotImplementedError
 
+    @abstractmethod
     def peer(self, *args, **kwargs) -> torch.Tensor:
         """A trusted implementation in the kind's convention, run in the same config."""
-        raise NotImplementedError
 
     def peer_for(self, target: Target) -> tuple[Callable, str]:
         """The peer a target is held against, and its name for messages: ``peer``, or the
@@ -227,7 +184,7 @@ class TensorKind(Kind):
             o, scale = config.finish(out)
             p, peer_scale = config.finish(peer)
             return OutputRule(o, p, config.ulp_dtype(out), scale, peer_scale)
-        from ..numerics.configs import fp8_roundtrip
+        from ...numerics.configs import fp8_roundtrip
 
         if config.fp8 is not None:  # fp8 recipes carry gradients in e5m2
             o, scale = fp8_roundtrip(out, torch.float8_e5m2)
@@ -239,54 +196,6 @@ class TensorKind(Kind):
             dtype = out.dtype if out.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) \
                 else torch.float32
         return OutputRule(out, peer, dtype)
-
-    @staticmethod
-    def failed_outputs(m: Measurement) -> set[str]:
-        """The outputs of ``m`` over their peer budget or counts."""
-        return {n for n in m.oracle if violations(m.oracle[n], m.peer_budget[n])}
-
-    def hint(self, case: Case, m: Measurement, inputs: Any) -> str | None:
-        """A line for a failing case's message when the kind can tell what the target may have
-        meant (attention: the other causal alignment), else None."""
-        return None
-
-    def conventions(self, case: Case, m: Measurement, inputs: Any) -> list[tuple[Declaration, str]]:
-        """Declarations under which a failing case's outputs may be what the target does by design (a
-        fully masked row's mean of v, another causal alignment), each with the sentence that says
-        what the target did: ``run`` judges the case again under each, and one under which it passes
-        (or is skipped) turns its oracle problems into one ``convention`` problem naming it."""
-        return []
-
-    def feature_declarations(self, target: Target) -> list[Declaration]:
-        """Declarations of what a target does not support (``grouped_query=False``), each skipping
-        the inputs that have the feature: a target raising on inputs that one of them would skip
-        fails ``unsupported`` (a regime of that one feature) naming it, not ``crash``."""
-        return []
-
-    def skipping_declarations(self, target: Target) -> list[Declaration]:
-        """Every declaration that skips regimes (``feature_declarations`` and conventions that do, as
-        attention's ``causal_only``): each case records which would skip it."""
-        return self.feature_declarations(target)
-
-    def known_limit(self, case: Case, example: Any, m: Measurement) -> str | None:
-        """Why a drawn input on which ``case`` failed lies at a known limit of the built-in target
-        (torch's op), making the failure expected: its reason, or None (checked before the first
-        fault is looked for)."""
-        return None
-
-    # ---- goldens -------------------------------------------------------------------------------
-
-    def input_spec(self, regime: Regime, inputs: Any) -> dict:
-        """What the golden records of the inputs besides their checksum."""
-        return {"regime": regime.name, "seed": regime.seed, **regime.parameters}
-
-    def checksum_input(self, inputs: Any) -> torch.Tensor:
-        """The tensor whose checksum the golden keeps: every floating input, flattened."""
-        return torch.cat([t.flatten() for t in self.floating_inputs(inputs).values()])
-
-    def magnitude_input(self, inputs: Any) -> torch.Tensor | None:
-        """Inputs whose magnitude the reports profile the error against (softmax's logits), or None."""
-        return None
 
     # ---- template methods ------------------------------------------------------------------------
 
@@ -422,7 +331,7 @@ class TensorKind(Kind):
         for ``grad_inputs``, the gradients under a seeded upstream gradient (or ``upstream``). Anything
         it raises, and any break of the output contract, is a TargetError naming the target, config
         and regime; with ``breaches`` given, inputs changed in place and an output aliasing an input
-        are sentences added to it (``kinds.contract``); ``peer``: a peer's call, whose output may be
+        are sentences added to it (``kinds.tensor.contract``); ``peer``: a peer's call, whose output may be
         more precise than the contract's (``measure`` rounds it)."""
         return call_target(self, case, fn, values, inputs, grad_seed, where=where or case.where, check=check,
                            breaches=breaches, upstream=upstream, forward_only=forward_only, peer=peer)
@@ -491,7 +400,7 @@ class TensorKind(Kind):
             again = self.for_target(declared, regime.inputs())
             if not self.unsupported(declared, again):
                 try:
-                    if self.failed_outputs(self.measure(declared, again, grad_seed=regime.seed + 1)):
+                    if self.measure(declared, again, grad_seed=regime.seed + 1).failed_outputs():
                         continue
                 except TargetError:
                     continue

@@ -1,5 +1,5 @@
 """The train_step kind's distributed one-step cases, written once: DDP's compression hooks
-(ddp_case.py) and FSDP2 mixed precision (fsdp_case.py) each judge one forward/backward of a target on
+(ddp.py) and FSDP2 mixed precision (fsdp.py) each judge one forward/backward of a target on
 spawned ranks (pytest_precision.training.distributed: gloo on the CPU, nccl on GPUs) against a
 reference, and supply only what differs (a :class:`DistributedCase`: how the comparison runs, the
 floor its gradients are held to, its evidence lines, any check of its own).
@@ -24,12 +24,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from pytest_precision.baselines.lifecycle import BaselineCheck
-from pytest_precision.kinds.cases import Case
-from pytest_precision.kinds.kind import skip
-from pytest_precision.kinds.outcome import Evidence, Outcome, baseline_problems
-from pytest_precision.kinds.target import TargetError
-from pytest_precision.numerics.problem import Problem
+from pytest_precision.kinds import (BaselineCheck, Case, Evidence, Memo, Outcome, Problem, TargetError,
+                                    baseline_problems, skip)
 from pytest_precision.training import LossContractError, TrainConfig, TrainingError, TrainSpec
 from pytest_precision.training.baseline import DDPEntry, rates_line
 from pytest_precision.training.distributed import HookComparison, RankRunError
@@ -121,7 +117,7 @@ class DistributedCase:
     ``details`` where it checks more than the gradients."""
 
     engine: str  # "DDP", "FSDP2": in the skip reason of a forward that is not a loss
-    memo: str  # the session memo's name: (spec, device) -> {result_key: result} or why the spec cannot run
+    memo: Memo  # (spec, device) -> {result_key: result} or why the spec cannot run
     skip_errors: tuple[type[Exception], ...] = (TypeError,)  # what ``compare`` raises for a spec it cannot run
     ran, reference = "", ""  # the two sides in the overflow sentence
 

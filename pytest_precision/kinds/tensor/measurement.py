@@ -8,12 +8,12 @@ from typing import Any
 
 import torch
 
-from ..baselines.tensors import TensorOutput
-from ..numerics.budgets import ULP_FLOOR, Budget, peer_budget
-from ..numerics.describe import Held, comparison_lines
-from ..numerics.metrics import Comparison, compare
-from ..numerics.rng import RngState
-from .outcome import Evidence
+from ...baselines.tensors import TensorOutput
+from ...numerics.budgets import ULP_FLOOR, Budget, peer_budget, violations
+from ...numerics.describe import Held, comparison_lines
+from ...numerics.metrics import Comparison, compare
+from ...numerics.rng import RngState
+from ..outcome import Evidence
 
 __all__ = ["MeasureContext", "OutputRule", "Measurement", "TensorEvidence", "upstream_gradient"]
 
@@ -81,7 +81,7 @@ class Measurement:
     # budget it sets the compiled output (Variant.beside)
     eager: dict[str, Comparison] = field(default_factory=dict)
     eager_budget: dict[str, Budget] = field(default_factory=dict)
-    # the callable's contract (kinds.contract): (category, sentence) of each breach, what a second
+    # the callable's contract (kinds.tensor.contract): (category, sentence) of each breach, what a second
     # call on the same inputs gave (contract.Spread), the batch probes (batch.BatchSpread), notes
     contract: list[tuple[str, str]] = field(default_factory=list)
     spread: Any = None
@@ -92,6 +92,10 @@ class Measurement:
     def lost(self) -> bool:
         """Whether an output holds a non-finite value (where the first fault is worth naming)."""
         return not all(bool(torch.isfinite(t).all()) for t in self.outputs.values())
+
+    def failed_outputs(self) -> set[str]:
+        """The outputs over their peer budget or counts."""
+        return {n for n in self.oracle if violations(self.oracle[n], self.peer_budget[n])}
 
 
 class TensorEvidence(Evidence):
@@ -123,7 +127,7 @@ class TensorEvidence(Evidence):
         return fields
 
     def report_fields(self, outcome) -> dict:
-        from .details import error_by_magnitude, output_detail
+        from ..details import error_by_magnitude, output_detail
 
         fields = {"outputs": {name: output_detail(name, self, outcome.baseline) for name in self.oracle}}
         if self.magnitude_input is not None:
