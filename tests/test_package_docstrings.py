@@ -1,5 +1,6 @@
 """Each package's ``__init__.py`` docstring says what every module of its folder is, and names no
-module that is not there.
+module that is not there; the README's Layout section names the modules of the folders its table
+leaves out (the top-level package, ``benchmarks/``, ``suites/``, ``kernels/``), and no other.
 
 The convention: a package docstring names a module by its name without ``.py``, in double backticks
 followed by a colon, as an item of a list: ``- ``store``: where goldens live;`` (several may share an
@@ -62,3 +63,17 @@ def test_a_missing_and_a_stale_name_are_reported_with_the_package(tmp_path):
     assert mismatch(package, tmp_path) == ("pkg/__init__.py docstring: modules not named: beta.py; "
                                            "names no module of pkg/: gone")
     assert named("``run`` / ``bench_call`` and ``spec``: the contract") == {"spec"}
+
+
+def _layout() -> str:
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("### Layout"):]
+    return "\n".join(line for line in section.splitlines() if not line.startswith("|"))  # the table: test_layers
+
+
+def test_the_readme_layout_names_the_modules_outside_its_table():
+    folders = [ROOT / "pytest_precision", ROOT / "pytest_precision" / "benchmarks", ROOT / "suites", ROOT / "kernels"]
+    present = {p.name for folder in folders for p in folder.glob("*.py") if p.name != "__init__.py"}
+    mentioned = set(re.findall(r"`([a-z_0-9]+\.py)`", _layout())) - {"__init__.py"}
+    assert sorted(present - mentioned) == [], "README Layout: modules not named"
+    assert sorted(mentioned - present) == [], "README Layout: names no module of pytest_precision/, benchmarks/, suites/ or kernels/"
