@@ -4,6 +4,8 @@ The suites list ``triton.softmax``, ``triton.log_softmax`` and ``triton.flash_at
 torch's ops when ``runtime.builtin_enabled()`` (a CUDA machine, or TRITON_INTERPRET=1). They are
 marked with ``needs_triton``, so where the kernels cannot run (no triton, or CPU tensors without
 the interpreter) their cases are skipped with the reason (``pytest_precision.platform.triton``).
+
+On a CPU their cases take about 80 s of the main job (2 cores; small shapes).
 """
 from __future__ import annotations
 

@@ -1,6 +1,10 @@
 """What a train_step case shows (``suites.training``): its evidence, a training run against the
 fp32 run from the same seed (the failure message's table of steps, the summary record, the
-report's trajectories), and the training summary table, one row per target and config."""
+report's trajectories), and the training summary table, one row per target and config.
+
+The step time it shows is never gated: on a 2-core CPU runner the speed-up ratio moved from 0.2 x to
+10 x between runs, and fp8 on a CPU is an emulation or ``torch._scaled_mm``'s CPU path, whose time
+says nothing about fp8 hardware."""
 from __future__ import annotations
 
 import math

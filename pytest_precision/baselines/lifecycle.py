@@ -26,6 +26,10 @@ flag it *prepares* the write, and whoever knows the case's verdict (the suite's 
 passed every other check, or :meth:`BaselineCheck.refuse` with the reason. A rewrite keeps what
 the old pair still holds (other machines' budgets, speed records) from whichever file is
 readable, moves an unreadable file aside, and refuses a file of a newer schema.
+
+A borrowing machine is less sensitive than one with budgets of its own: nanoGPT's attention with its
+softmax computed in the input dtype failed 38 of 120 cases with the machine's own budgets and 2 of
+120 with borrowed ones. So ``--precision-strict-budgets`` is for a machine whose budgets are recorded.
 """
 from __future__ import annotations
 

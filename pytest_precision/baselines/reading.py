@@ -10,6 +10,13 @@ headers (names unique, float32, at most ``MAX_MEMBERS``, the declared size the s
 total at most ``MAX_ARRAY_BYTES``, each no larger than the case's output when a case reads it)
 before anything is inflated; a JSON may not repeat a key, hold a string longer than ``MAX_STRING``,
 nest deeper than ``MAX_DEPTH``, or hold a NaN or loosening infinite limit.
+
+The limits (``MAX_*``): a file at most 256 MiB, a JSON at most 8 MiB; an ``.npz`` of at most 64
+members (counted from the archive's end record, before its directory is parsed), stored or deflated
+(bzip2 and LZMA inflate a whole block unbounded at the first read), not encrypted, an ``.npy`` header
+of at most 10,000 bytes, float32 in C order, 256 MiB inflated in all (a 1 MiB deflate bomb declaring
+1 GiB of zeros is refused in milliseconds); a JSON nested at most 12 levels, no integer of more than
+30 digits, no string of more than 4096 characters. An update refuses to write a golden past them.
 """
 from __future__ import annotations
 

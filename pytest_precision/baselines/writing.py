@@ -2,7 +2,10 @@
 bytes for the same arrays, a lock on the pair's directory while both files are written (two
 update processes never interleave the halves of one pair), and the temporary files an interrupted
 write left removed first (those of processes no longer alive: temporary names carry the
-writer's pid)."""
+writer's pid).
+
+The lock covers the two writes, not the read that prepared them: two updates of one pair at once keep
+the later one's budgets. On a file system without directory locks (NFS) the writes are unlocked."""
 from __future__ import annotations
 
 import contextlib

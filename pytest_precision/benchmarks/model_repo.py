@@ -14,6 +14,11 @@ process as a user would (``TRITON_INTERPRET=1`` on a CPU machine):
 It prints the wall time of each run, the time per kind, target, config, regime and case (each
 case's set-up, call and teardown together, from pytest's own per-test durations in a JUnit XML
 report), largest first, and the failed cases by target and category.
+
+Measured on a 2-core CPU (``CI=true``), two runs: update 41 and 48 s, check 43 and 46 s, planted 50
+and 43 s (41 and 25 failed cases, all of the planted target: 23 on the accuracy regression, the rest
+on speed, since the 16-bit softmax is also slower on a CPU); the largest single case is the Triton
+kernel's bf16 hypothesis case (17 to 18 s), held to its 20 CPU seconds.
 """
 from __future__ import annotations
 

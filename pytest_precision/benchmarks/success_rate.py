@@ -18,9 +18,21 @@ Plants (``--plant``), each a sweep of the built-in GPT's spec:
   loss); a GradScaler skips the steps whose scaled gradients overflow, so its weights grow less
   (measured: it keeps 19 runs of 20 finite at lr 1, none at lr 3).
 
-Measured with 20 seeds on a 2-core CPU machine (README, Training verdicts): every config of the
+Measured with 20 seeds on a 2-core CPU machine: every config of the
 unplanted GPT 0 of 20; without a GradScaler, loss x 5e5 3 of 20 (p 0.12), x 1e6 20 of 20. It takes
 minutes (1 to 5 s per 8-step run on one busy core): ``--seeds 8`` is faster.
+
+The plants on the built-in GPT, 20 seeds each (failed runs; the test's p; the verdict):
+
+- loss x 1e5, 2e5, 3e5 without a GradScaler: 0 of 20; x 5e5: 3 non-finite (p 0.12, pass); x 7e5:
+  15 (p 3.9e-7, FAIL); x 1e6: 20 (p 7.3e-12, FAIL). With a GradScaler at 7e5 and 1e6 nothing blows
+  up, but the scaler, starting at 65536 and halving once per skipped step, skips all 8 steps of every
+  run: 20 of 20 end past the bound, untrained (FAIL). amp-bf16, with float32's range, fails none.
+- AdamW at lr 1 (3e-3 is the spec's): 20 of 20 non-finite without a scaler (seeds 0 to 3 reach a NaN
+  loss at step 5 of 8), 1 of 20 with one (65 steps skipped, p 0.5, pass); at lr 3, 20 of 20 both
+  ways (at step 2 without a scaler; 120 steps skipped with one: a scaler scales only the backward, and
+  cannot prevent the forward's overflow). fp32's own runs stay finite (at lr 3 their final losses
+  spread by 470); amp-bf16 fails none.
 """
 from __future__ import annotations
 

@@ -15,6 +15,9 @@ rather than the documented lists, and flags:
 
 A call that returns a training step's run (``training.run.Trajectory``) adds where each module ran
 in its first step (``module_table``) and its module flags (``training.module_dtypes``).
+
+On the CPU (torch 2.13) torch's math SDPA under amp-bf16 casts q, k and v to bf16 and back and runs
+its matmuls in fp32: the audit flags them.
 """
 from __future__ import annotations
 

@@ -7,6 +7,9 @@ autograd node running them and, with anomaly mode on, to the user's line that bu
 the forward pass. Tracing costs a Python call and a few reductions per op: it runs for failing
 cases (to name the first fault), with ``--precision-trace`` and with ``--precision-audit``, never
 on the passing path.
+
+Measured on a 2-core CPU: tracing every case of the default suite adds 1.1 s to its 8.7 s, 1 s of it
+the ``torch._dynamo`` import that any dispatch mode costs once.
 """
 from __future__ import annotations
 

@@ -27,19 +27,20 @@ The train_step kind (``suites/training.py`` and the modules it names) drives the
 ``pytest_precision.training``, whose modules it imports: a kind built on an engine of its own does
 the same with its engine.
 
-The modules behind it are internal: they move and change without notice.
+The modules behind it are internal: they move and change without notice. The tensor template
+and its machinery are the folder ``tensor/`` (its own docstring lists them).
 
 - ``kind``: the seam (identity, targets, declarations, the case matrix, and the ``run`` /
-  ``bench_call`` / ``trace_call`` each kind implements); ``registry``: the kinds and targets of a
-  session; ``target``: a registered target; ``target_code``: a digest of a target's code, which its
-  fresh seed is derived from;
-- ``tensor``: the tensor template's folder (:class:`TensorKind`, its roles and its machinery);
-- ``cases``: regimes, variants and the :class:`Case`; ``fresh``: the fresh regime and the seeds of
-  the drawn one; ``declarations``: what targets may declare (dtypes, flags), and a declaration a
-  run found one needs; ``session``: :class:`RunState`, what one session's cases learn for the next;
-  ``compiled``: the ``+compiled`` variant;
-- ``outcome``: a case's outcome and message; ``record``: the typed case record; ``tables`` and
-  ``details``: summary tables and report detail.
+  ``bench_call`` / ``trace_call`` each kind implements);
+- ``registry``: the kinds and targets of a session; ``target``: a registered target;
+- ``target_code``: a digest of a target's code, which its fresh seed is derived from;
+- ``cases``: regimes, variants and the :class:`Case`;
+- ``fresh``: the fresh regime and the seeds of the drawn one;
+- ``declarations``: what targets may declare (dtypes, flags), and a declaration a run found one needs;
+- ``session``: :class:`RunState`, what one session's cases learn for the next, and its typed memos;
+- ``compiled``: the ``+compiled`` variant;
+- ``outcome``: a case's outcome and message; ``record``: the typed record of one suite case;
+- ``tables``: the summary tables; ``details``: per-case report detail.
 """
 from ..baselines.entry import BaselineResult
 from ..baselines.lifecycle import BaselineCheck

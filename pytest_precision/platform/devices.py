@@ -6,6 +6,12 @@ measured with torch 2.13, fp32 ``torch.softmax`` on rows of 32768 logits is 72 U
 AVX512 machine, 113 on AVX2 and 111 with ``ATEN_CPU_CAPABILITY=default``, a spread wider than
 the regression slack. On CUDA it is the compute capability (sm90 for H100 and H200), which picks
 the SDPA and GEMM kernels.
+
+Numpy's SIMD level and OpenBLAS's kernel set the order for Triton kernels under the interpreter (the
+interpreted flash attention in fp32 at q scale 40 is 1.6e-6 or 4.9e-6 off by ``OPENBLAS_CORETYPE``).
+The project's own goldens (``baselines/``) hold budgets for ``cpu-avx512``, ``cpu-avx2`` (recorded
+on an AVX512 machine with ``ATEN_CPU_CAPABILITY=avx2 OPENBLAS_CORETYPE=Haswell
+NPY_DISABLE_CPU_FEATURES=X86_V4,AVX512_ICL``) and ``cpu-default``.
 """
 from __future__ import annotations
 

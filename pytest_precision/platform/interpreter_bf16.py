@@ -35,6 +35,16 @@ is not the kernel's fault. Each emulated op notes its class on the launch (``Lau
 a defect the canary still sees under the emulation is cited only where the launch computed it.
 
 Import this module only where triton is imported in interpreter mode (``triton`` does).
+
+Measured (triton 3.9.0, a 2-core CPU): each interpreted builder op that meets no bf16 pays 0.1 to 0.7
+us for the check (the interpreter's own op takes 2.5 to 14 us), and entering and leaving the emulation
+about 60 us a call. The built-in kernels' cases (``TRITON_INTERPRET=1 pytest --precision-suite -m
+precision -k triton --precision-no-speed``, 210 cases, which compute no bf16 themselves) took 116 to
+210 s without it and 147 to 253 s with it, in four interleaved runs each on 2 shared cores (median CPU
+time 107 and 111 s). Under it the Triton tutorials' fused softmax passes in bf16 (it was xfailed
+before); a planted ``x - max`` in the logits' dtype (``tests/test_interpreter.py``) is right in fp32,
+0.49 ULP in fp16 at logits of scale 20, and fails bf16 at 56.56 ULP; a running sum kept in bf16
+fails at 18 ULP on rows of 32768.
 """
 from __future__ import annotations
 

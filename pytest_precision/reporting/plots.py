@@ -6,6 +6,10 @@
   config and target.
 
 matplotlib is imported only here and only when the option is used (the Agg backend: no display).
+
+The distance below the row max, not |logit|, is what a max-subtracting softmax's error grows with:
+logits around -1000 are as easy as logits around 0. Elements whose ULP distance is not finite (inf or
+NaN out) are left out of that figure and counted in the histogram's inf/NaN bar.
 """
 from __future__ import annotations
 

@@ -1,4 +1,12 @@
-"""The pytest runner: the options and ini keys, declared once (``option_table``), the run's options
-and records (``options``), the suite's items (``collection``), the fixtures of users' tests
-(``fixtures``), the files a run leaves (``outputs``), what an xdist worker hands its controller
-(``worker_output``) and the failing fresh and drawn seeds replayed first (``seed_memory``). ``pytest_precision.plugin`` wires pytest's hooks to these."""
+"""The pytest runner (``pytest_precision.plugin`` wires pytest's hooks to these):
+
+- ``option_table``: the options and ini keys, declared once;
+- ``options``: a run's options and records;
+- ``collection``: the suite's items;
+- ``variants``: a target's variants, decided at collection without letting the target touch the session;
+- ``timelimit``: a case's time limit;
+- ``exits``: what the code under test may not do to the run (end it, leave threads running);
+- ``fixtures``: the fixtures of users' tests (``precision_config``, ``golden``);
+- ``outputs``: the files a run leaves;
+- ``worker_output``: what an xdist worker hands its controller;
+- ``seed_memory``: the failing fresh and drawn seeds, kept in pytest's cache and replayed first."""

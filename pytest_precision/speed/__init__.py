@@ -1,5 +1,8 @@
-"""Speed: how long one call takes (``timing``), the speed and memory gate (``gate``) and the
-tensor-core alignment lint (``alignment``). ``pytest_precision.speed`` is the gate's public path."""
+"""Speed (``pytest_precision.speed`` is the gate's public path):
+
+- ``timing``: how long one call takes;
+- ``gate``: the speed and memory gate;
+- ``alignment``: the tensor-core alignment lint."""
 from .gate import (DEFAULT_THRESHOLD, MEMORY_THRESHOLD, SpeedCheck, SpeedComparison, check_speed, judge_memory,
                    judge_speed, ratio_interval, thin_samples)
 

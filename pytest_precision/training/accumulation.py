@@ -24,6 +24,15 @@ step (seen by ``loop_watch``) scales the float64 gradient by the factor it appli
 micro-batches' float64 gradients do not sum to the whole batch's (dropout draws other masks in one
 pass; batch norm; a loss not averaged over dim 0), the gradient is judged against their sum, and the
 detail says so.
+
+Measured on the built-in GPT with ``accumulate=2`` (the accumulated first-step gradient's SQNR
+against the whole batch's float64 one; the floor in brackets): fp32 130.1 dB (100), amp-bf16 47.5
+(30.1), amp-fp16 65.7 (48.2), amp-fp16-noscale 61.2 (48.2), bf16 44.4 (30.1), fp8-e4m3 23.6 (12), the
+micro-batches' shares 1.00 +/- 0.005 in each; a 2-layer MLP: 142.3, 34.0, 67.4, 67.4, 33.9, 23.6.
+Every planted defect gives 0 dB (the loss not divided; shares 2.00) or 2.9 to 4.8 dB (one
+micro-batch's gradient kept; shares 0 and 1) in every config (``benchmarks.accumulation`` prints the
+GPT's table). A second ``unscale_`` on one GradScaler raises in torch itself; a GradScaler made per
+micro-batch does not, and is harmless only where nothing is scaled (it passes fp32 and amp-bf16).
 """
 from __future__ import annotations
 

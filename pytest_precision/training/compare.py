@@ -23,6 +23,9 @@ exact gradient is tiny beside the terms it sums, as a residual scalar beside zer
 blocks behind a scale-invariant norm, whose exact gradient is 0 or the norm's eps), the floor is
 that less the margin; where nothing is left of it (0 dB or less), the group is not judged at that
 step (``TrainMetrics.unresolved``, said in the case's details): every run holds noise there.
+
+A model's own conditioning, measured: ``nn.TransformerDecoderLayer`` (ReLU) under amp-fp16 keeps 44.1
+dB, where fp32 keeps 133 dB against float64, so its group floor is 42.6 dB, not fp16's 48.2.
 """
 from __future__ import annotations
 

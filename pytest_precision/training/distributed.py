@@ -33,6 +33,10 @@ Metrics (hook run against the uncompressed run, both fp32 models, no autocast):
   (shown: the format cannot hold them, and the hook has no loss scaling);
 - ``overflow``: elements not finite with the hook where the uncompressed gradient is finite;
 - ``grad_norm`` / ``ref_grad_norm``: L2 norms of all gradients together.
+
+Measured (CPU, gloo): the two spawned processes take about 5 s, most of it importing torch; the
+built-in GPT keeps 70.3 dB through the fp16 hook and 52.5 dB through the bf16 one, against floors of
+6.02 dB per mantissa bit less 6 dB (54.2 and 36.1 dB).
 """
 from __future__ import annotations
 

@@ -25,6 +25,14 @@ calls, and saturates what outgrows them however correct it is; the hooks see eac
 input, weight and output gradient (unscaled), and count per module and role the elements above
 every earlier amax (``TensorCounts.careful_saturated``): what the recipe saturates beyond that is
 its own (a history that is never updated, fed the clamped tensor, or a scale too small).
+
+Measured (CPU, torch 2.13) with ``tests/own_fp8.py``'s Linear on an MLP whose inputs grow 1.3 x a
+step: its current and delayed scaling pass; a delayed history recorded once and never updated fails
+(1718 of fc1's 8192 input elements, 21 %, saturated from call 1, beyond the 54 a correct history
+saturates; loss 0.428 off fp32's at step 7); so do an inverted scale (every one of fc2's 2048 weight
+elements lost to 0) and a scale 8 x too large (89.2 % of fc2's weight saturated). torchao's
+``convert_to_float8_training`` passes on that MLP and on a GPT with zero-initialised projections (it
+casts the weight and the input again in its backward: twice the calls of the harness's recipe).
 """
 from __future__ import annotations
 

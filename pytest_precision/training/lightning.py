@@ -48,6 +48,14 @@ module's ``forward`` is its ``training_step`` for that one call, and ``self(x)``
 its own ``forward``.
 
 PyTorch Lightning is imported when a run starts, not with this module (the ``lightning`` extra).
+
+Caught on a first run (``tests/lit_modules.py``): ``zero_grad()`` in ``on_train_batch_start``, in
+every config; clipping in ``on_after_backward``, per micro-batch and before the plugin unscales
+(amp-fp16); a ``configure_gradient_clipping`` that divides by the loss scale again; ``loss.backward()``
+in place of ``self.manual_backward(loss)``. Lightning's own ``self.clip_gradients`` in manual
+optimisation under ``16-mixed`` clips the gradients still scaled, and the harness says so. Modules of
+``lightning.pytorch`` run unverified here (only ``pytorch_lightning`` is installed in this project's
+environment).
 """
 from __future__ import annotations
 

@@ -32,6 +32,12 @@ The working scale is the least of the three. A case fails when the judged scale 
 (counted in elements, past a count's spread between machines: ``limits.limit_count``). On the
 built-in GPT a scale of 1 puts 8588 of blocks.1.qkv.weight's 12288 gradients there (20792 of all
 134144); 2^12 puts 11 (17 in all), 2^16 none.
+
+On the suite's small regression model (loss x 1e-2, 4 steps) a ``GradScaler(init_scale=1.0,
+growth_interval=1)`` runs at 1, 2, 4, 8 and fails at the 8 it reached (49 of fc1.weight's 512
+gradients, 9.57 %, below the range); from 16 it reaches 128, where 3 of 808 are below, and passes. The
+same model stepped with ``loss.backward()`` and no scaler fails as a scaler stuck at 1 does (336 of
+512, 65.6 %).
 """
 from __future__ import annotations
 

@@ -28,6 +28,15 @@ much at small N: with 8 seeds and no fp32 failure, 6 failures of 8 (p 0.0035) fa
 do not; from 20 seeds on, 7 (p 0.0042 at 20). A rare blow-up shows only from 7 failures against
 none: 5 of 100 is p = 0.030, and a 5 % rate needs about 200 seeds. The statistics are ``math``
 only (no scipy).
+
+Measured on the built-in GPT (8 steps, 20 seeds, one thread): the fp32 final losses range from
+5.4665 to 5.5127 (spread 0.046), while each run ends within 3.7e-5 of its fp32 twin under amp-fp16,
+8e-5 without a scaler, 2.1e-4 under amp-bf16, 1.1e-3 under fp8 and 0.04 under pure bf16 (whose loss
+is itself a bf16 number, 0.03 apart at 5.5). A limit, measured on the test's MLP
+(``tests/test_training_seeds.py``): with its loss times 1e8, amp-fp16 with a GradScaler skipped every
+one of its 4 steps in all 6 runs (the scaler starts at 65536 and halves once a step) and still
+passes, since 4 Adam steps move that model's loss less than its seeds spread (1.08e7 of 1e8): the
+skipped-step count shows it.
 """
 from __future__ import annotations
 

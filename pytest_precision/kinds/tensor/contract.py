@@ -18,6 +18,9 @@
 
 Each breach is a problem of the case (category ``contract``, ``nondeterministic`` or
 ``degenerate``) saying in one line what the target did.
+
+A mask or labels tensor is watched where the target gets the harness's own tensor: on a CUDA device
+the kinds hand it a device copy made for the call, whose changes are not seen.
 """
 from __future__ import annotations
 

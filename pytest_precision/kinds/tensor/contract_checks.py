@@ -2,7 +2,10 @@
 (``check_contract``): a second call on fresh copies of the same inputs (determinism, and an
 output cached across calls), batch invariance where the kind has independent rows
 (``kinds.tensor.batch``), and the refusal of a degenerate regime. What each finds goes into the
-measurement (``Measurement.contract``, ``.spread``, ``.batch``), which the outcome reads."""
+measurement (``Measurement.contract``, ``.spread``, ``.batch``), which the outcome reads.
+
+Their cost, measured: one to four more calls per case took the main job from 59.4 s to 74.1 s on
+fp32's cases (133 s when run in every config)."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
