@@ -142,3 +142,11 @@ class BuildsItsScale(SelfCall):
 
     def forward(self, x):
         return self.fc2(torch.relu(self.fc1(x * torch.ones(x.shape[-1]))))
+
+
+class LeavesFloat64(SelfCall):
+    """Sets torch's default dtype in its step and leaves it so."""
+
+    def training_step(self, batch, batch_idx):
+        torch.set_default_dtype(torch.float64)
+        return super().training_step(batch, batch_idx)

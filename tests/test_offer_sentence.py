@@ -13,6 +13,30 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 LEAD_IN_ENDINGS = ("with:", "with: ")
 
 
+def _offers(tree: ast.AST):
+    """(line, text) of every place that hands over the update command or option in words of its own:
+    a literal ending in "with:" / "with" before a value (an f-string's placeholder, a "+"), or a
+    string built around ``UPDATE_OPTION``, ``update_command`` or a ``command``."""
+    bare = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+    commandish = ("UPDATE_OPTION", "update_command", "command", "cmd")
+    for node in ast.walk(tree):
+        if id(node) in bare:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            for part in node.values:
+                if not isinstance(part, ast.FormattedValue):
+                    continue
+                value = ast.unparse(part.value)
+                if any(w in value for w in commandish) and not value.startswith(("offer(", "offer_rerun(")):
+                    yield node.lineno, ast.unparse(node)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            text = ast.unparse(node)
+            if any(w in text for w in commandish) and ("with" in text or "UPDATE_OPTION" in text):
+                yield node.lineno, text
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.rstrip().endswith("with:"):
+            yield node.lineno, node.value
+
+
 def _strings(tree: ast.AST):
     """The string literals of the code (docstrings and other bare strings left out: they say, not offer)."""
     bare = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
@@ -32,8 +56,11 @@ def test_no_other_wording_offers_a_command():
     for path in sorted([*ROOT.joinpath("pytest_precision").rglob("*.py"), *ROOT.joinpath("suites").rglob("*.py")]):
         if path.name == "commands.py" and path.parent.name == "baselines":
             continue
-        for line, text in _strings(ast.parse(path.read_text(), str(path))):
-            if text.rstrip("\n").endswith(LEAD_IN_ENDINGS) or (UPDATE_OPTION in text and "Option(" not in text):
+        tree = ast.parse(path.read_text(), str(path))
+        for line, text in _offers(tree):
+            found.append(f"{path.relative_to(ROOT)}:{line}: {text!r}")
+        for line, text in _strings(tree):
+            if UPDATE_OPTION in text and "Option(" not in text:
                 found.append(f"{path.relative_to(ROOT)}:{line}: {text!r}")
     # the option's own table entry and the benchmarks that run it are not offers
     found = [f for f in found if not f.startswith(("pytest_precision/runner/option_table.py",
@@ -41,10 +68,17 @@ def test_no_other_wording_offers_a_command():
     assert not found, "a command offered in another wording than baselines.commands.offer:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("planted", ['"write it with: " + cmd', 'f"re-accept with: {cmd}"'])
-def test_the_scan_finds_a_planted_wording(planted, tmp_path):
-    tree = ast.parse(f"cmd = 'pytest'\nmessage = {planted}\n")
-    assert any(text.endswith(LEAD_IN_ENDINGS) for _, text in _strings(tree))
+@pytest.mark.parametrize("planted", ['"write it with: " + cmd', 'f"re-accept with: {cmd}"',
+                                     'f"record with {UPDATE_OPTION}"', '"rerun with " + UPDATE_OPTION',
+                                     'f"write it with {command}"', 'f"accept: {self.update_command}"'])
+def test_the_scan_finds_a_planted_wording(planted):
+    tree = ast.parse(f"cmd = command = 'pytest'\nmessage = {planted}\n")
+    assert list(_offers(tree)), planted
+
+
+def test_the_scan_passes_the_one_sentence_and_other_withs():
+    tree = ast.parse('s = offer(command)\nt = f"replay with {REPLAY_OPTION}={seed}"\nu = f"{n} with {m}"\n')
+    assert list(_offers(tree)) == []
 
 
 def test_each_offer_reads_the_same(pytester):

@@ -178,3 +178,13 @@ def test_a_module_building_tensors_in_forward_runs_outside_lightnings_loop_as_bf
     assert torch.get_default_dtype() == torch.float32
     with torch.autocast("cpu", dtype=torch.bfloat16):  # "bf16-mixed" keeps float32 the default
         assert lightning_loss(L.BuildsItsScale(), (x, y)).dtype == torch.float32
+
+
+def test_a_step_that_leaves_the_default_dtype_changed_is_named_not_repaired():
+    from pytest_precision.training.lightning import lightning_loss
+    from pytest_precision.training.run import GlobalStateError
+
+    x, y = L.batches(1)[0]
+    with pytest.raises(GlobalStateError, match="training_step left torch's default dtype torch.float64 .*restored"):
+        lightning_loss(L.LeavesFloat64().to(torch.bfloat16), (x.bfloat16(), y.bfloat16()))
+    assert torch.get_default_dtype() == torch.float32

@@ -504,6 +504,15 @@ def test_a_later_step_is_judged_against_the_careful_loops_drift_and_names_its_pa
         return dataclasses.replace(peer, drift=dataclasses.replace(peer.drift, grads=grads))
 
     assert judge_run(m, config, None, None, peer=drifted(2.0)).problems == []
+    # a careful loop that kept nothing by then: only an error larger than the gradient fails, said
+    nothing = judge_run(m, config, None, None, peer=drifted(-2.0))
+    assert nothing.problems == [] and any("itself kept nothing of the gradient by then (step 2: all parameters)" in d
+                                          for d in nothing.details)
+    # a careful loop whose GradScaler skipped another step is an update behind: its drift widens nothing
+    behind = judge_run(m, config, None, None, peer=dataclasses.replace(drifted(2.0), skipped=[0]))
+    assert [p.sentence for p in behind.problems] == alone
+    assert "later steps not widened by the careful loop's drift: it skipped steps 0 where this run skipped none, " \
+           "so its steps are not this run's" in behind.details
     [close] = judge_run(m, config, None, None, peer=drifted(40.0)).problems
     assert close.sentence == ("gradient SQNR 3 dB in all parameters at step 2 < 11.1 dB (most of it in 2.weight), what "
                               "bfloat16 keeps in a correct step; the careful loop (standard_step) itself had left its "

@@ -105,9 +105,14 @@ def _version() -> str:
 
 
 def _kind_file(kind) -> bytes:
+    """The kind's code: its module and its companions beside it (``attention_regimes.py`` beside
+    ``attention.py``), so that an edit of how a kind draws its inputs draws other inputs."""
     module = sys.modules.get(type(kind).__module__)
     path = Path(getattr(module, "__file__", "") or "")
-    return path.read_bytes().replace(b"\r\n", b"\n") if path.is_file() else type(kind).__qualname__.encode()
+    if not path.is_file():
+        return type(kind).__qualname__.encode()
+    files = [path, *sorted(path.parent.glob(f"{path.stem}_*.py"))]
+    return b"".join(f.read_bytes().replace(b"\r\n", b"\n") for f in files)
 
 
 def derived_seed(kind, target: Target) -> int:

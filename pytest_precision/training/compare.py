@@ -222,14 +222,14 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
         na, nb = run.grad_norms[i], ref.grad_norms[i]
         ratios.append(na / nb if nb else (1.0 if na == 0 else math.inf))
         for g, names in groups.items():
-            if i == first and g in noise:
+            if g in noise and i == first:
                 continue
             s = tensors_sqnr_db(a, b, names)
             by_step.setdefault(i, {})[g] = s
             top = _largest_error(a, b, names)
             if top is not None:
                 error_in.setdefault(i, {})[g] = top
-            if worst_at is None or s < worst:
+            if g not in noise and (worst_at is None or s < worst):  # noise at the first step is noise later
                 worst, worst_at = s, (i, g)
     worst_ratio = max((r for r in ratios if r is not None), key=_log_distance, default=None)
 

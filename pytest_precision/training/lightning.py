@@ -73,6 +73,7 @@ from torch import nn
 
 from .batches import MicroBatches
 from .spec import LossContractError, TrainSpec
+from .run import GlobalStateError
 
 __all__ = ["lightning_spec", "lightning_loss", "PRECISION_CONFIGS"]
 
@@ -368,13 +369,20 @@ def _true_precision_dtype(model: nn.Module) -> torch.dtype | None:
 
 @contextlib.contextmanager
 def _default_dtype(dtype: torch.dtype | None):
+    """``dtype`` as torch's default inside (None: left as it is), the one before restored after; a
+    step that changed the default itself is named (GlobalStateError), as the harness's state check
+    names it around every callable, not repaired in silence."""
     before = torch.get_default_dtype()
-    if dtype is not None:
-        torch.set_default_dtype(dtype)
+    inside = dtype or before
+    torch.set_default_dtype(inside)
     try:
         yield
     finally:
+        left = torch.get_default_dtype()
         torch.set_default_dtype(before)
+    if left != inside:
+        raise GlobalStateError(f"the LightningModule's training_step left torch's default dtype {left} (it ran with "
+                               f"{inside}): restored; set it back inside the step, or not at all")
 
 
 def _fully_sharded(model: nn.Module) -> bool:

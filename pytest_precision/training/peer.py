@@ -21,7 +21,8 @@ by step, as the target is with its fp32 run: how far it has drifted by each step
 the largest distance so far in the loss, the gradient norm, each group's gradient and the final
 parameters) is what the model's own dynamics make of one config's rounding. A later step's limit
 grows by ``GRAD_PEER_FACTOR`` x that drift where it is more than fp32's own drift from the float64
-run allows (``verdicts``). Measured on Lightning's demo transformer (its loss upcast, 2
+run allows (``verdicts``), where the careful loop skipped the steps the target skipped (else its
+steps are not the target's: a skipped step leaves it an update behind, and the case says so). Measured on Lightning's demo transformer (its loss upcast, 2
 micro-batches, clipping, dropout): under amp-fp16 the careful loop keeps 26.9 dB of the first step's
 gradients, 12.7 dB by step 1 and -2.0 dB by step 3; Lightning's loop 29.4, 16.4 and 2.0 dB, where
 the format's later-step floor asked 30.2 dB.
@@ -60,6 +61,7 @@ class LoopPeer:
     step: int = 0
     loop: str = "standard_step"
     drift: Drift | None = None  # its distance from its fp32 run by each step (the module docstring)
+    skipped: list[int] = field(default_factory=list)  # the steps its GradScaler skipped
 
     def sqnr_db(self, group: str) -> float:
         return error_to_db(self.group_error[group])
@@ -121,4 +123,5 @@ def run_peer(spec: TrainSpec, config: TrainConfig, device: str, where: str, accu
         return f"the careful loop ({loop}) could not run: {text}"
     groups = group_labels(ref.groups or [list(ref.initial)])
     errors = {g: db_to_error(tensors_sqnr_db(run.grads0, ref.grads0, names)) for g, names in groups.items()}
-    return LoopPeer(errors, run.first_step, loop, drift_between(run, whole, groups, tensors_sqnr_db, GRAD_PEER_FACTOR))
+    return LoopPeer(errors, run.first_step, loop, drift_between(run, whole, groups, tensors_sqnr_db, GRAD_PEER_FACTOR),
+                    list(run.skipped))

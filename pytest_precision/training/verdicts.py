@@ -139,8 +139,7 @@ def judge_run(m: TrainMetrics, c: TrainConfig, scale: ScaleHealth | None, fp8: F
         add(cat, f"non-finite {what} at step {step} (loss {value:g}){where}")
     finite = m.first_nonfinite is None
     judged = _judged_steps(m, c, verdict.details)
-    later = LaterSteps(m.drift, peer.drift if isinstance(peer, LoopPeer) else None,
-                       peer.loop if isinstance(peer, LoopPeer) else "standard_step", _first_applied(m))
+    later = _later_steps(m, peer, verdict.details)
     loss_widened = [later.allowance(i, lambda d: d.loss_allowance(i)) for i in range(m.steps)]
     loss_allowed = [c.loss_rtol + w for w, _ in loss_widened]
     over = [(d - loss_allowed[i], i) for i, d in enumerate(m.loss_deviation)
@@ -151,7 +150,7 @@ def judge_run(m: TrainMetrics, c: TrainConfig, scale: ScaleHealth | None, fp8: F
                         f"at step {worst} > {_allowed(loss_allowed[worst], c.loss_rtol)} allowed for {c.id}"
                         f"{later.clause(worst, *loss_widened[worst], c.loss_rtol)}", "the loss limit")
     if c.id != "fp32" and finite:
-        _judge_gradients(m, c, shown_or_failed, judged, later)
+        _judge_gradients(m, c, shown_or_failed, judged, later, verdict.details)
         _judge_against_peer(m, c, peer, verdict)
     if m.unresolved and c.id != "fp32":
         groups = ", ".join(f"{g} ({v:.3g} dB)" for g, v in sorted(m.unresolved.items()))
@@ -186,6 +185,20 @@ def judge_run(m: TrainMetrics, c: TrainConfig, scale: ScaleHealth | None, fp8: F
 
 
 
+def _later_steps(m: TrainMetrics, peer: LoopPeer | str | None, details: list[str]) -> LaterSteps:
+    """What later steps' limits grow by: fp32's drift, and the careful loop's where it skipped the
+    steps this run skipped (else its steps are not this run's, said in the details)."""
+    first = _first_applied(m)
+    if not isinstance(peer, LoopPeer) or peer.drift is None:
+        return LaterSteps(m.drift, first=first)
+    if peer.skipped != list(m.skipped):
+        details.append(f"later steps not widened by the careful loop's drift: it skipped steps "
+                       f"{', '.join(map(str, peer.skipped)) or 'none'} where this run skipped "
+                       f"{', '.join(map(str, m.skipped)) or 'none'}, so its steps are not this run's")
+        return LaterSteps(m.drift, first=first)
+    return LaterSteps(m.drift, peer.drift, peer.loop, max(first if first is not None else 0, peer.step))
+
+
 def _first_applied(m: TrainMetrics) -> int | None:
     return next((i for i, r in enumerate(m.grad_norm_ratio) if r is not None), None)
 
@@ -204,7 +217,8 @@ def _judged_steps(m: TrainMetrics, c: TrainConfig, details: list[str]) -> range:
     return range(first + 1)
 
 
-def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: range, later_steps: LaterSteps) -> None:
+def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: range, later_steps: LaterSteps,
+                     details: list[str]) -> None:
     """Gradient SQNR (first and worst step), gradient-norm ratio and final-parameter SQNR against
     the floors of the compute format, later steps' widened (``LaterSteps``); a config that shows
     underflow reports them."""
@@ -231,6 +245,7 @@ def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: r
     floors = {g: min(first, m.group_floor_db.get(g, first)) for g in m.group_grad_sqnr_db}
     bad = {g: v for g, v in m.group_grad_sqnr_db.items() if not v >= floors[g]}
     later_over = []  # (excess error, step, group, SQNR, the least SQNR allowed there, widening, its drift)
+    gross: dict[int, list[str]] = {}  # step -> groups where the careful loop kept nothing of the gradient
     for i, groups in m.grad_sqnr_by_step.items():
         if i not in judged:
             continue
@@ -239,8 +254,14 @@ def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: r
                 continue
             widen, source = later_steps.allowance(i, lambda d: d.grad_allowance(i, g))
             allowed = db_to_error(later) + widen
+            if allowed >= 1.0 and source is later_steps.careful:
+                gross.setdefault(i, []).append(g)
             if not math.isnan(db) and db_to_error(db) > allowed:
                 later_over.append((db_to_error(db) - allowed, i, g, db, error_to_db(allowed), widen, source))
+    if gross:
+        where = "; ".join(f"step {i}: {', '.join(gs)}" for i, gs in sorted(gross.items()))
+        details.append(f"the careful loop ({later_steps.loop}) itself kept nothing of the gradient by then ({where}): "
+                       "there only an error larger than the gradient fails")
     clause = ""
     if bad or later_over:
         parts = [f"{v:.3g} dB in {g} at the first step < {floors[g]:.3g} dB" for g, v in sorted(bad.items())]
