@@ -62,7 +62,7 @@ from pytest_precision.training.lightning import lightning_spec
 
 clip = dict(gradient_clip_val=0.5, gradient_clip_algorithm="norm")
 for name, cls, kw in (("lit", L.Lit, dict(accumulate_grad_batches=2, **clip)), ("own_clipping", L.OwnClipping, clip),
-                      ("manual", L.Manual, {}), ("self_call", L.SelfCall, dict(accumulate_grad_batches=2, **clip)),
+                      ("manual", L.Manual, {}), ("self_call", L.BuildsItsScale, dict(accumulate_grad_batches=2, **clip)),
                       ("zero_grad_each_batch", L.ZeroGradEachBatch, dict(accumulate_grad_batches=2)),
                       ("clips_after_backward", L.ClipsAfterBackward, dict(accumulate_grad_batches=2)),
                       ("unscales_again", L.UnscalesAgain, clip), ("manual_plain_backward", L.ManualPlainBackward, {})):
@@ -78,7 +78,8 @@ def test_lightning_modules_pass_first_run_and_each_planted_defect_fails(pytester
     pytester.makeconftest(MODULES)
     # single-process configs, and for the module calling self(x) in its step one DDP and one FSDP2 config: the
     # ranks run the step through the wrapper, the inner call reaching its forward (before, it re-entered
-    # training_step and crashed)
+    # training_step and crashed); its forward builds a tensor in the default dtype, which FSDP2's bfloat16
+    # param_dtype makes bfloat16 there as Lightning's "bf16-true" does (before, float != BFloat16)
     result = pytester.runpytest("--precision-suite", "-p", "no:cacheprovider", "-k",
                                 "train_step and trajectory and (not ddp and not fsdp or self_call and (ddp-bf16 or "
                                 "fsdp-bf16-trajectory))", "--precision-update-baselines")
