@@ -351,7 +351,11 @@ def test_an_edit_of_the_target_draws_new_fresh_inputs(pytester, unpinned_fresh_s
     assert seed_of(body.replace("> 0", "> -1"))[0].group(1) != first.group(1)
 
 
-def test_a_failing_explored_seed_is_replayed_first_until_it_passes(pytester, unpinned_fresh_seed):
+def test_a_failing_explored_seed_is_replayed_first_until_it_passes(pytester, unpinned_fresh_seed, monkeypatch):
+    # the explored seeds in a fixed order (each run's new_seed), so that the case this test replays is
+    # the same every run: a random one once drew a shape where correct SDPA's dq is 1.03 x its budget
+    seeds = iter(range(1, 1000))
+    monkeypatch.setattr("pytest_precision.runner.options.new_seed", lambda: next(seeds))
     _setup(pytester, PLAIN_SDPA)
     own_fails = _attention_fresh(pytester, cache=False).parseoutcomes().get("failed", 0)
     failing = None
