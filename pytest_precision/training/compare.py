@@ -224,9 +224,8 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
         for g, names in groups.items():
             if g in noise and i == first:
                 continue
-            s = tensors_sqnr_db(a, b, names)
+            s, top = _group_error(a, b, names)
             by_step.setdefault(i, {})[g] = s
-            top = _largest_error(a, b, names)
             if top is not None:
                 error_in.setdefault(i, {})[g] = top
             if g not in noise and (worst_at is None or s < worst):  # noise at the first step is noise later
@@ -273,13 +272,19 @@ def compare_trajectories(run: Trajectory, ref: Trajectory, config: TrainConfig |
         first_update_db=_first_update_db(run, exact), fp32_first_update_db=_first_update_db(ref, exact))
 
 
-def _largest_error(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], names: list[str]) -> str | None:
-    """The parameter among ``names`` whose gradient differs most from ``ref``'s (by the norm of the
-    difference): where a group's error is."""
-    errors = {n: float(torch.linalg.vector_norm(out[n].double() - ref[n].double()))
-              for n in names if n in out and n in ref}
-    top = max(errors, key=lambda n: (errors[n], n), default=None)
-    return top if top is not None and errors[top] > 0 else None
+def _group_error(out: dict[str, torch.Tensor], ref: dict[str, torch.Tensor], names: list[str]) -> tuple[float, str | None]:
+    """The SQNR of the named tensors together (``tensors_sqnr_db``'s), and the parameter whose gradient
+    differs most from ``ref``'s (by the norm of the difference: where the group's error is; None where
+    nothing differs or ``out`` is not finite), from one pass over the differences."""
+    names = [n for n in names if n in ref and n in out]
+    if not names:
+        return float("nan"), None
+    if not all(bool(torch.isfinite(out[n]).all()) for n in names):
+        return float("-inf"), None
+    errors = {n: float(torch.linalg.vector_norm(out[n].double() - ref[n].double())) for n in names}
+    signal = math.sqrt(sum(float(torch.linalg.vector_norm(ref[n].double())) ** 2 for n in names))
+    top = max(errors, key=lambda n: (errors[n], n))
+    return sqnr_db(signal, math.sqrt(sum(e * e for e in errors.values()))), (top if errors[top] > 0 else None)
 
 
 def _first_update_db(t: Trajectory, exact: ExactStep | None) -> float:

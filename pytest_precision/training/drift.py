@@ -86,28 +86,28 @@ def _log_distance(a: float | None, b: float | None) -> float:
     return abs(math.log(a / b)) if a > 0 and b > 0 and math.isfinite(a) and math.isfinite(b) else math.inf
 
 
-def drift_between(fp32, float64, groups: dict[str, list[str]],
+def drift_between(run, ref, groups: dict[str, list[str]],
                   sqnr_db: Callable[[dict, dict, list[str]], float], multiple: float = DRIFT_MULTIPLE) -> Drift:
-    """A run's distance from its reference (``fp32`` from ``float64`` here; both ``run.Trajectory`` of
-    the same spec, from the same start) at each step, as the largest up to it; ``sqnr_db(out, ref,
-    names)`` is the SQNR of named tensors (``compare.tensors_sqnr_db``, which builds the metrics from
-    this drift)."""
-    def _error(out, ref, names) -> float:
-        db = sqnr_db(out, ref, names)
+    """``run``'s distance from its reference ``ref`` (fp32's from the float64 run here, the careful
+    loop's from its fp32 run in ``training.peer``; both ``run.Trajectory`` of the same spec, from the
+    same start) at each step, as the largest up to it; ``sqnr_db(out, ref, names)`` is the SQNR of
+    named tensors (``compare.tensors_sqnr_db``, which builds the metrics from this drift)."""
+    def _error(out, against, names) -> float:
+        db = sqnr_db(out, against, names)
         return 0.0 if math.isnan(db) else db_to_error(db)
 
     loss, norm, grads = [], [], []
     top_loss, top_norm, top_grads = 0.0, 0.0, {g: 0.0 for g in groups}
-    for i in range(len(fp32.losses)):
-        a, b = fp32.losses[i], float64.losses[i] if i < len(float64.losses) else math.nan
+    for i in range(len(run.losses)):
+        a, b = run.losses[i], ref.losses[i] if i < len(ref.losses) else math.nan
         top_loss = max(top_loss, abs(a - b) / abs(b) if b and math.isfinite(a) and math.isfinite(b) else 0.0)
-        top_norm = max(top_norm, _log_distance(fp32.grad_norms[i], float64.grad_norms[i] if i < len(float64.grad_norms)
+        top_norm = max(top_norm, _log_distance(run.grad_norms[i], ref.grad_norms[i] if i < len(ref.grad_norms)
                                                else None))
-        ga, gb = fp32.grads.get(i), float64.grads.get(i)
+        ga, gb = run.grads.get(i), ref.grads.get(i)
         if ga is not None and gb is not None:
             for g, names in groups.items():
                 top_grads[g] = max(top_grads[g], _error(ga, gb, names))
         loss.append(top_loss)
         norm.append(top_norm)
         grads.append(dict(top_grads))
-    return Drift(loss, norm, grads, _error(fp32.final, float64.final, list(fp32.final)), multiple)
+    return Drift(loss, norm, grads, _error(run.final, ref.final, list(run.final)), multiple)
