@@ -193,11 +193,13 @@ def _ddp_body(rank: int, dev: torch.device, backend: str, spec: TrainSpec, batch
 
 
 def _rank_main(rank, world_size, port, device, backend, fns, fields, payload, workdir, timeout_s, body=_ddp_body):
-    """One rank: joins the group, loads its batch, runs ``body`` (a module-level function, pickled by
-    name); rank 0 saves what ``body`` returns. A failure is written where the parent reads it."""
+    """One rank: joins the group, loads its batch, runs ``body`` (a module-level function, or its
+    ``module:qualname``); rank 0 saves what ``body`` returns. A failure is written where the parent
+    reads it."""
     torch.set_num_threads(1)  # N ranks on a few cores: OpenMP threads per rank would oversubscribe
     at = RankStage("importing model_fn/loss_fn")
     try:
+        body = _resolve(body) if isinstance(body, str) else body
         model_fn, loss_fn = (_resolve(path) if path else None for path in fns)
         # the parent's spec minus what the ranks do not run: the loss is computed as the spec computes
         # it; ``fields``: its seed and the modules it declares float32
@@ -273,9 +275,14 @@ def run_ranks(spec: TrainSpec, batches: list, device: str, world_size: int, payl
     with tempfile.TemporaryDirectory(prefix="precision-ranks-") as workdir:
         for rank, batch in enumerate(batches):  # a step's MicroBatches as the plain list the ranks can load
             torch.save(list(batch) if isinstance(batch, MicroBatches) else batch, os.path.join(workdir, f"batch{rank}.pt"))
-        procs = [ctx.Process(target=_rank_main, daemon=True, args=(
+        # the rank's entry and body go by name: a function object pickles only while its module is the
+        # one in sys.modules, and a module imported again since (pytester's sessions drop the modules
+        # they imported) leaves this one's functions stale
+        by_name = "<" not in body.__qualname__  # a nested function has no name to go by: pickled as it is
+        body_path = f"{body.__module__}:{body.__qualname__}" if by_name else body
+        procs = [ctx.Process(target=_resolve(f"{__name__}:_rank_main"), daemon=True, args=(
             rank, world_size, port, device, backend, fns, {"seed": spec.seed, "keep_fp32": spec.keep_fp32}, payload,
-            workdir, timeout_s, body))
+            workdir, timeout_s, body_path))
             for rank in range(world_size)]
         deadline = time.monotonic() + timeout_s
         try:
