@@ -8,6 +8,8 @@ or, for training, a plain kind:
 - ``attention``: attention, with its SDPA backend variants;
 - ``attention_masks``: the attention kind's masks, oracle and peer, and the fully masked row's
   conventions;
+- ``attention_floors``: the floors under the attention kind's budgets (what fp32 arithmetic leaves in
+  any kernel, the gradients' cancelled terms included);
 - ``attention_regimes``: the attention kind's seeded regimes and its fresh regime;
 - ``norm``: layer_norm and rms_norm (suite ``norm``);
 - ``norm_inputs``: the norm kinds' inputs, seeded regimes and fresh regime;

@@ -56,6 +56,7 @@ from pytest_precision.kinds import (ABS_ERROR_TABLE, GRAD_PEER_FACTOR, NO_VARIAN
                                     declared_flag, format_of, triton_error, uses_triton)
 from pytest_precision.strategies import AttentionInputs
 
+from .attention_floors import CancelledTerms, cancelled_terms, error_floor
 from .attention_regimes import BASE_SEED, REGIMES, fresh_attention_regime
 from .attention_masks import (FULLY_MASKED, allowed_keys, attention_scores, fully_masked_hint, fully_masked_returned,
                               fully_masked_sentence, reference_attention)
@@ -99,16 +100,6 @@ def _distance(out: torch.Tensor, exact: dict, causal: bool, a: AttentionInputs, 
     if bool((torch.isfinite(ref) != torch.isfinite(out)).any()) or not bool(both.any()):
         return None
     return float((out[both] - ref[both]).abs().max())
-
-
-def error_floor(top: float, dtype: torch.dtype, logit_top: float) -> float:
-    """The max-abs error no implementation is held below: ULP_FLOOR ULPs of the dtype at the
-    largest magnitude, plus the conditioning of exp. Every kernel holds scores in fp32 at best,
-    so a score of magnitude |s| is off by up to |s| 2^-24 and exp(s) by that much relative;
-    softmax, output and gradients inherit it. Measured on CPU with torch 2.13: SDPA's flash
-    backend in fp32 at q scale 40 (|s| up to about 120) has dv 9e-6 off at magnitude 4, ten times
-    eager math's error yet within this term; in 16-bit dtypes the first term dominates."""
-    return ULP_FLOOR * top * (format_of(dtype).eps + max(1.0, logit_top) * 2.0 ** -24)
 
 
 def sdpa(q, k, v, causal: bool = False, key_padding_mask=None):
@@ -393,23 +384,32 @@ class AttentionKind(TensorKind):
     def peer(self, q, k, v, causal=False, key_padding_mask=None, lower_right=False, fully_masked="zero"):
         return reference_attention(q, k, v, causal, key_padding_mask, lower_right, fully_masked)
 
+    def rule_facts(self, ctx) -> tuple[float, CancelledTerms]:
+        """The largest finite score's magnitude (exp's conditioning) and the size of the terms that
+        cancel in dq and dk (``attention_floors``), from the float64 inputs."""
+        exact, a = ctx.exact, ctx.inputs
+        lower_right = a.causal_alignment == "bottom-right"
+        with torch.no_grad():
+            scores = attention_scores(exact["q"], exact["k"], a.causal, a.key_padding_mask, lower_right)
+        logit_top = float(scores[torch.isfinite(scores)].abs().max())
+        upstream = ctx.upstream(exact["q"].shape)
+        return logit_top, cancelled_terms(exact["q"], exact["k"], exact["v"], upstream, a.causal, a.key_padding_mask,
+                                          lower_right, a.fully_masked)
+
     def output_rule(self, ctx, name, out, peer, ref) -> OutputRule:
         rule = super().output_rule(ctx, name, out, peer, ref)
-        exact, a = ctx.exact, ctx.inputs
+        logit_top, cancelled = ctx.facts
         finite = ref[torch.isfinite(ref)]
         top = float(finite.abs().max()) if finite.numel() else 0.0
-        with torch.no_grad():
-            scores = attention_scores(exact["q"], exact["k"], a.causal, a.key_padding_mask,
-                                      a.causal_alignment == "bottom-right")
-            logit_top = float(scores[torch.isfinite(scores)].abs().max())
         rule.underflow_floor = top * format_of(rule.dtype).eps  # zeros below this are cancellation
         rule.peer_factor = PEER_FACTOR if name == "out" else GRAD_PEER_FACTOR
         # the same floor under the regression budget: the interpreted Triton kernel in fp32 at q scale
         # 40 is 1.6e-6 or 4.9e-6 off depending on OpenBLAS's kernel (its tl.dot), and 1.5 x one of them
         # is below the other
-        rule.abs_floor = error_floor(top, rule.dtype, logit_top)
+        rule.abs_floor = error_floor(top, rule.dtype, logit_top) + cancelled.max_floor(name)
         rms = float(finite.pow(2).mean().sqrt()) if finite.numel() else 0.0
-        rule.rms_floor = ULP_FLOOR * rms * max(1.0, logit_top) * 2.0 ** -24  # exp's conditioning at the RMS magnitude
+        # exp's conditioning at the RMS magnitude, and the cancelled terms' RMS size
+        rule.rms_floor = ULP_FLOOR * rms * max(1.0, logit_top) * 2.0 ** -24 + cancelled.rms_floor(name)
         rule.peer_rms_floor = rule.rms_floor  # the RMS error limited too: PEER_RMS_FACTOR x the peer's plus this
         rule.peer_rms_factor = PEER_RMS_FACTOR if name == "out" else GRAD_PEER_RMS_FACTOR
         return rule

@@ -3,6 +3,7 @@ defect is caught and named."""
 from pathlib import Path
 
 import pytest
+import torch
 from machine import NOT_KERNELS, ON_CPU
 
 pytest_plugins = ["pytester"]
@@ -291,3 +292,40 @@ def test_an_unknown_fully_masked_convention_is_refused():
     with pytest.raises(ValueError, match="target 'bad': fully_masked='inf': expected one of 'zero', 'nan', 'mean'"):
         pytest_precision.register("bad", lambda q, k, v, causal: q, kind="attention", fully_masked="inf")
     registry.clear()
+
+
+# correct SDPA in fp32 past 3 x the peer's error plus the old floor on fresh shapes (attention_floors):
+# seed 1300278142 draws a causal 25 x 40 case over grouped-query heads whose query row 0 sees one key
+# (exact dq 0; SDPA's flash backend left 1.03 x the old budget there), 1620 a non-causal 37 x 32 case
+# (dq 1.34 x, dk 1.25 x); the same shapes with the scores' scale off by 1e-4 stay red
+GQA_SDPA = """
+import torch.nn.functional as F
+
+@pytest_precision.register("gqa_sdpa", kind="attention", sdpa=False)
+def gqa_sdpa(q, k, v, causal):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True{SCALE})
+"""
+
+
+@pytest.mark.parametrize("seed", [1300278142, 1620])
+@pytest.mark.parametrize("scale, verdict", [("", "passed"), (", scale=(1 + 1e-4) / q.shape[-1] ** 0.5", "failed")])
+def test_fp32_gradients_whose_terms_cancel_pass_with_correct_sdpa_and_a_scale_off_by_1e_4_fails(
+        pytester, seed, scale, verdict):
+    pytester.makeconftest("import torch\nimport pytest_precision\n" + GQA_SDPA.replace("{SCALE}", scale))
+    pytester.makeini("[pytest]\n")
+    result = _run(pytester, *ON_CPU, "--precision-configs=fp32", f"--precision-fresh-seed={seed}", "-k", "fresh")
+    result.assert_outcomes(**{verdict: 1})
+
+
+def test_the_cancelled_terms_of_a_query_that_sees_one_key_are_its_dot_products():
+    """Row 0 of a causal mask: P = 1 on key 0 and O_0 = v_0, so dq's terms are scale 2 |dO_0|.|v_0| |k_0|."""
+    from pytest_precision.suites.attention_floors import cancelled_terms
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v, d_out = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    terms = cancelled_terms(q, k, v, d_out, causal=True)
+    scale = 8 ** -0.5
+    expected = scale * 2 * (d_out[..., 0, :] * v[..., 0, :]).abs().sum(-1, keepdim=True) * k[..., 0, :].abs()
+    torch.testing.assert_close(terms.sizes["dq"][..., 0, :], expected)
+    assert terms.max_floor("dq") == 2 * 2.0 ** -24 * float(terms.sizes["dq"].max())
+    assert terms.max_floor("dv") == 0.0  # no softmax backward in dv
