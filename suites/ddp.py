@@ -23,9 +23,8 @@ import torch
 
 from pytest_precision.kinds import Memo
 from pytest_precision.training import TrainConfig, TrainSpec
-from pytest_precision.training.baseline import rates_line
-from pytest_precision.training.distributed import HookComparison, compare_ddp_hooks
-from pytest_precision.training.limits import DDP_MARGIN_DB, sqnr_floor_db as _floor
+from pytest_precision.kinds.training import (DDP_MARGIN_DB, HookComparison, compare_ddp_hooks, rates_line,
+                                             sqnr_floor_db as _floor)
 
 from .distributed_case import DistributedCase, OneStepEvidence, SqnrFloor, below_range_lines, one_step_record
 

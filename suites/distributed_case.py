@@ -27,9 +27,8 @@ from dataclasses import dataclass, field
 from pytest_precision.kinds import (BaselineCheck, Case, Evidence, Memo, Outcome, Problem, TargetError,
                                     baseline_problems, skip)
 from pytest_precision.training import LossContractError, TrainConfig, TrainingError, TrainSpec
-from pytest_precision.training.baseline import DDPEntry, rates_line
-from pytest_precision.training.distributed import HookComparison, RankRunError
-from pytest_precision.training.limits import UNDERFLOW_LIMIT, limit_problem
+from pytest_precision.kinds.training import (DDPEntry, HookComparison, RankRunError, UNDERFLOW_LIMIT, limit_problem,
+                                             rates_line)
 
 __all__ = ["DistributedCase", "OneStepEvidence", "SqnrFloor", "gradient_problems", "one_step_record",
            "worst_rate", "below_range_lines"]

@@ -25,11 +25,8 @@ import math
 
 from pytest_precision.kinds import Memo, Problem
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainSpec
-from pytest_precision.training.baseline import rates_line
-from pytest_precision.training.compare import unresolved_reason
-from pytest_precision.training.distributed import HookComparison
-from pytest_precision.training.fsdp import BatchShardError, FSDPComparison, compare_fsdp
-from pytest_precision.training.limits import first_step_floor_db
+from pytest_precision.kinds.training import (BatchShardError, FSDPComparison, HookComparison, compare_fsdp,
+                                             first_step_floor_db, rates_line, unresolved_reason)
 
 from .distributed_case import DistributedCase, OneStepEvidence, SqnrFloor, below_range_lines, one_step_record
 

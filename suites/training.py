@@ -61,16 +61,10 @@ from pytest_precision.kinds import (BaselineCheck, Case, Kind, Memo, Outcome, Ta
                                     bf16_as_on_gpu, skip)
 from pytest_precision.training import (TRAIN_CONFIGS, ExactStep, TrainConfig, TrainingError, TrainSpec, Trajectory,
                                        check_determinism, compare_trajectories, exact_first_step, run_training)
-from pytest_precision.training.baseline import TrajectoryEntry
-from pytest_precision.training.float64 import float64_step
-from pytest_precision.training.run import GlobalStateError, ModelDtypeWarning, built_dtype_note, judged_state
-from pytest_precision.training.distributed import ddp_skip_reason
-from pytest_precision.training.fsdp import fsdp_skip_reason
-from pytest_precision.training.loss_scale import scale_health
-from pytest_precision.training.accumulation import exact_batch_gradients, judge_accumulation
-from pytest_precision.training.checkpointing import judge_checkpoint
-from pytest_precision.training.peer import LoopPeer, fp32_first_step, fp32_whole_run, run_peer
-from pytest_precision.training.verdicts import judge_run
+from pytest_precision.kinds.training import (GlobalStateError, LoopPeer, ModelDtypeWarning, TrajectoryEntry,
+                                             built_dtype_note, ddp_skip_reason, exact_batch_gradients, float64_step,
+                                             fp32_first_step, fp32_whole_run, fsdp_skip_reason, judge_accumulation,
+                                             judge_checkpoint, judge_run, judged_state, run_peer, scale_health)
 
 from . import ddp, fsdp, training_seeds
 from .training_faults import step_fault, traced_step

@@ -13,7 +13,7 @@ import dataclasses
 
 from pytest_precision.kinds import Fault, OpTracer, RngState, as_harness, first_fault, tracing
 from pytest_precision.training import FLOAT64, TrainConfig, TrainSpec, prepare_training
-from pytest_precision.training.spec import single_step
+from pytest_precision.kinds.training import single_step
 
 __all__ = ["step_fault", "traced_step"]
 

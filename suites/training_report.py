@@ -12,16 +12,10 @@ import math
 from tabulate import tabulate
 
 from pytest_precision.kinds import Evidence, SummaryTable, fmt, format_seconds
-from pytest_precision.training.loss_precision import LowPrecisionLoss
-from pytest_precision.training.peer import LoopPeer
+from pytest_precision.kinds.training import (Fp8Counts, LoopPeer, LowPrecisionLoss, OUTPUT, ScaleHealth,
+                                             TrajectoryBudget, built_dtype_note, first_step_floor_db, history_text,
+                                             later_step_floor_db, percent, rates_line, speedup_text, worst_text)
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainMetrics
-from pytest_precision.training.baseline import OUTPUT, rates_line
-from pytest_precision.training.budget import TrajectoryBudget
-from pytest_precision.training.fp8 import Fp8Counts, worst_text
-from pytest_precision.training.compare import speedup_text
-from pytest_precision.training.loss_scale import ScaleHealth, history_text
-from pytest_precision.training.limits import first_step_floor_db, later_step_floor_db, percent
-from pytest_precision.training.run import built_dtype_note
 
 from .training_seeds import render_rates, seeds_of
 

@@ -14,9 +14,8 @@ from tabulate import tabulate
 
 from pytest_precision.kinds import BaselineResult, Case, Evidence, Memo, Outcome, TargetError
 from pytest_precision.training import TRAIN_CONFIGS, TrainConfig, TrainingError, TrainSpec
-from pytest_precision.training.run import GlobalStateError
-from pytest_precision.training.success_rate import (ALPHA, SeedRates, SeedRun, least_failing_count, rates_of,
-                                                    seed_runs, seeded_spec)
+from pytest_precision.kinds.training import (ALPHA, GlobalStateError, SeedRates, SeedRun, least_failing_count, rates_of,
+                                             seed_runs, seeded_spec)
 
 from .training_faults import step_fault
 

@@ -23,9 +23,9 @@ holds them to it) imports what it needs from this package's namespace, never fro
   to replay a call); Triton (:func:`uses_triton`, :func:`triton_error`, :func:`bf16_as_on_gpu`,
   :func:`as_harness`).
 
-The train_step kind (``suites/training.py`` and the modules it names) drives the training engine,
-``pytest_precision.training``, whose modules it imports: a kind built on an engine of its own does
-the same with its engine.
+A kind driving the training engine imports it from ``pytest_precision.kinds.training`` (the
+train_step kind, ``suites/training.py`` and the modules it names, does), a thin re-export that is
+not imported with this package.
 
 The modules behind it are internal: they move and change without notice. The tensor template
 and its machinery are the folder ``tensor/`` (its own docstring lists them).
@@ -40,7 +40,8 @@ and its machinery are the folder ``tensor/`` (its own docstring lists them).
 - ``session``: :class:`RunState`, what one session's cases learn for the next, and its typed memos;
 - ``compiled``: the ``+compiled`` variant;
 - ``outcome``: a case's outcome and message; ``record``: the typed record of one suite case;
-- ``tables``: the summary tables; ``details``: per-case report detail.
+- ``tables``: the summary tables; ``details``: per-case report detail;
+- ``training``: the training engine's surface for a kind built on it (public, above).
 """
 from ..baselines.entry import BaselineResult
 from ..baselines.lifecycle import BaselineCheck
