@@ -14,9 +14,12 @@ or, for training, a plain kind:
 - ``norm``: layer_norm and rms_norm (suite ``norm``);
 - ``norm_inputs``: the norm kinds' inputs, seeded regimes and fresh regime;
 - ``cross_entropy``: cross_entropy, a loss over class targets;
+- ``cross_entropy_inputs``: the cross_entropy kind's inputs, seeded regimes and fresh regime;
 - ``op``: op, any tensor operation declared as data at registration;
-- ``op_inputs``: an op target's ``inputs=`` declaration, normalised;
-- ``op_call``: one regime's inputs of an op target, as it is called with them;
+- ``op_inputs``: an op target's ``inputs=`` declaration, normalised, and the inputs as a config's
+  arithmetic may move them;
+- ``op_call``: one regime's inputs of an op target, as it is called with them, and what a call returned
+  wrong;
 - ``training``: train_step (suite ``training``);
 - ``training_report``: what a train_step case shows, and the training summary table;
 - ``training_seeds``: the success-rate cases;

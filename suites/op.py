@@ -43,7 +43,7 @@ Budgets on absolute error: the peer factor x the peer's max error plus ``ULP_FLO
 dtype at the output's largest magnitude, and the peer factor x its RMS error plus
 ``RMS_FLOOR_ULPS`` ULPs at the output's RMS magnitude (a sum kept in 16 bits shows there first).
 Both grow by the peer factor x how far the exact result moves when the floating inputs move as the
-config's arithmetic may move them (``_moved``): rounded to the autocast dtype (a float32 peer never
+config's arithmetic may move them (``moved_inputs``): rounded to the autocast dtype (a float32 peer never
 sees that rounding, and no implementation under autocast escapes it) or to TF32, elsewhere by a
 few float32 ULPs (the backward error of float32 arithmetic, which the exact-result peer of fp32
 lacks). The golden's typical-error floor is ``ULP_FLOOR`` float32 ULPs at the RMS magnitude plus
@@ -93,8 +93,9 @@ from pytest_precision.kinds import (ABS_ERROR_TABLE, GRAD_PEER_FACTOR, PEER_FACT
                                     DrawnRegime, MeasureContext, Memo, OutputRule, Regime, Target, TargetError,
                                     TensorKind, abs_floor, compare, declared_dtypes, float32_as_float64, format_of)
 
-from .op_call import OpCall, batch_dims
-from .op_inputs import BASE_SEED, OpInputs, declared_callable, declared_inputs
+from .op_call import OpCall, batch_dims, dtypes_of, lost_where_finite, one_tensor_rule
+from .op_inputs import (BASE_SEED, FLOAT32_GRAD_MOVE_ULPS, OpInputs, declared_callable, declared_inputs, moved_inputs,
+                        round_to_tf32)
 
 __all__ = ["OP", "OpKind", "OpInputs", "round_to_tf32", "BASE_SEED", "DEFAULT_EXAMPLES"]
 
@@ -104,42 +105,6 @@ REPEATABLE: Memo[tuple, bool] = Memo("(target, regime) -> seen to give the same 
 # the output alone costs about 0.2 (measured: fp16 matmuls accumulated in fp32), a few more
 # roundings inside (a composite GELU) about twice that; a sum kept in fp16 over 64 terms 1.2
 RMS_FLOOR_ULPS = 0.5
-# the backward error granted to float32 arithmetic, in ULPs per input (see _moved): a reduction of
-# n terms has one of up to n ULPs; measured in fp32 against the exact result, torch.matmul over
-# 4096 terms and an MLP of width 1024 (forward and gradients) stay under 40 % of the budget with 4,
-# and an MLP of width 512 failed its RMS limit with 1
-FLOAT32_MOVE_ULPS = 4.0
-# the same for the gradients judged against the exact result rounded (no peer runs float32 arithmetic):
-# an elementwise op's backward evaluates terms larger than its result (GELU-tanh's 1 - tanh^2 cancels
-# ones ~10 x it), and torch's float32 backwards of tanh-GELU, SiLU and softplus err by up to 7.7 ULPs
-# of the gradient's largest value, 1.1 x the budget with 4 ULPs of move (see README, op kind)
-FLOAT32_GRAD_MOVE_ULPS = 16.0
-
-
-def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
-    """``x`` rounded (to nearest, ties to even) to TF32's 10 fraction bits in float32's range, as a
-    TF32 matmul reads its operands."""
-    x32 = x.to(torch.float32)
-    bits = x32.view(torch.int32)
-    rounded = ((bits + 0x0FFF + ((bits >> 13) & 1)) & ~0x1FFF).view(torch.float32)
-    return torch.where(torch.isfinite(x32), rounded, x32).to(x.dtype)
-
-
-def _moved(config, seed: int, ulps: float = FLOAT32_MOVE_ULPS) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The inputs (exact, float64) as a correct implementation under ``config`` may as well have
-    seen them: rounded to the dtype autocast computes in, or to TF32; elsewhere each moved by a
-    random +-``ulps`` ULPs of float32 (seeded), the backward error of float32 arithmetic inside
-    (negligible next to a 16-bit output's rounding)."""
-    if getattr(config, "autocast_dtype", None) is not None:
-        dtype = config.autocast_dtype
-        return lambda t: t.to(dtype).to(torch.float64)
-    if getattr(config, "tf32", False):
-        return lambda t: round_to_tf32(t.to(torch.float32)).to(torch.float64)
-    g = torch.Generator().manual_seed(seed)
-    spread = ulps * 2.0 ** -23
-    return lambda t: t * (1 + spread * (2 * torch.rand(t.shape, generator=g, dtype=torch.float64) - 1))
-
-
 def _range_floor(ctx: MeasureContext, name: str) -> float:
     """What a float32 intermediate below float32's normal range may lose (its value: torch's CPU
     sigmoid is 1 / (1 + exp(-x)), 0 once exp overflows below x = -88.7, where SiLU is still a
@@ -149,31 +114,6 @@ def _range_floor(ctx: MeasureContext, name: str) -> float:
     if name != OpKind.forward_output:
         factor *= max(1.0, float(ctx.upstream(ctx.facts[OpKind.forward_output].shape).abs().max()))
     return factor * torch.finfo(torch.float32).tiny
-
-
-def _lost(peer: torch.Tensor, ref: torch.Tensor) -> str | None:
-    """What a peer lost where the exact result is finite (inf, NaN, or 0 where the exact value is a normal
-    number of the peer's dtype: an intermediate that overflowed, as rsqrt(inf)), in a few words; None if
-    nothing."""
-    finite = torch.isfinite(ref)
-    p = peer.detach().to(ref.device)
-    tiny = torch.finfo(p.dtype).tiny if p.is_floating_point() else 0.0
-    inf, nan = int((torch.isinf(p) & finite).sum()), int((torch.isnan(p) & finite).sum())
-    zero = int(((p == 0) & finite & (ref.abs() >= tiny)).sum())
-    if not inf and not nan and not zero:
-        return None
-    return ", ".join(f"{n} {w}" for n, w in ((inf, "overflowed to inf"), (nan, "NaN"), (zero, "lost to 0")) if n) + \
-        f" of {ref.numel()} elements where the exact result is finite"
-
-
-def _one_tensor(out: Any) -> str:
-    """What a call returned instead of one tensor, and the rule."""
-    what = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
-    return f"{what}: an op target returns one tensor (register one target per output)"
-
-
-def _dtypes(values: dict[str, torch.Tensor]) -> list[str]:
-    return list(dict.fromkeys(str(v.dtype).removeprefix("torch.") for v in values.values()))
 
 
 class OpKind(TensorKind):
@@ -314,7 +254,7 @@ class OpKind(TensorKind):
         except Exception as e:
             raise TargetError(f"{where} raised {type(e).__name__}: {e}") from e
         if not isinstance(out, torch.Tensor):
-            raise TargetError(f"{where} returned {_one_tensor(out)}")
+            raise TargetError(f"{where} returned {one_tensor_rule(out)}")
         if out.dtype != torch.float64:
             error = TargetError(f"{where} returned {out.dtype} from float64 inputs: a cast inside it makes it no "
                                 "oracle; declare reference= computing in float64")
@@ -358,7 +298,7 @@ class OpKind(TensorKind):
 
     def validate(self, case, out, values, call, where, wider: bool = False):
         if isinstance(out, (tuple, list)):
-            raise TargetError(f"{where} returned {_one_tensor(out)}")
+            raise TargetError(f"{where} returned {one_tensor_rule(out)}")
         declared = case.target.declared.get("out_dtype")
         if declared is not None and isinstance(out, torch.Tensor) and not wider:
             if out.dtype != declared:
@@ -370,7 +310,7 @@ class OpKind(TensorKind):
             error = TargetError(f"{where}: output dtype {out.dtype}, the kind gives "
                                 f"{' or '.join(map(str, self.output_dtypes(case.config, values)))} under {case.config.id}")
             error.declarations, error.by_design = (Declaration("out_dtype", torch.float32),), True
-            error.features = (f"it returned {out.dtype} from {', '.join(_dtypes(values))} inputs",)
+            error.features = (f"it returned {out.dtype} from {', '.join(dtypes_of(values))} inputs",)
             raise error
         super().validate(case, out, values, call, where, wider=wider)
 
@@ -393,14 +333,14 @@ class OpKind(TensorKind):
     # ---- numerics ----------------------------------------------------------------------------
 
     def rule_facts(self, ctx: MeasureContext) -> dict[str, torch.Tensor]:
-        """The oracle on the inputs moved as the config's arithmetic may move them (``_moved``): how
+        """The oracle on the inputs moved as the config's arithmetic may move them (``moved_inputs``): how
         far that takes the exact result is a floor of the budgets (``output_rule``)."""
         config, grads = ctx.case.config, self.case_grad_inputs(ctx.case, ctx.inputs)
-        move = _moved(config, ctx.grad_seed + 7)
+        move = moved_inputs(config, ctx.grad_seed + 7)
         facts = self.reference_outputs({n: move(e) for n, e in ctx.exact.items()}, ctx.inputs, ctx.grad_seed, grads)
         plain = getattr(config, "autocast_dtype", None) is None and not getattr(config, "tf32", False)
         if grads and plain and self.peer_is_exact(ctx.case, ctx.inputs):  # FLOAT32_GRAD_MOVE_ULPS
-            move = _moved(config, ctx.grad_seed + 7, FLOAT32_GRAD_MOVE_ULPS)
+            move = moved_inputs(config, ctx.grad_seed + 7, FLOAT32_GRAD_MOVE_ULPS)
             wider = self.reference_outputs({n: move(e) for n, e in ctx.exact.items()}, ctx.inputs, ctx.grad_seed, grads)
             facts.update({n: t for n, t in wider.items() if n != self.forward_output})
         return facts
@@ -413,7 +353,7 @@ class OpKind(TensorKind):
         if declared.get("peer") is None:
             if declared.get("reference") is None:
                 peer = ref  # no independent implementation: the exact result, rounded below as the output is
-            elif (lost := _lost(peer, ref)) is not None:
+            elif (lost := lost_where_finite(peer, ref)) is not None:
                 # the declared reference run in the config overflowed or lost values (x.pow(2) at 300 in fp16):
                 # no careful implementation does; its error would set a budget that judges nothing
                 ctx.notes.append(f"{name}: the declared reference, run in {ctx.case.config.id} as the peer, "

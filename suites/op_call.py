@@ -1,6 +1,6 @@
 """One regime's inputs of an op target as the target is called with them (the op kind's
 ``OpCall``): what a generator returned, normalised to named slots, and the floating tensors a
-config rounds."""
+config rounds; and the words for what a call returned wrong (one tensor expected, values lost)."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,7 +9,7 @@ import torch
 
 from pytest_precision.kinds import Target, TargetError
 
-__all__ = ["OpCall", "batch_dims"]
+__all__ = ["OpCall", "batch_dims", "lost_where_finite", "one_tensor_rule", "dtypes_of"]
 
 
 class OpCall:
@@ -106,3 +106,28 @@ def batch_dims(call: OpCall, declared: int | dict) -> dict[str, int]:
     if isinstance(declared, dict):
         return dict(declared)
     return {"out": declared, **{n: declared for n, v in call.slots if isinstance(v, torch.Tensor)}}
+
+
+def lost_where_finite(peer: torch.Tensor, ref: torch.Tensor) -> str | None:
+    """What a peer lost where the exact result is finite (inf, NaN, or 0 where the exact value is a normal
+    number of the peer's dtype: an intermediate that overflowed, as rsqrt(inf)), in a few words; None if
+    nothing."""
+    finite = torch.isfinite(ref)
+    p = peer.detach().to(ref.device)
+    tiny = torch.finfo(p.dtype).tiny if p.is_floating_point() else 0.0
+    inf, nan = int((torch.isinf(p) & finite).sum()), int((torch.isnan(p) & finite).sum())
+    zero = int(((p == 0) & finite & (ref.abs() >= tiny)).sum())
+    if not inf and not nan and not zero:
+        return None
+    return ", ".join(f"{n} {w}" for n, w in ((inf, "overflowed to inf"), (nan, "NaN"), (zero, "lost to 0")) if n) + \
+        f" of {ref.numel()} elements where the exact result is finite"
+
+
+def one_tensor_rule(out: Any) -> str:
+    """What a call returned instead of one tensor, and the rule."""
+    what = f"a {type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+    return f"{what}: an op target returns one tensor (register one target per output)"
+
+
+def dtypes_of(values: dict[str, torch.Tensor]) -> list[str]:
+    return list(dict.fromkeys(str(v.dtype).removeprefix("torch.") for v in values.values()))

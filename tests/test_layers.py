@@ -145,3 +145,10 @@ def test_the_readme_layout_table_lists_each_layers_modules():
         listed = set(re.findall(r"`([a-z_0-9]+\.py)`", cell))
         present = {p.name for p in (ROOT / "pytest_precision" / name).glob("*.py") if p.name != "__init__.py"}
         assert listed == present, f"README layout, {name}/: missing {sorted(present - listed)}, stale {sorted(listed - present)}"
+
+
+def test_no_module_is_over_450_lines():
+    """A module a newcomer reads whole: the package, the suites and the kernels keep each under 450 lines
+    (one idea per module; a kind's inputs and floors live beside it, as ``op_inputs`` and ``attention_floors``)."""
+    long = {m: n for m, p in MODULES.items() if (n := len(p.read_text(encoding="utf-8").splitlines())) > 450}
+    assert long == {}, f"modules over 450 lines: {long}"
