@@ -6,7 +6,7 @@ import time
 import pytest
 
 from .kinds.fresh import seed_line
-from .kinds.registry import clear as clear_targets, forget_project_kinds
+from .kinds import registry
 from .kinds.session import RunState
 from .platform.devices import numerics_key, pin_xdist_worker
 from .reporting.summary import write_terminal_summary
@@ -24,9 +24,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     option_table.add_to(parser)
 
 
+_REGISTRY_KEY = pytest.StashKey["registry.Registry"]()
+_FUSED_KEY = pytest.StashKey[bool]()
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    """ini kinds before the conftests, whose targets may be of those kinds."""
+    """The session's own registry of targets and kinds (kinds.registry), then the ini kinds, before
+    the conftests, whose targets may be of those kinds."""
+    early_config.stash[_REGISTRY_KEY] = registry.open_session()
     load_ini_kinds(early_config)
 
 
@@ -42,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RUN_STATE_KEY] = RunState(fresh_seed=options.fresh_seed, train_seeds=options.train_seeds,
                                            explore=options.explore)
     if options.device.startswith("cuda"):
-        _install_fused_statistics()
+        config.stash[_FUSED_KEY] = _install_fused_statistics()
     config.pluginmanager.register(RunOutputs(config), "precision-outputs")
     if options.run_suite:
         watch_threads(config)  # names the threads the targets leave running
@@ -57,19 +63,31 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return seed_line(options.fresh_seed, options.explore) if options.run_suite else None
 
 
-def _install_fused_statistics() -> None:
-    """On CUDA the comparison's statistics come from the project's Triton kernel (one pass)."""
+def _install_fused_statistics() -> bool:
+    """On CUDA the comparison's statistics come from the project's Triton kernel (one pass); whether
+    it was installed (the session removes it as it ends)."""
     from .platform.triton import triton_installed
 
-    if triton_installed():
-        from .kernels import error_stats
+    if not triton_installed():
+        return False
+    from .kernels import error_stats
 
-        error_stats.install()
+    error_stats.install()
+    return True
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
-    clear_targets()  # registrations belong to one session (pytester runs several in one process)
-    forget_project_kinds()
+    # registrations belong to one session (pytester runs several in one process)
+    session = config.stash.get(_REGISTRY_KEY, None)
+    if session is not None:
+        registry.close_session(session)
+    else:  # the plugin came in after the conftests were read: the registrations it saw are dropped
+        registry.clear()
+        registry.forget_project_kinds()
+    if config.stash.get(_FUSED_KEY, False):
+        from .numerics.metrics import install_fused_statistics
+
+        install_fused_statistics(None)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -106,7 +106,7 @@ def test_an_installed_kind_is_found_through_its_entry_point(tmp_path, monkeypatc
     monkeypatch.setattr(registry, "entry_points", lambda group: [ep] if group == registry.ENTRY_POINT_GROUP else [])
     monkeypatch.setattr(registry, "_discovered", False)
     monkeypatch.setattr(registry, "_PATHS", {})
-    monkeypatch.setattr(registry, "_KINDS", dict(registry._KINDS))
+    monkeypatch.setattr(registry, "_LOADED", dict(registry._LOADED))
     assert "logsumexp" in registry.kind_names()
     assert registry.get_kind("logsumexp").contract.startswith("fn(x) -> logsumexp")
 

@@ -14,6 +14,13 @@ store and a token of pytest's ``-k`` expressions, so it is 1 to 100 ASCII letter
 ``_ . + -`` (an ini target's name is its ``module:function``), and two names that would share a
 directory (told apart only by case, or ``:`` against ``_``) are refused with both names. A name
 is one target: the same name under a second kind is refused too.
+
+What a project registers belongs to one session: a :class:`Registry` (its targets and kinds), opened
+when a pytest session starts reading its configuration and closed with it (``open_session`` /
+``close_session``, from the plugin), so that a session run inside another (pytester's) neither sees
+the outer one's registrations nor drops them. Registrations outside any session (a script calling
+``check_kind``) go to the process's own registry. The kinds named by import path (built-in and
+installed) are code, loaded once per process.
 """
 from __future__ import annotations
 
@@ -28,9 +35,9 @@ from ..baselines.store import file_component, name_problem, sanitize_key as sani
 from .kind import Kind
 from .target import Target, TargetError
 
-__all__ = ["Target", "TargetError", "BUILTIN_KINDS", "ENTRY_POINT_GROUP", "register_kind", "get_kind", "kinds",
-           "kind_names", "forget_project_kinds", "register", "registered", "clear", "parse_ini_targets",
-           "parse_ini_kinds", "resolve", "target_names_problem"]
+__all__ = ["Target", "TargetError", "BUILTIN_KINDS", "ENTRY_POINT_GROUP", "Registry", "open_session", "close_session",
+           "register_kind", "get_kind", "kinds", "kind_names", "forget_project_kinds", "register", "registered", "clear",
+           "parse_ini_targets", "parse_ini_kinds", "resolve", "target_names_problem"]
 
 # name -> import path of the kind object; imported when first needed
 BUILTIN_KINDS = {
@@ -46,9 +53,40 @@ BUILTIN_KINDS = {
 ENTRY_POINT_GROUP = "pytest_precision.kinds"
 
 _PATHS: dict[str, str] = {}  # kinds known by import path, not imported yet
-_KINDS: dict[str, Kind] = {}  # loaded kinds, in order
-_PROJECT: set[str] = set()  # kinds a project registered in this session (forgotten between sessions)
+_LOADED: dict[str, Kind] = {}  # kinds loaded from their import path, in order
 _discovered = False
+
+
+class Registry:
+    """What one session registered: its targets and its project's kinds, in registration order."""
+
+    def __init__(self):
+        self.targets: dict[str, Target] = {}
+        self.kinds: dict[str, Kind] = {}
+
+
+_SESSIONS: list[Registry] = [Registry()]  # the process's own, then each open session's
+
+
+def _current() -> Registry:
+    return _SESSIONS[-1]
+
+
+def open_session() -> Registry:
+    """A new registry for a session starting (the plugin, before its conftests are imported)."""
+    _SESSIONS.append(Registry())
+    return _SESSIONS[-1]
+
+
+def close_session(session: Registry) -> None:
+    """Drop ``session``'s registry and any opened after it and left open (a session that ended
+    before it was configured); the registrations of the one around it are current again."""
+    if session in _SESSIONS[1:]:
+        del _SESSIONS[_SESSIONS.index(session):]
+
+
+def _known(name: str) -> Kind | None:
+    return _current().kinds.get(name) or _LOADED.get(name)
 
 
 def resolve(path: str) -> Any:
@@ -82,7 +120,7 @@ def _load(name: str) -> Kind:
     if kind.name != name:
         raise ValueError(f"kind {name!r}: {path!r} is the kind {kind.name!r}")
     _check_names(kind)
-    _KINDS[name] = kind
+    _LOADED[name] = kind
     return kind
 
 
@@ -114,23 +152,23 @@ def register_kind(kind: "Kind | str") -> Kind:
         raise TypeError(f"register_kind: {kind!r} is not a pytest_precision.Kind")
     if not kind.name:
         raise ValueError(f"register_kind: {kind!r} has no name")
-    old = _KINDS.get(kind.name)
+    old = _known(kind.name)
     if old is kind:
         return kind
-    if kind.name in BUILTIN_KINDS or (kind.name in _PATHS or old is not None) and kind.name not in _PROJECT:
+    if kind.name in BUILTIN_KINDS or kind.name in _PATHS or kind.name in _LOADED:
         raise ValueError(f"kind {kind.name!r} is the name of a built-in or installed kind; give yours another name")
     if old is not None:
         raise ValueError(f"kind {kind.name!r} is already registered ({old!r})")
     _check_names(kind)
-    _KINDS[kind.name] = kind
-    _PROJECT.add(kind.name)
+    _current().kinds[kind.name] = kind
     return kind
 
 
 def get_kind(name: str) -> Kind:
     _discover()
-    if name in _KINDS:
-        return _KINDS[name]
+    known = _known(name)
+    if known is not None:
+        return known
     if name in _PATHS:
         return _load(name)
     raise ValueError(f"unknown kind {name!r}; known kinds: {', '.join(kind_names())}")
@@ -138,7 +176,7 @@ def get_kind(name: str) -> Kind:
 
 def kind_names() -> list[str]:
     _discover()
-    return [*BUILTIN_KINDS, *(n for n in (*_KINDS, *_PATHS) if n not in BUILTIN_KINDS)]
+    return [*BUILTIN_KINDS, *(n for n in (*_LOADED, *_PATHS, *_current().kinds) if n not in BUILTIN_KINDS)]
 
 
 def kinds() -> list[Kind]:
@@ -147,10 +185,8 @@ def kinds() -> list[Kind]:
 
 
 def forget_project_kinds() -> None:
-    """Drop the kinds registered during a session (pytester runs several in one process)."""
-    for name in _PROJECT:
-        _KINDS.pop(name, None)
-    _PROJECT.clear()
+    """Drop the kinds registered in the current registry."""
+    _current().kinds.clear()
 
 
 def _importable_from(rootdir: str | None, lines: list[str]) -> None:
@@ -190,9 +226,6 @@ def parse_ini_kinds(lines: list[str], rootdir: str | None = None) -> list[Kind]:
 
 # ---- targets ---------------------------------------------------------------------------------
 
-_REGISTRY: dict[str, Target] = {}
-
-
 def register(name: str, fn: Callable | None = None, *, kind: str = "softmax", **declared):
     """Register ``fn`` as a target called ``name``; without ``fn``, a decorator. The name follows
     the rule of names (module docstring); ValueError says why it does not. ``declared``: what the
@@ -212,18 +245,19 @@ def register(name: str, fn: Callable | None = None, *, kind: str = "softmax", **
     def add(f: Callable) -> Callable:
         k.check_target(name, f)
         supports = k.declare(name, declared)
-        old = _REGISTRY.get(name)
+        targets = _current().targets
+        old = targets.get(name)
         if old is not None and old.kind != kind:
             raise ValueError(f"target {name!r} is already registered as a {old.kind} target (by {old.origin}); a name "
                              f"is one target: register it for {kind} under another name")
         if old is not None and old.fn is not f:
             raise ValueError(f"target name {name!r} is already registered (by {old.origin}) for another callable")
-        clash = next((t for t in _REGISTRY.values() if t.name != name and file_component(t.name) == file_component(name)),
+        clash = next((t for t in targets.values() if t.name != name and file_component(t.name) == file_component(name)),
                      None)
         if clash is not None:
             raise ValueError(f"target names {name!r} and {clash.name!r} would share baseline files (file systems and "
                              "pytest's -k tell names apart without case): give one another name")
-        _REGISTRY[name] = Target(name, f, kind, origin=getattr(f, "__module__", "?") or "?", declared=supports,
+        targets[name] = Target(name, f, kind, origin=getattr(f, "__module__", "?") or "?", declared=supports,
                                  where=where)
         return f
 
@@ -242,11 +276,12 @@ def _caller() -> str:
 
 def registered(kind: str | None = None) -> list[Target]:
     """Registered targets, in registration order, optionally of one kind."""
-    return [t for t in _REGISTRY.values() if kind is None or t.kind == kind]
+    return [t for t in _current().targets.values() if kind is None or t.kind == kind]
 
 
 def clear() -> None:
-    _REGISTRY.clear()
+    """Drop the targets registered in the current registry."""
+    _current().targets.clear()
 
 
 INI_ORIGIN = "ini precision_targets"
