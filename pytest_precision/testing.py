@@ -102,9 +102,9 @@ def _check_tensor_kind(kind: TensorKind, sample: Target, device: str) -> None:
     inputs = kind.for_target(case, regime.inputs())
     m = kind.measure(case, inputs, grad_seed=regime.seed + 1)
     expected = {kind.forward_output, *(f"d{n}" for n in kind.case_grad_inputs(case, inputs))}
-    _require(set(m.oracle) == expected, kind, f"outputs {sorted(m.oracle)}, expected {sorted(expected)} (the forward "
+    _require(set(m.results) == expected, kind, f"outputs {sorted(m.results)}, expected {sorted(expected)} (the forward "
                                               "output and a gradient per grad_inputs)")
-    over = {n: [s for _, s in violations(m.oracle[n], m.peer_budget[n])] for n in m.oracle}
+    over = {n: [s for _, s in violations(r.oracle, r.peer_budget)] for n, r in m.results.items()}
     over = {n: s for n, s in over.items() if s}
     _require(not over, kind, f"target {sample.name!r} fails the oracle with the peer budget in fp32 on regime "
                              f"{regime.name!r}: {over}")

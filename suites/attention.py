@@ -291,7 +291,7 @@ class AttentionKind(TensorKind):
         """A fully masked row's output in another convention (``fully_masked``), a causal mask of the
         other alignment (``causal``), a causal mask where none was asked (``causal_only``)."""
         found = []
-        out, budget = m.outputs["out"], m.peer_budget["out"].max_abs or 0.0
+        out, budget = m.outputs["out"], m.results["out"].peer_budget.max_abs or 0.0
         lower_right = a.causal_alignment == "bottom-right"
         rows, returned = fully_masked_returned(out, m.exact, a.causal, a.key_padding_mask, lower_right, budget)
         if returned in FULLY_MASKED and returned != a.fully_masked:
@@ -330,7 +330,7 @@ class AttentionKind(TensorKind):
         one under which it still fails): what it returned on fully masked query rows, or that its output
         matches the other causal alignment."""
         lower_right = a.causal_alignment == "bottom-right"
-        out, budget = m.outputs["out"], m.peer_budget["out"].max_abs or 0.0
+        out, budget = m.outputs["out"], m.results["out"].peer_budget.max_abs or 0.0
         masked_rows = fully_masked_hint(out, m.exact, a.causal, a.key_padding_mask, lower_right, a.fully_masked, budget)
         if masked_rows or not a.causal or a.q.shape[-2] == a.k.shape[-2]:
             return masked_rows

@@ -154,8 +154,8 @@ def naive_loss_hint(case: Case, m, a: CrossEntropyInputs) -> str | None:
     """Why a loss failing in a 16-bit config may fail: the loss computed on the 16-bit logits
     (cross_entropy without ``logits.float()`` first) misses the same budget, and the target's error
     is within ``NAIVE_HINT_RATIO`` of its error; else None (a target off by more has another bug)."""
-    logits, budget = m.values["logits"], m.peer_budget["loss"].max_abs
-    dtype, mine = logits.dtype, m.oracle["loss"].max_abs
+    logits, budget = m.values["logits"], m.results["loss"].peer_budget.max_abs
+    dtype, mine = logits.dtype, m.results["loss"].oracle.max_abs
     if dtype not in (torch.float16, torch.bfloat16) or budget is None or not mine > budget:
         return None
     with torch.no_grad():
@@ -300,7 +300,7 @@ class CrossEntropyKind(TensorKind):
         if name == self.forward_output:
             # never quantised, fp8 recipes included: a loss is a reduction kept in fp32 or wider
             dtype = out.dtype if out.dtype in (torch.float16, torch.bfloat16, torch.float32) else torch.float32
-            rule = OutputRule(out, peer, dtype, log_domain=True)
+            rule = OutputRule(dtype, log_domain=True, out=out, peer=peer)
             # judged on absolute error as float32 arithmetic on these logits reaches it: ULP_FLOOR
             # float32 steps at max(|loss|, 1) (below 1 the loss is a probability near 1, where
             # precision is absolute), plus lse rounded at its own magnitude and the row's sum of

@@ -8,6 +8,7 @@ import torch
 
 from pytest_precision.baselines.lifecycle import BaselineCheck
 from pytest_precision.baselines.tensors import TensorOutput
+from pytest_precision.numerics.metrics import ComparisonSpec
 from pytest_precision.baselines.store import BaselineStore
 from pytest_precision.numerics.budgets import Budget, regression_budget, violations
 from pytest_precision.numerics.metrics import compare
@@ -67,7 +68,7 @@ def _accept(check: BaselineCheck, outputs: dict, **kw) -> None:
 
 def _output(out, ref, peer_err: float) -> TensorOutput:
     peer_out, _ = _cmp(peer_err, seed=7)
-    return TensorOutput(out, ref, torch.float32, peer=compare(peer_out, ref, torch.float32))
+    return TensorOutput(out, ref, ComparisonSpec(torch.float32), peer=compare(peer_out, ref, torch.float32))
 
 
 def test_a_borrowed_budget_is_scaled_by_the_peer_and_still_catches_a_regression(tmp_path, monkeypatch):
@@ -81,7 +82,7 @@ def test_a_borrowed_budget_is_scaled_by_the_peer_and_still_catches_a_regression(
     from pytest_precision.numerics.budgets import MACHINE_SPREAD
     for k in MACHINE_SPREAD:  # nor the spread measured between machines
         monkeypatch.setitem(MACHINE_SPREAD, k, 1.0)
-    r = unscaled.check_outputs({"reference": TensorOutput(out_there, ref, torch.float32)}, inputs=ref)
+    r = unscaled.check_outputs({"reference": TensorOutput(out_there, ref, ComparisonSpec(torch.float32))}, inputs=ref)
     assert r.problems, "unscaled, the borrowed budget is too tight: that is the false alarm scaling removes"
     monkeypatch.undo()
 

@@ -240,12 +240,12 @@ def test_the_builtin_torch_op_is_held_against_an_independent_peer(monkeypatch):
     case = Case(kind, builtin, CONFIGS["bf16"], NO_VARIANT, "scale40", "cpu")
     regime = kind.regimes["scale40"]
     m = kind.measure(case, regime.inputs(), grad_seed=regime.seed + 1)
-    assert not any(violations(m.oracle[n], m.peer_budget[n]) for n in m.oracle)
+    assert not any(violations(r.oracle, r.peer_budget) for r in m.results.values())
     ce = torch.nn.functional.cross_entropy
     broken = type("F", (), {"cross_entropy": staticmethod(lambda x, t, **k: ce(x.bfloat16(), t, **k).float())})
     monkeypatch.setitem(type(kind).peer.__globals__, "F", broken)  # the module the kind's peer reads F from
     m = kind.measure(case, regime.inputs(), grad_seed=regime.seed + 1)
-    assert violations(m.oracle["loss"], m.peer_budget["loss"])
+    assert violations(m.results["loss"].oracle, m.results["loss"].peer_budget)
 
 
 def test_a_loss_on_16_bit_logits_fails_without_a_golden(pytester):
@@ -289,18 +289,18 @@ def test_the_upcast_hint_is_for_losses_as_far_off_as_the_16_bit_one(config):
     def measure(fn):
         case = Case(kind, Target("t", fn, "cross_entropy"), CONFIGS[config], NO_VARIANT, "scale40", "cpu")
         m = kind.measure(case, a, grad_seed=regime.seed + 1)
-        assert violations(m.oracle["loss"], m.peer_budget["loss"])
+        assert violations(m.results["loss"].oracle, m.results["loss"].peer_budget)
         return case, m
 
     case, m = measure(lambda logits, target, ignore_index=-100, label_smoothing=0.0:
                       F.cross_entropy(logits, target, ignore_index=ignore_index, label_smoothing=label_smoothing))
     hint = naive_loss_hint(case, m, a)
     assert hint and hint.endswith("upcast the logits (logits.float()) before the loss")
-    naive_error = m.oracle["loss"].max_abs
+    naive_error = m.results["loss"].oracle.max_abs
 
     case, m = measure(lambda logits, target, ignore_index=-100, label_smoothing=0.0:
                       F.cross_entropy(logits.float(), target, ignore_index=ignore_index, reduction="sum"))
-    assert m.oracle["loss"].max_abs > NAIVE_HINT_RATIO * naive_error  # the 16-bit loss misses the budget here too
+    assert m.results["loss"].oracle.max_abs > NAIVE_HINT_RATIO * naive_error  # the 16-bit loss misses the budget here too
     assert naive_loss_hint(case, m, a) is None
 
 

@@ -28,6 +28,7 @@ from pytest_precision.baselines.reading import MAX_JSON_BYTES, read_arrays, read
 from pytest_precision.baselines.schema import BaselineError
 from pytest_precision.baselines.store import BaselineStore, name_problem
 from pytest_precision.baselines.tensors import MAX_PEER_SCALE, TensorOutput, TensorOutputs
+from pytest_precision.numerics.metrics import ComparisonSpec
 from pytest_precision.baselines.tools import baseline_names, diff_lines, remove
 from pytest_precision.numerics.budgets import Budget
 from pytest_precision.numerics.metrics import compare
@@ -250,7 +251,7 @@ def test_a_stored_peer_error_cannot_scale_a_borrowed_budget_past_what_machines_d
     out = torch.tensor([0.25, 0.75])
     ref = out.double()
     peer = compare(out + 1e-7, ref, torch.float32)
-    entry = TensorOutputs({"reference": TensorOutput(out, ref, torch.float32, peer=peer)})
+    entry = TensorOutputs({"reference": TensorOutput(out, ref, ComparisonSpec(torch.float32), peer=peer)})
     record = {"budget": Budget(max_ulp=4.0, mean_ulp=1.0).as_dict(), "peer": {"max_ulp": 1e-300, "mean_ulp": 1e-300}}
     budget = entry.budget_from("reference", [record], borrowed=True)
     cap = MAX_PEER_SCALE["same device type"]
@@ -446,7 +447,7 @@ def test_names_near_the_reserved_ones_are_names():
 
 def test_an_update_line_names_a_moved_peer_error():
     out = torch.tensor([0.25, 0.75])
-    entry = TensorOutputs({"reference": TensorOutput(out, out.double(), torch.float32)})
+    entry = TensorOutputs({"reference": TensorOutput(out, out.double(), ComparisonSpec(torch.float32))})
     budget = Budget(max_ulp=4.0).as_dict()
     old = {"reference": {"budget": budget, "peer": {"max_ulp": 1e-300, "mean_ulp": 0.5, "max_abs": math.nan}}}
     new = {"reference": {"budget": budget, "peer": {"max_ulp": 5.0, "mean_ulp": 0.5, "max_abs": math.nan}}}

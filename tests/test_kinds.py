@@ -150,11 +150,11 @@ def test_the_builtin_torch_op_is_held_against_an_independent_peer(monkeypatch):
     regime = kind.regimes["scale20"]
     case = Case(kind, builtin, CONFIGS["fp32"], NO_VARIANT, "scale20", "cpu")
     m = kind.measure(case, regime.inputs())
-    assert not pytest_precision.numerics.budgets.violations(m.oracle["reference"], m.peer_budget["reference"])
+    assert not pytest_precision.numerics.budgets.violations(m.results["reference"].oracle, m.results["reference"].peer_budget)
     # were torch's op broken (computing in bf16 inside), its check would say so
     monkeypatch.setattr(kind, "_op", lambda x, dim: torch.softmax(x.bfloat16(), dim).to(x.dtype))
     m = kind.measure(case, regime.inputs())
-    assert pytest_precision.numerics.budgets.violations(m.oracle["reference"], m.peer_budget["reference"])
+    assert pytest_precision.numerics.budgets.violations(m.results["reference"].oracle, m.results["reference"].peer_budget)
 
 
 def test_a_tensor_kind_written_on_the_seam_is_refused_with_the_class_to_use():

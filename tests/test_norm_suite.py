@@ -161,14 +161,14 @@ def test_y_rms_is_judged_on_settled_statistics_only(config, seed):
     g = torch.Generator().manual_seed(seed)
     x = seeded_normal(g, 1, 64)
     m = kind.measure(case, NormInputs(x, *_affine(g, 64, False)), grad_seed=1)
-    assert m.peer_budget["y"].rms_abs is None and not violations(m.oracle["y"], m.peer_budget["y"])
+    assert m.results["y"].peer_budget.rms_abs is None and not violations(m.results["y"].oracle, m.results["y"].peer_budget)
 
     regime = kind.regimes["unit"]  # 8 x 256: the RMS budget holds, the pattern within it
     assert regime.inputs().x.numel() >= Y_RMS_MIN_ELEMENTS
     m = kind.measure(Case(kind, target, CONFIGS[config], NO_VARIANT, "unit", "cpu"), regime.inputs(), grad_seed=1)
-    budget, peer = m.peer_budget["y"].rms_abs, m.peer["y"].rms_abs
-    assert Y_RMS_FACTOR * peer < budget and m.oracle["y"].rms_abs > peer  # the peer alone would not set it
-    assert 0.7 < m.oracle["y"].rms_abs / budget < 0.9
+    budget, peer = m.results["y"].peer_budget.rms_abs, m.results["y"].peer.rms_abs
+    assert Y_RMS_FACTOR * peer < budget and m.results["y"].oracle.rms_abs > peer  # the peer alone would not set it
+    assert 0.7 < m.results["y"].oracle.rms_abs / budget < 0.9
 
 
 def test_one_pass_variance_fails_the_offset_regime(pytester):
@@ -279,13 +279,13 @@ def test_the_builtin_torch_op_is_held_against_an_independent_peer(name, monkeypa
     case = Case(kind, builtin, CONFIGS["fp32"], NO_VARIANT, "unit", "cpu")
     regime = kind.regimes["unit"]
     m = kind.measure(case, regime.inputs(), grad_seed=regime.seed + 1)
-    assert not any(violations(m.oracle[n], m.peer_budget[n]) for n in m.oracle)
+    assert not any(violations(r.oracle, r.peer_budget) for r in m.results.values())
     norm = torch.nn.functional.rms_norm if name == "rms_norm" else torch.nn.functional.layer_norm
     broken = type("F", (), {name: staticmethod(lambda x, *a, **k: norm(x.bfloat16(), *[
         t.bfloat16() if isinstance(t, torch.Tensor) else t for t in a], **k).to(x.dtype))})
     monkeypatch.setitem(type(kind).peer.__globals__, "F", broken)  # the module the kind's peer reads F from
     m = kind.measure(case, regime.inputs(), grad_seed=regime.seed + 1)
-    assert violations(m.oracle["y"], m.peer_budget["y"])
+    assert violations(m.results["y"].oracle, m.results["y"].peer_budget)
 
 
 def test_torch_layer_norm_backward_limit_in_16_bits_is_named():

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..numerics.metrics import ComparisonSpec
 from ..platform.devices import device_class, machine_name, numerics_key
 from .commands import OFFER, offer
 from .entry import SINGLE, BaselineEntry, BaselineResult
@@ -150,7 +151,7 @@ class BaselineCheck:
                      seed: int | None = None, input_spec: dict | None = None) -> BaselineResult:
         """One output: ``out`` against the stored reference under the regression budget, or (update
         flag) ``reference`` stored with the error ``out`` has against it as the new budget."""
-        one = TensorOutput(out, reference, dtype or out.dtype, scale, log_domain)
+        one = TensorOutput(out, reference, ComparisonSpec(dtype or out.dtype, scale, log_domain))
         return self.check_outputs({SINGLE: one}, inputs=inputs, seed=seed, input_spec=input_spec)
 
     def _whose(self, base: Baseline) -> str | None:

@@ -12,7 +12,7 @@ import torch
 
 from ..numerics.budgets import MACHINE_SPREAD, Budget, abs_floor, regression_budget, violations
 from ..numerics.formats import format_of
-from ..numerics.metrics import Comparison, compare
+from ..numerics.metrics import Comparison, ComparisonSpec
 from .commands import offer
 from .entry import SINGLE, BaselineEntry, BaselineResult, output_label
 from .reading import Baseline
@@ -24,19 +24,13 @@ __all__ = ["TensorOutput", "TensorOutputs", "MAX_PEER_SCALE"]
 
 @dataclass
 class TensorOutput:
-    """One output under golden check: what the run gave and its float64 oracle."""
+    """One output under golden check: what the run gave and its float64 oracle, compared as ``spec``
+    says (the case's own comparison: on absolute error where ``spec.abs_floor`` is set, and never
+    below its floors, what a correct implementation reaches under another summation order)."""
 
     out: torch.Tensor
     reference: torch.Tensor
-    dtype: torch.dtype
-    scale: float = 1.0
-    log_domain: bool = False
-    abs_budget: bool = False  # regression budget on max abs error instead of max ULP (attention)
-    underflow_floor: float = 0.0  # see numerics.metrics.compare
-    # the max-abs and RMS error a correct implementation can have under another summation order
-    # (the problem's conditioning, given by the kind): the regression budget never sits below them
-    error_floor: float | None = None
-    rms_floor: float | None = None
+    spec: ComparisonSpec
     # the same-precision peer against the oracle in this run: what the budget's typical error is
     # never held below a fraction of, and what scales a budget borrowed from another machine
     peer: Comparison | None = None
@@ -45,16 +39,15 @@ class TensorOutput:
     spread: Comparison | None = None
 
     def compare_with(self, ref: torch.Tensor) -> Comparison:
-        return compare(self.out, ref, self.dtype, scale=self.scale, log_domain=self.log_domain,
-                       underflow_floor=self.underflow_floor)
+        return self.spec.compare(self.out, ref)
 
     def budget_for(self, accepted: Comparison, ref: torch.Tensor) -> Budget:
-        if not self.abs_budget:
+        if not self.spec.on_abs:
             return regression_budget(accepted).at_least_spread(self.spread)
         top = float(ref[torch.isfinite(ref)].abs().max()) if bool(torch.isfinite(ref).any()) else 0.0
-        return regression_budget(accepted, abs_floor_value=abs_floor(top, self.dtype),
-                                 reorder_max=self.error_floor or 0.0,
-                                 reorder_rms=self.rms_floor or 0.0).at_least_spread(self.spread)
+        return regression_budget(accepted, abs_floor_value=abs_floor(top, self.spec.dtype),
+                                 reorder_max=self.spec.abs_floor or 0.0,
+                                 reorder_rms=self.spec.rms_floor or 0.0).at_least_spread(self.spread)
 
 
 # what a golden keeps of the peer's error at acceptance (to carry a budget to another machine)
@@ -98,7 +91,7 @@ class TensorOutputs(BaselineEntry):
         return entries
 
     def meta_fields(self) -> dict:
-        dtypes = {n: format_of(o.dtype).name for n, o in self.outputs.items()}
+        dtypes = {n: format_of(o.spec.dtype).name for n, o in self.outputs.items()}
         return {"dtypes": dtypes, "seed": self.seed, "input_spec": self.input_spec, "input_checksum": self.input_checksum}
 
     def carried_meta(self, old: Baseline | None) -> dict:
@@ -145,7 +138,7 @@ class TensorOutputs(BaselineEntry):
         did where each was accepted (its summation order is this machine's too), and at least by
         the spread measured between machines (``MACHINE_SPREAD``): never down."""
         o = self.outputs[name]
-        largest_key, typical_key = ("max_abs", "rms_abs") if o.abs_budget else ("max_ulp", "mean_ulp")
+        largest_key, typical_key = ("max_abs", "rms_abs") if o.spec.on_abs else ("max_ulp", "mean_ulp")
         cap = self.peer_cap
         budgets = []
         for record in records:

@@ -9,7 +9,8 @@ holds them to it) imports what it needs from this package's namespace, never fro
 - cases: :class:`Case`, :class:`Regime`, :class:`DrawnRegime`, :class:`Variant`, ``NO_VARIANT``;
   the fresh regime's :class:`Plan`; what targets may declare (:class:`Declaration`,
   :func:`declared_dtypes`, :func:`declared_flag`); :class:`Target` and :class:`TargetError`;
-- judging: :class:`OutputRule` read from a :class:`MeasureContext`; the budgets' factors and
+- judging: :class:`OutputRule` (a :class:`ComparisonSpec`, the one the golden keeps, with the peer
+  budget's factor and floors) read from a :class:`MeasureContext`; the budgets' factors and
   floors (``PEER_FACTOR``, ``GRAD_PEER_FACTOR``, ``ULP_FLOOR``, :func:`abs_floor`); formats
   (:func:`format_of`, :func:`ulp`), :func:`compare`, :func:`float32_as_float64`; inputs
   (:func:`seeded_normal`, :func:`portable_normal_draws`);
@@ -61,6 +62,7 @@ from .cases import NO_VARIANT, Case, DrawnRegime, Regime, Variant
 from .declarations import Declaration, declared_dtypes, declared_flag
 from .fresh import Plan
 from .kind import Kind, skip
+from ..numerics.metrics import ComparisonSpec
 from .tensor.measurement import MeasureContext, OutputRule
 from .outcome import Evidence, Outcome, PrecisionFailure, Problem, baseline_problems
 from .registry import get_kind, kinds, register, register_kind
@@ -76,7 +78,7 @@ __all__ = [
     "Case", "Regime", "DrawnRegime", "Variant", "NO_VARIANT", "Plan", "Declaration", "declared_dtypes",
     "declared_flag", "Target", "TargetError",
     # judging
-    "OutputRule", "MeasureContext", "PEER_FACTOR", "GRAD_PEER_FACTOR", "ULP_FLOOR", "abs_floor", "format_of", "ulp",
+    "OutputRule", "ComparisonSpec", "MeasureContext", "PEER_FACTOR", "GRAD_PEER_FACTOR", "ULP_FLOOR", "abs_floor", "format_of", "ulp",
     "compare", "float32_as_float64", "seeded_normal", "portable_normal_draws",
     # results
     "Outcome", "Evidence", "Problem", "PrecisionFailure", "baseline_problems", "SummaryTable", "ABS_ERROR_TABLE", "fmt",

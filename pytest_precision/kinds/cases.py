@@ -93,7 +93,7 @@ class Variant:
         return fn
 
     def beside(self, kind: "TensorKind", ctx: "MeasureContext", m: "Measurement") -> None:
-        """Measure more in the case after the target, peer and oracle ran (into ``m.eager``)."""
+        """Measure more in the case after the target, peer and oracle ran (each output result's ``eager`` and ``eager_budget``)."""
 
     def skip_reason(self, target: Target) -> str | None:
         return None

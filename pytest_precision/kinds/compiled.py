@@ -142,12 +142,11 @@ class Compiled(Variant):
         eager_case = replace(ctx.case, variant=self.base)
         eager = kind.call(eager_case, eager_case.target.fn, m.values, ctx.inputs, ctx.grad_seed)
         eager_ctx = replace(ctx, case=eager_case, rules={})
-        for name in m.oracle:
-            ref = m.golden[name].reference
+        for name, result in m.results.items():
+            ref = result.golden.reference
             rule = kind.rule(eager_ctx, name, eager[name], eager[name], ref)
-            got = rule.oracle(ref)
-            m.eager[name] = got
-            m.eager_budget[name] = rule.budget(got)
+            result.eager = rule.oracle(ref)
+            result.eager_budget = rule.budget(result.eager)
 
     def __repr__(self) -> str:
         return f"Compiled({self.base!r})"

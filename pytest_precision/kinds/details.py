@@ -55,8 +55,8 @@ def error_by_magnitude(cmp: Comparison, logits: torch.Tensor) -> dict | None:
 def output_detail(name: str, evidence, baseline) -> dict:
     """Output ``name`` of a tensor kind's evidence: its statistics against the oracle, the peer and
     the golden, both budgets, and its ULP histogram."""
-    o = evidence.oracle[name]
-    peer, pb = evidence.peer.get(name), evidence.peer_budget.get(name)
+    result = evidence.results[name]
+    o, peer, pb = result.oracle, result.peer, result.peer_budget
     gc, gb = baseline.comparisons.get(name), baseline.budgets.get(name)
     return {
         "dtype": o.dtype, "shape": list(o.shape),

@@ -1,5 +1,7 @@
 """One comparison of an output with its reference: ULP, abs/rel, SQNR, cosine, and the counts
-of overflow, underflow and NaN, plus the worst elements for the message."""
+of overflow, underflow and NaN, plus the worst elements for the message; and the
+:class:`ComparisonSpec` that says how an output is compared (the peer's check and the golden's
+read the same one)."""
 from __future__ import annotations
 
 import functools
@@ -12,7 +14,7 @@ from tabulate import tabulate
 
 from .formats import format_of, ulp_distance
 
-__all__ = ["Comparison", "Elementwise", "compare", "sqnr_db", "WORST_SHOWN", "install_fused_statistics"]
+__all__ = ["Comparison", "ComparisonSpec", "Elementwise", "compare", "sqnr_db", "WORST_SHOWN", "install_fused_statistics"]
 
 WORST_SHOWN = 5
 
@@ -240,6 +242,36 @@ def _elementwise(ulps: torch.Tensor, o: torch.Tensor, r: torch.Tensor, shape: tu
             index = tuple(int(j) for j in torch.unravel_index(torch.tensor(i), shape))
             worst.append({"index": index, "out": float(o.flatten()[i]), "ref": float(r.flatten()[i]), "ulp": v})
     return Elementwise(ulps, p99, worst)
+
+
+@dataclass
+class ComparisonSpec:
+    """How an output is compared with its exact result: ``compare``'s dtype, scale, log domain and
+    underflow floor; and, for an output judged on absolute error (one that crosses zero), the
+    max-abs and RMS error a correct implementation can reach under another summation order
+    (``abs_floor``, ``rms_floor``): budgets never sit below them. ``abs_floor`` None: judged on ULPs."""
+
+    dtype: torch.dtype
+    scale: float = 1.0
+    log_domain: bool = False
+    underflow_floor: float = 0.0
+    abs_floor: float | None = None
+    rms_floor: float | None = None
+
+    @property
+    def on_abs(self) -> bool:
+        """Whether budgets are on absolute error (max and RMS) rather than ULPs."""
+        return self.abs_floor is not None
+
+    def compare(self, out: torch.Tensor, ref: torch.Tensor, scale: float | None = None) -> Comparison:
+        """``out`` against ``ref`` as this spec says (``scale``: another tensor's own, as a peer's fp8 output)."""
+        return compare(out, ref, self.dtype, scale=self.scale if scale is None else scale, log_domain=self.log_domain,
+                       underflow_floor=self.underflow_floor)
+
+    def comparison_spec(self) -> "ComparisonSpec":
+        """This spec alone (from a subclass that carries more, such as a kind's ``OutputRule``)."""
+        return ComparisonSpec(self.dtype, self.scale, self.log_domain, self.underflow_floor, self.abs_floor,
+                              self.rms_floor)
 
 
 # A one-pass implementation of compare's statistics for CUDA tensors: (function, dtypes it takes).

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ...numerics.budgets import Budget, violations
-from ...numerics.metrics import compare
+from ...numerics.metrics import ComparisonSpec, compare
 from ..declarations import Declaration
 from ..target import TargetError
 
@@ -274,10 +274,10 @@ def spread_between(m: "Measurement", second: dict[str, torch.Tensor]) -> Spread:
         if again.shape != first.shape or again.dtype != first.dtype:
             differing[name] = first.numel()
             comparisons[name] = compare(torch.full_like(first, float("nan")), first.double().cpu(),
-                                        m.golden[name].dtype if name in m.golden else first.dtype)
+                                        m.results[name].golden.spec.dtype if name in m.results else first.dtype)
             continue
         differing[name] = int(changed_bits(first, again).sum())
-        judged = m.golden.get(name)
+        judged = m.results[name].golden.spec if name in m.results else None
         dtype = judged.dtype if judged is not None else first.dtype
         scale = judged.scale if judged is not None else 1.0
         comparisons[name] = compare(again.detach().cpu(), first.detach().cpu().double(), dtype, scale=scale)
@@ -285,13 +285,11 @@ def spread_between(m: "Measurement", second: dict[str, torch.Tensor]) -> Spread:
     return Spread(differing, numel, comparisons, same)
 
 
-def _candidate_passes(candidate: torch.Tensor, ref: torch.Tensor, rule, budget: Budget) -> bool:
-    cmp = compare(candidate, ref, rule.dtype, scale=rule.scale, log_domain=rule.log_domain,
-                  underflow_floor=rule.underflow_floor)
-    return not violations(cmp, budget)
+def _candidate_passes(candidate: torch.Tensor, ref: torch.Tensor, spec: ComparisonSpec, budget: Budget) -> bool:
+    return not violations(spec.compare(candidate, ref), budget)
 
 
-def degenerate(rules: dict, refs: dict[str, torch.Tensor], budgets: dict[str, Budget]) -> str | None:
+def degenerate(goldens: dict, refs: dict[str, torch.Tensor], budgets: dict[str, Budget]) -> str | None:
     """Why every output of the case would pass within its peer budget as all zeros or as one
     constant (the median of the exact result), or None. A one-element output is one constant
     already: only zeros are tried on it. An output whose exact result is 0 everywhere is no
@@ -302,17 +300,17 @@ def degenerate(rules: dict, refs: dict[str, torch.Tensor], budgets: dict[str, Bu
     for name, ref in refs.items():
         if not bool((ref != 0).any()):
             return None
-        rule, budget = rules[name], budgets[name]
-        out = rule.out
+        golden, budget = goldens[name], budgets[name]
+        out = golden.out
         zeros = torch.zeros(out.shape, dtype=out.dtype, device=out.device)
-        if _candidate_passes(zeros, ref, rule, budget):
+        if _candidate_passes(zeros, ref, golden.spec, budget):
             found.append((name, "an all-zeros output"))
             continue
         finite = ref[torch.isfinite(ref)]
         if ref.numel() > 1 and finite.numel():
             c = float(finite.median())
             constant = torch.full(out.shape, c, dtype=torch.float64).to(out.dtype).to(out.device)
-            if _candidate_passes(constant, ref, rule, budget):
+            if _candidate_passes(constant, ref, golden.spec, budget):
                 found.append((name, f"the constant {c:.4g} everywhere"))
                 continue
         return None

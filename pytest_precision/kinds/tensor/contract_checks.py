@@ -34,8 +34,8 @@ def second_call(kind, case: "Case", inputs: Any, m: "Measurement", grad_seed: in
         again = kind.call(case, case.target.fn, m.values, inputs, grad_seed)
     spread = m.spread = spread_between(m, again)
     for name, cmp in spread.comparisons.items():
-        if spread.differing.get(name) and name in m.golden:
-            m.golden[name].spread = cmp
+        if spread.differing.get(name) and name in m.results:
+            m.results[name].golden.spread = cmp
     who = case.target.name
     if spread.same_output_object:
         m.contract.append(("contract", f"{who}: its second call returned the memory of its first call's output, "
@@ -72,7 +72,8 @@ def check_contract(kind, case: "Case", inputs: Any, m: "Measurement", grad_seed:
         from .batch import batch_invariance
 
         batch_invariance(kind, case, inputs, m, grad_seed)
-    why = degenerate(m.golden, {n: g.reference for n, g in m.golden.items()}, m.peer_budget)
+    why = degenerate(m.goldens(), {n: r.golden.reference for n, r in m.results.items()},
+                     {n: r.peer_budget for n, r in m.results.items()})
     if why:
         m.contract.append(("degenerate", f"regime {case.regime} under {case.config_id}: {why}; it judges nothing "
                                          f"({_why_wide(m)}): the harness refuses it"))
@@ -81,8 +82,8 @@ def check_contract(kind, case: "Case", inputs: Any, m: "Measurement", grad_seed:
 def _why_wide(m: "Measurement") -> str:
     """What set the forward output's budget so wide: the peer's own error (its overflow or NaN named),
     or the floors (the exact result's spread is within them)."""
-    name = next(iter(m.peer_budget))
-    peer, budget = m.peer[name], m.peer_budget[name]
+    forward = next(iter(m.results.values()))
+    peer, budget = forward.peer, forward.peer_budget
     lost = ", ".join(f"{n} {w}" for n, w in ((peer.overflow, "overflowed"), (peer.nan, "NaN"),
                                               (peer.underflow, "underflowed")) if n)
     error = peer.max_abs if budget.max_abs is not None else peer.max_ulp

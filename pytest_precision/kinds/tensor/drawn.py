@@ -62,9 +62,9 @@ def attack(kind: Kind, case: Case) -> Outcome:
             except pytest.skip.Exception as e:  # the target declined this input: the search goes on
                 declined.append(str(e.msg))
                 reject()
-            error = m.oracle[kind.forward_output].max_ulp
+            error = m.results[kind.forward_output].oracle.max_ulp
             # the worst passing measurement stands until a failure, which then stays with its input
-            if "example" not in worst and ("m" not in worst or error > worst["m"].oracle[kind.forward_output].max_ulp):
+            if "example" not in worst and ("m" not in worst or error > worst["m"].results[kind.forward_output].oracle.max_ulp):
                 worst["m"] = m
             steer(min(error, 1e300) if error == error else 1e300, label="max ULP")
             failed = bool(m.failed_outputs())
@@ -99,7 +99,7 @@ def attack(kind: Kind, case: Case) -> Outcome:
         shape = tuple(m.values[next(iter(m.values))].shape)
         outcome.add("oracle", "hypothesis", f"Hypothesis found a failing input of shape {shape}")
         outcome.details = kind.describe_drawn(example, case)
-        if any(c.nan or c.overflow or c.underflow for c in m.oracle.values()):  # where the shrunk input lost it
+        if any(r.oracle.nan or r.oracle.overflow or r.oracle.underflow for r in m.results.values()):  # where the shrunk input lost it
             outcome.fault = locate_fault(kind, case, m, kind.for_target(case, kind.drawn_inputs(example)), 0,
                                                outcome)
     return outcome

@@ -11,11 +11,11 @@ import torch
 from ...baselines.tensors import TensorOutput
 from ...numerics.budgets import ULP_FLOOR, Budget, peer_budget, violations
 from ...numerics.describe import Held, comparison_lines
-from ...numerics.metrics import Comparison, compare
+from ...numerics.metrics import Comparison, ComparisonSpec
 from ...numerics.rng import RngState
 from ..outcome import Evidence
 
-__all__ = ["MeasureContext", "OutputRule", "Measurement", "TensorEvidence", "upstream_gradient"]
+__all__ = ["MeasureContext", "OutputRule", "OutputResult", "Measurement", "TensorEvidence", "upstream_gradient"]
 
 
 def upstream_gradient(shape, seed: int) -> torch.Tensor:
@@ -23,24 +23,17 @@ def upstream_gradient(shape, seed: int) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
 
 
-@dataclass
-class OutputRule:
-    """How one output is compared: the output and the peer's as compared (fp8 dequantised), the
-    dtype whose ULPs count, the peer budget's factor and floor. ``abs_floor`` set: budgets on
-    absolute error, never below that max error nor ``rms_floor`` RMS error (what a correct
-    implementation can reach under another summation order; outputs that cross zero); None: on ULPs."""
+@dataclass(kw_only=True)
+class OutputRule(ComparisonSpec):
+    """How one output is compared: its :class:`ComparisonSpec` (the dtype whose ULPs count, the
+    scale, the floors; the golden keeps the same spec), the output and the peer's as compared (fp8
+    dequantised, ``scale`` and ``peer_scale`` theirs), and the peer budget's factor and floors."""
 
     out: torch.Tensor
     peer: torch.Tensor
-    dtype: torch.dtype
-    scale: float = 1.0
     peer_scale: float = 1.0
     peer_factor: float = 2.0
     ulp_floor: float = ULP_FLOOR  # the peer budget's floor on ULP-judged outputs
-    abs_floor: float | None = None
-    rms_floor: float | None = None
-    underflow_floor: float = 0.0
-    log_domain: bool = False
     # set (abs_floor set too): the peer budget also limits the RMS error to peer_rms_factor (None:
     # peer_factor) x the peer's plus this floor (a systematic loss, such as a sum kept in 16 bits,
     # shows there first); ``careful_rms``: an RMS error the limit never counts the peer's below (a
@@ -51,8 +44,11 @@ class OutputRule:
 
     def oracle(self, ref: torch.Tensor) -> Comparison:
         """The output against the oracle's ``ref``."""
-        return compare(self.out, ref, self.dtype, scale=self.scale, log_domain=self.log_domain,
-                       underflow_floor=self.underflow_floor)
+        return self.compare(self.out, ref)
+
+    def peer_oracle(self, ref: torch.Tensor) -> Comparison:
+        """The peer's output against the oracle's ``ref``."""
+        return self.compare(self.peer, ref, scale=self.peer_scale)
 
     def budget(self, peer: Comparison) -> Budget:
         """The budget a comparison with the same oracle sets this output: ``peer_factor`` x its error
@@ -64,8 +60,24 @@ class OutputRule:
 
 
 @dataclass
+class OutputResult:
+    """One output of a measurement, compared: the target's against the oracle (``oracle``), the peer's
+    (``peer``) and the budget that sets (``peer_budget``), the golden's entry (``golden``); in a compiled
+    case, the same target run eagerly against the oracle and the budget it sets (``eager``,
+    ``eager_budget``: ``Variant.beside``)."""
+
+    oracle: Comparison
+    peer: Comparison
+    peer_budget: Budget
+    golden: TensorOutput
+    eager: Comparison | None = None
+    eager_budget: Budget | None = None
+
+
+@dataclass
 class Measurement:
-    """A case's run on one set of inputs: the target, the peer and the oracle, compared."""
+    """A case's run on one set of inputs: the target, the peer and the oracle, compared, one
+    :class:`OutputResult` per output (``results``, the forward output's first)."""
 
     values: dict[str, torch.Tensor]  # inputs as the config feeds them
     exact: dict[str, torch.Tensor]  # the same rounded values in float64 (CPU)
@@ -73,14 +85,7 @@ class Measurement:
     peer_name: str = ""
     launches: list = field(default_factory=list)  # interpreted Triton kernels the target's call launched
     rng_state: RngState | None = None  # torch's generators as the target's call started (a re-run replays them)
-    oracle: dict[str, Comparison] = field(default_factory=dict)
-    peer: dict[str, Comparison] = field(default_factory=dict)
-    peer_budget: dict[str, Budget] = field(default_factory=dict)
-    golden: dict[str, TensorOutput] = field(default_factory=dict)
-    # a compiled case: the same target run eagerly in the same config, against the oracle, and the
-    # budget it sets the compiled output (Variant.beside)
-    eager: dict[str, Comparison] = field(default_factory=dict)
-    eager_budget: dict[str, Budget] = field(default_factory=dict)
+    results: dict[str, OutputResult] = field(default_factory=dict)
     # the callable's contract (kinds.tensor.contract): (category, sentence) of each breach, what a second
     # call on the same inputs gave (contract.Spread), the batch probes (batch.BatchSpread), notes
     contract: list[tuple[str, str]] = field(default_factory=list)
@@ -95,29 +100,32 @@ class Measurement:
 
     def failed_outputs(self) -> set[str]:
         """The outputs over their peer budget or counts."""
-        return {n for n in self.oracle if violations(self.oracle[n], self.peer_budget[n])}
+        return {n for n, r in self.results.items() if violations(r.oracle, r.peer_budget)}
+
+    def goldens(self) -> dict[str, TensorOutput]:
+        """Each output's golden entry, as the baseline check takes them."""
+        return {n: r.golden for n, r in self.results.items()}
 
 
 class TensorEvidence(Evidence):
     """What a tensor kind measured: every output against the oracle and the peer."""
 
     def __init__(self, m: Measurement, magnitude_input: torch.Tensor | None = None):
-        self.oracle, self.peer, self.peer_budget = m.oracle, m.peer, m.peer_budget
-        self.eager, self.eager_budget = m.eager, m.eager_budget
+        self.results = m.results
         self.spread, self.batch, self.notes = m.spread, m.batch, m.notes
         self.peer_name = m.peer_name
         self.magnitude_input = magnitude_input
 
     @property
     def forward(self) -> Comparison:
-        return next(iter(self.oracle.values()))
+        return next(iter(self.results.values())).oracle
 
     def record_fields(self, outcome) -> dict:
-        o, every = self.forward, self.oracle.values()
+        o, every = self.forward, [r.oracle for r in self.results.values()]
         fields = {"max_ulp": o.max_ulp, "max_abs": o.max_abs, "rms_abs": o.rms_abs, "max_rel": o.max_rel,
                   "sqnr_db": o.sqnr_db, "overflow": sum(c.overflow for c in every),
                   "underflow": sum(c.underflow for c in every), "nan": sum(c.nan for c in every)}
-        eager = self.eager.get(next(iter(self.oracle)))
+        eager = next(iter(self.results.values())).eager
         if eager is not None:
             fields.update(eager_max_ulp=eager.max_ulp, eager_max_abs=eager.max_abs)
         if self.spread is not None:
@@ -129,7 +137,7 @@ class TensorEvidence(Evidence):
     def report_fields(self, outcome) -> dict:
         from ..details import error_by_magnitude, output_detail
 
-        fields = {"outputs": {name: output_detail(name, self, outcome.baseline) for name in self.oracle}}
+        fields = {"outputs": {name: output_detail(name, self, outcome.baseline) for name in self.results}}
         if self.magnitude_input is not None:
             fields["error_by_magnitude"] = error_by_magnitude(self.forward, self.magnitude_input)
         return fields
@@ -139,12 +147,11 @@ class TensorEvidence(Evidence):
         if self.batch is not None and self.batch.total and "batch_variant" not in outcome.categories:
             lines.append(f"  note: its rows depend on the batch around them ({self.batch.describe()}; not judged: "
                          "declare batch_invariant=True to require the same bits)")
-        several = len(self.oracle) > 1
-        for name, o in self.oracle.items():
-            peer, pb = self.peer.get(name), self.peer_budget.get(name)
-            eager, eb = self.eager.get(name), self.eager_budget.get(name)
-            held = [Held.peer(self.peer_name, peer, pb)] if peer is not None and pb is not None else []
-            held += [Held.compiled(eager, eb)] if eager is not None and eb is not None else []
+        several = len(self.results) > 1
+        for name, r in self.results.items():
+            o, pb = r.oracle, r.peer_budget
+            held = [Held.peer(self.peer_name, r.peer, pb)]
+            held += [Held.compiled(r.eager, r.eager_budget)] if r.eager is not None and r.eager_budget is not None else []
             failed = any(p.check == "oracle" and p.sentence.startswith(f"oracle: {name}:") for p in outcome.problems)
             lines += comparison_lines(o, "the float64 oracle on the rounded inputs", name=name if several else None,
                                       judged_on="abs" if pb is not None and pb.max_abs is not None else "ulp",

@@ -32,7 +32,6 @@ from ...baselines.entry import BaselineResult
 from ...baselines.lifecycle import BaselineCheck
 from ...baselines.tensors import TensorOutput
 from ...numerics.budgets import violations
-from ...numerics.metrics import compare
 from ...numerics.rng import RngState
 from ...platform.launches import watch_launches
 from ...platform.triton import interpreted, interpreter_excuse
@@ -45,7 +44,7 @@ from .drawn import attack
 from ..fresh import FRESH, fresh_regime_of, fresh_result, is_fresh, note_fresh
 from .fault import locate_fault
 from ..kind import Kind, skip, xfail
-from .measurement import MeasureContext, Measurement, OutputRule, TensorEvidence, upstream_gradient
+from .measurement import MeasureContext, Measurement, OutputResult, OutputRule, TensorEvidence, upstream_gradient
 from ..outcome import Outcome, Problem, baseline_problems
 from ..target import Target, TargetError
 from .roles import BatchInvariance, Conventions, DrawnInputs, GoldenInputs
@@ -183,19 +182,19 @@ class TensorKind(DrawnInputs, BatchInvariance, Conventions, GoldenInputs, Kind):
         if name == self.forward_output:
             o, scale = config.finish(out)
             p, peer_scale = config.finish(peer)
-            return OutputRule(o, p, config.ulp_dtype(out), scale, peer_scale)
+            return OutputRule(config.ulp_dtype(out), scale, out=o, peer=p, peer_scale=peer_scale)
         from ...numerics.configs import fp8_roundtrip
 
         if config.fp8 is not None:  # fp8 recipes carry gradients in e5m2
             o, scale = fp8_roundtrip(out, torch.float8_e5m2)
             p, peer_scale = fp8_roundtrip(peer, torch.float8_e5m2)
-            return OutputRule(o, p, torch.float8_e5m2, scale, peer_scale)
+            return OutputRule(torch.float8_e5m2, scale, out=o, peer=p, peer_scale=peer_scale)
         if config.autocast_dtype is not None:  # gradients of fp32 leaves under autocast are computed in it
             dtype = config.autocast_dtype
         else:
             dtype = out.dtype if out.dtype in (torch.float16, torch.bfloat16, torch.float32, torch.float64) \
                 else torch.float32
-        return OutputRule(out, peer, dtype)
+        return OutputRule(dtype, out=out, peer=peer)
 
     # ---- template methods ------------------------------------------------------------------------
 
@@ -242,7 +241,7 @@ class TensorKind(DrawnInputs, BatchInvariance, Conventions, GoldenInputs, Kind):
             raise
         check_contract(self, case, inputs, m, regime.seed + 1)
         result = fresh_result(self, case) or baseline.check_outputs(
-            m.golden, inputs=self.checksum_input(inputs), seed=regime.seed, input_spec=self.input_spec(regime, inputs))
+            m.goldens(), inputs=self.checksum_input(inputs), seed=regime.seed, input_spec=self.input_spec(regime, inputs))
         outcome = self.outcome(case, m, result, self.magnitude_input(inputs))
         # the declarations that would skip this case: one the run finds elsewhere is not offered when it
         # would skip a case that passes (reporting.declarations)
@@ -303,14 +302,9 @@ class TensorKind(DrawnInputs, BatchInvariance, Conventions, GoldenInputs, Kind):
         m.contract += [("contract", f"{case.target.name}: {b}", d) for b, d in breaches]
         for name, ref in refs.items():
             rule = self.rule(ctx, name, mine[name], peer[name], ref)
-            m.oracle[name] = rule.oracle(ref)
-            m.peer[name] = compare(rule.peer, ref, rule.dtype, scale=rule.peer_scale, log_domain=rule.log_domain,
-                                   underflow_floor=rule.underflow_floor)
-            m.peer_budget[name] = rule.budget(m.peer[name])
-            m.golden[name] = TensorOutput(rule.out, ref, rule.dtype, rule.scale, rule.log_domain,
-                                          abs_budget=rule.abs_floor is not None,
-                                          underflow_floor=rule.underflow_floor, error_floor=rule.abs_floor,
-                                          rms_floor=rule.rms_floor, peer=m.peer[name])
+            against_peer = rule.peer_oracle(ref)
+            golden = TensorOutput(rule.out, ref, rule.comparison_spec(), peer=against_peer)
+            m.results[name] = OutputResult(rule.oracle(ref), against_peer, rule.budget(against_peer), golden)
         m.notes += ctx.notes
         case.variant.beside(self, ctx, m)
         return m
@@ -354,16 +348,16 @@ class TensorKind(DrawnInputs, BatchInvariance, Conventions, GoldenInputs, Kind):
         """The case's outcome: every output's oracle and compiled-vs-eager verdicts, then the golden's."""
         outcome = Outcome(self.suite, self.name, case.target.name, case.config_id, case.regime,
                           TensorEvidence(m, magnitude_input), result)
-        several = len(m.oracle) > 1
+        several = len(m.results) > 1
         for category, sentence, *declared in m.contract:
             outcome.add("contract", category, sentence, *declared)
-        for name, cmp in m.oracle.items():
+        for name, r in m.results.items():
             label = f"{name}: " if several else ""
-            for cat, s in violations(cmp, m.peer_budget[name]):
+            for cat, s in violations(r.oracle, r.peer_budget):
                 outcome.add("oracle", cat, f"oracle: {label}{s}")
-            eager = m.eager.get(name)
-            if eager is not None:
-                for _, s in violations(cmp, m.eager_budget[name]):
+            eager = r.eager
+            if eager is not None and r.eager_budget is not None:
+                for _, s in violations(r.oracle, r.eager_budget):
                     outcome.add("compiled", "compiled", f"compiled vs eager: {label}{s} (eager: max ULP "
                                                         f"{eager.max_ulp:.4g}, max abs {eager.max_abs:.4g})")
         outcome.problems += baseline_problems(result)
