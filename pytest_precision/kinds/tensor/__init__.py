@@ -4,7 +4,8 @@
 - ``template``: :class:`TensorKind`, its core hooks and its final template methods;
 - ``roles``: the hooks grouped by role, each with its defaults: drawn inputs, batch invariance,
   conventions and declarations, golden inputs;
-- ``measurement``: the context ``output_rule`` reads, output rules, measurements, tensor evidence;
+- ``measurement``: the context ``output_rule`` reads, output rules, measurements (one result per
+  output), tensor evidence;
 - ``target_call``: one call of a target, with what it must not change; ``contract`` and
   ``contract_checks``: the calling contract a target must keep; ``batch``: batch invariance;
 - ``drawn``: the drawn regime's Hypothesis search; ``fault``: a failing case's first fault.
