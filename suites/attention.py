@@ -17,8 +17,9 @@ registration (``AttentionKind.declarations``); the cases outside are skipped wit
 Each case has three outputs, as FlashAttention's tests: the target, the float64 oracle on the
 rounded inputs, and a peer (eager math attention in the same config). The forward error must be
 at most 2 x the peer's plus a floor, the gradients of q, k and v (autograd with a fixed random
-grad_out) at most 3 x the peer's plus a floor (``error_floor``), all as max abs error; overflow, underflow and NaN
-are counted on the output and every gradient. For a target that reaches SDPA, the backend
+grad_out) at most 3 x the peer's plus a floor (``attention_floors``: the dtype's ULPs, exp's
+conditioning and, for dq and dk, the size of the terms that cancel), all as max abs error; overflow,
+underflow and NaN are counted on the output and every gradient. For a target that reaches SDPA, the backend
 (``+math``, ``+flash`` and, on CUDA, ``+efficient``, ``+cudnn``) is forced around its call; a
 target that does not (a first call watched, or ``sdpa=False`` declared) runs once, unsuffixed.
 
@@ -203,7 +204,8 @@ def _head_dims(name: str, value) -> "Callable[[int], bool]":
 # eager attention) at most 1.00 x the peer's on the output and 1.54 x on gradients (SDPA flash, dk,
 # amp-fp16 causal-cross); the 16-bit softmax up to 1.55 x on the output (fp16 unit) and 3.2 x on
 # gradients (bf16 long). Below the max-abs factors, since an RMS over a tensor moves little between
-# correct implementations; the floor is exp's conditioning (``rms_floor``), which sets fp32's budget.
+# correct implementations; the floor is exp's conditioning and, for dq and dk, the cancelled terms'
+# RMS size (``rms_floor``), which set fp32's budget.
 PEER_RMS_FACTOR = 1.25
 GRAD_PEER_RMS_FACTOR = 2.0
 

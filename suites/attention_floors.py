@@ -68,9 +68,10 @@ def cancelled_terms(q, k, v, upstream, causal: bool, key_padding_mask=None, lowe
         s = (q @ ke.transpose(-1, -2)) * scale
         allowed = allowed_keys(*s.shape[-2:], causal, key_padding_mask, lower_right, s.device)
         dead = ~allowed.any(-1, keepdim=True)
-        if fully_masked == "mean":
-            allowed = allowed | dead
-        p = torch.softmax(s.masked_fill(~allowed, float("-inf")), -1).nan_to_num(0.0)
+        masked = s.masked_fill(~allowed, float("-inf"))
+        if fully_masked == "mean":  # every score of the row equal (reference_attention): uniform
+            masked = masked.masked_fill(dead, 0.0)
+        p = torch.softmax(masked, -1).nan_to_num(0.0)
         out = p @ ve
         dot_v = upstream.abs() @ ve.abs().transpose(-1, -2)  # |dO_i| . |v_j|: the terms of dP_ij
         dot_out = (upstream * out).abs().sum(-1, keepdim=True)  # |dO_i|.|O_i|: the terms of D_i

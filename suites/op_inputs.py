@@ -77,7 +77,7 @@ def _portable(name: str, regime: str, make: Callable) -> Callable[[torch.Generat
     return inputs
 
 
-# the backward error granted to float32 arithmetic, in ULPs per input (see _moved): a reduction of
+# the backward error granted to float32 arithmetic, in ULPs per input (see moved_inputs): a reduction of
 # n terms has one of up to n ULPs; measured in fp32 against the exact result, torch.matmul over
 # 4096 terms and an MLP of width 1024 (forward and gradients) stay under 40 % of the budget with 4,
 # and an MLP of width 512 failed its RMS limit with 1

@@ -329,3 +329,18 @@ def test_the_cancelled_terms_of_a_query_that_sees_one_key_are_its_dot_products()
     torch.testing.assert_close(terms.sizes["dq"][..., 0, :], expected)
     assert terms.max_floor("dq") == 2 * 2.0 ** -24 * float(terms.sizes["dq"].max())
     assert terms.max_floor("dv") == 0.0  # no softmax backward in dv
+
+
+def test_the_cancelled_terms_of_a_fully_masked_row_follow_its_convention():
+    """Every key padded: no terms under "zero"; under "mean" (every score equal) P is uniform, O the mean of v."""
+    from pytest_precision.suites.attention_floors import cancelled_terms
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v, d_out = (torch.randn(1, 2, 4, 8, generator=g, dtype=torch.float64) for _ in range(4))
+    padding = torch.ones(1, 4, dtype=torch.bool)
+    assert float(cancelled_terms(q, k, v, d_out, False, padding).sizes["dq"].abs().max()) == 0.0
+    mean = cancelled_terms(q, k, v, d_out, False, padding, fully_masked="mean")
+    out = v.mean(-2, keepdim=True)
+    weight = ((d_out.abs() @ v.abs().transpose(-1, -2)) + (d_out * out).abs().sum(-1, keepdim=True)) / 4 * 8 ** -0.5
+    torch.testing.assert_close(mean.sizes["dq"], weight @ k.abs())
+    torch.testing.assert_close(mean.sizes["dk"], weight.transpose(-1, -2) @ q.abs())
