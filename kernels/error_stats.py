@@ -334,8 +334,9 @@ def error_statistics(out, ref, dtype=None, *, scale: float = 1.0, log_domain: bo
                                      underflow_floor=underflow_floor, block=block, iters=iters))
 
 
-def install() -> None:
-    """Make ``numerics.metrics.compare`` take its statistics of CUDA tensors from the kernel."""
+def install():
+    """Make ``numerics.metrics.compare`` take its statistics of CUDA tensors from the kernel; returns
+    what was installed before (``numerics.metrics.restore_fused_statistics``)."""
     from pytest_precision.numerics.metrics import install_fused_statistics
 
-    install_fused_statistics(error_statistics, KERNEL_DTYPES)
+    return install_fused_statistics(error_statistics, KERNEL_DTYPES)

@@ -24,15 +24,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     option_table.add_to(parser)
 
 
-_REGISTRY_KEY = pytest.StashKey["registry.Registry"]()
-_FUSED_KEY = pytest.StashKey[bool]()
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config: pytest.Config) -> None:
-    """The session's own registry of targets and kinds (kinds.registry), then the ini kinds, before
-    the conftests, whose targets may be of those kinds."""
-    early_config.stash[_REGISTRY_KEY] = registry.open_session()
+    """The session's own registry of targets and kinds (kinds.registry; closed as the session's
+    config is cleaned up, configured or not), then the ini kinds, before the conftests, whose
+    targets may be of those kinds."""
+    session = registry.open_session()
+    early_config.add_cleanup(lambda: registry.close_session(session))
     load_ini_kinds(early_config)
 
 
@@ -48,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[RUN_STATE_KEY] = RunState(fresh_seed=options.fresh_seed, train_seeds=options.train_seeds,
                                            explore=options.explore)
     if options.device.startswith("cuda"):
-        config.stash[_FUSED_KEY] = _install_fused_statistics()
+        _install_fused_statistics(config)
     config.pluginmanager.register(RunOutputs(config), "precision-outputs")
     if options.run_suite:
         watch_threads(config)  # names the threads the targets leave running
@@ -63,31 +61,17 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     return seed_line(options.fresh_seed, options.explore) if options.run_suite else None
 
 
-def _install_fused_statistics() -> bool:
-    """On CUDA the comparison's statistics come from the project's Triton kernel (one pass); whether
-    it was installed (the session removes it as it ends)."""
+def _install_fused_statistics(config: pytest.Config) -> None:
+    """On CUDA the comparison's statistics come from the project's Triton kernel (one pass), until
+    the session ends (what was there before is put back: a session inside another)."""
+    from .numerics.metrics import restore_fused_statistics
     from .platform.triton import triton_installed
 
-    if not triton_installed():
-        return False
-    from .kernels import error_stats
+    if triton_installed():
+        from .kernels import error_stats
 
-    error_stats.install()
-    return True
-
-
-def pytest_unconfigure(config: pytest.Config) -> None:
-    # registrations belong to one session (pytester runs several in one process)
-    session = config.stash.get(_REGISTRY_KEY, None)
-    if session is not None:
-        registry.close_session(session)
-    else:  # the plugin came in after the conftests were read: the registrations it saw are dropped
-        registry.clear()
-        registry.forget_project_kinds()
-    if config.stash.get(_FUSED_KEY, False):
-        from .numerics.metrics import install_fused_statistics
-
-        install_fused_statistics(None)
+        previous = error_stats.install()
+        config.add_cleanup(lambda: restore_fused_statistics(previous))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -60,16 +60,40 @@ def test_a_session_that_ends_drops_its_registrations(pytester):
     assert "inner_softmax" not in [t.name for t in registry.registered()]
 
 
-def test_the_fused_statistics_a_session_installed_are_removed_as_it_ends(pytester, monkeypatch):
-    from pytest_precision import plugin
+def test_a_session_whose_conftest_raises_leaves_no_registry_open(pytester):
+    before = len(registry._SESSIONS)
+    pytester.makeconftest(INNER + "\nraise RuntimeError('broken conftest')\n")
+    result = pytester.runpytest("-p", "no:cacheprovider", "--precision-suite", "--collect-only", "-q",
+                                "--precision-device=cpu")
+    assert result.ret != 0
+    assert len(registry._SESSIONS) == before
+    assert "inner_softmax" not in [t.name for t in registry.registered()]
 
-    def statistics(*args, **kwargs):
+
+def test_a_target_registered_outside_any_session_is_seen_by_each_session(pytester):
+    process = registry._SESSIONS[0]  # where a script's register() goes before it calls pytest.main
+    process.targets["process_softmax"] = registry.Target("process_softmax", _softmax, "softmax")
+    try:
+        result = pytester.runpytest("-p", "no:cacheprovider", "--precision-suite", "--collect-only", "-q",
+                                    "--precision-device=cpu", "--precision-configs=fp32", "-k", "unit")
+        assert "softmax[process_softmax-fp32-unit]" in result.stdout.str()
+    finally:
+        del process.targets["process_softmax"]
+
+
+def test_the_fused_statistics_a_session_installs_are_put_back_as_it_ends(pytester):
+    from pytest_precision import plugin
+    from pytest_precision.kernels import error_stats
+
+    def outer(*args, **kwargs):
         raise AssertionError("not called here")
 
-    monkeypatch.setattr(plugin, "_install_fused_statistics",
-                        lambda: metrics.install_fused_statistics(statistics, ()) or True)
-    config = pytester.parseconfig()
-    config.stash[plugin._FUSED_KEY] = plugin._install_fused_statistics()
-    assert metrics._FUSED is not None
-    plugin.pytest_unconfigure(config)
-    assert metrics._FUSED is None
+    before = metrics.install_fused_statistics(outer, ())
+    try:
+        config = pytester.parseconfig()
+        plugin._install_fused_statistics(config)
+        assert metrics._FUSED[0] is error_stats.error_statistics
+        config._ensure_unconfigure()
+        assert metrics._FUSED[0] is outer  # the outer session's, as it was
+    finally:
+        metrics.restore_fused_statistics(before)

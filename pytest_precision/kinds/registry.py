@@ -18,9 +18,10 @@ is one target: the same name under a second kind is refused too.
 What a project registers belongs to one session: a :class:`Registry` (its targets and kinds), opened
 when a pytest session starts reading its configuration and closed with it (``open_session`` /
 ``close_session``, from the plugin), so that a session run inside another (pytester's) neither sees
-the outer one's registrations nor drops them. Registrations outside any session (a script calling
-``check_kind``) go to the process's own registry. The kinds named by import path (built-in and
-installed) are code, loaded once per process.
+the outer one's registrations nor drops them. Registrations outside any session (a script that
+registers and then calls ``pytest.main``, a plugin registering as it is imported) go to the
+process's own registry, which every session sees beside its own. The kinds named by import path
+(built-in and installed) are code, loaded once per process.
 """
 from __future__ import annotations
 
@@ -85,8 +86,13 @@ def close_session(session: Registry) -> None:
         del _SESSIONS[_SESSIONS.index(session):]
 
 
+def _visible() -> list[Registry]:
+    """The registries a lookup reads: the current session's, then the process's own."""
+    return [_current()] if len(_SESSIONS) == 1 else [_current(), _SESSIONS[0]]
+
+
 def _known(name: str) -> Kind | None:
-    return _current().kinds.get(name) or _LOADED.get(name)
+    return next((r.kinds[name] for r in _visible() if name in r.kinds), None) or _LOADED.get(name)
 
 
 def resolve(path: str) -> Any:
@@ -176,7 +182,8 @@ def get_kind(name: str) -> Kind:
 
 def kind_names() -> list[str]:
     _discover()
-    return [*BUILTIN_KINDS, *(n for n in (*_LOADED, *_PATHS, *_current().kinds) if n not in BUILTIN_KINDS)]
+    own = [n for r in reversed(_visible()) for n in r.kinds]
+    return list(dict.fromkeys([*BUILTIN_KINDS, *(n for n in (*_LOADED, *_PATHS, *own) if n not in BUILTIN_KINDS)]))
 
 
 def kinds() -> list[Kind]:
@@ -246,13 +253,14 @@ def register(name: str, fn: Callable | None = None, *, kind: str = "softmax", **
         k.check_target(name, f)
         supports = k.declare(name, declared)
         targets = _current().targets
-        old = targets.get(name)
+        visible = {n: t for r in reversed(_visible()) for n, t in r.targets.items()}
+        old = visible.get(name)
         if old is not None and old.kind != kind:
             raise ValueError(f"target {name!r} is already registered as a {old.kind} target (by {old.origin}); a name "
                              f"is one target: register it for {kind} under another name")
         if old is not None and old.fn is not f:
             raise ValueError(f"target name {name!r} is already registered (by {old.origin}) for another callable")
-        clash = next((t for t in targets.values() if t.name != name and file_component(t.name) == file_component(name)),
+        clash = next((t for t in visible.values() if t.name != name and file_component(t.name) == file_component(name)),
                      None)
         if clash is not None:
             raise ValueError(f"target names {name!r} and {clash.name!r} would share baseline files (file systems and "
@@ -276,7 +284,8 @@ def _caller() -> str:
 
 def registered(kind: str | None = None) -> list[Target]:
     """Registered targets, in registration order, optionally of one kind."""
-    return [t for t in _current().targets.values() if kind is None or t.kind == kind]
+    visible = {n: t for r in reversed(_visible()) for n, t in r.targets.items()}
+    return [t for t in visible.values() if kind is None or t.kind == kind]
 
 
 def clear() -> None:

@@ -14,7 +14,8 @@ from tabulate import tabulate
 
 from .formats import format_of, ulp_distance
 
-__all__ = ["Comparison", "ComparisonSpec", "Elementwise", "compare", "sqnr_db", "WORST_SHOWN", "install_fused_statistics"]
+__all__ = ["Comparison", "ComparisonSpec", "Elementwise", "compare", "sqnr_db", "WORST_SHOWN", "install_fused_statistics",
+           "restore_fused_statistics"]
 
 WORST_SHOWN = 5
 
@@ -280,11 +281,19 @@ class ComparisonSpec:
 _FUSED: "tuple[Callable, frozenset] | None" = None
 
 
-def install_fused_statistics(fn: Callable | None, dtypes=()) -> None:
+def install_fused_statistics(fn: Callable | None, dtypes=()) -> "tuple[Callable, frozenset] | None":
     """Let ``compare`` take its statistics of CUDA tensors in ``dtypes`` from ``fn(out, ref, dtype,
-    scale=, log_domain=, underflow_floor=)`` (an ``ErrorStatistics``); None removes it."""
+    scale=, log_domain=, underflow_floor=)`` (an ``ErrorStatistics``); None removes it. Returns what
+    was installed before, for ``restore_fused_statistics``."""
     global _FUSED
-    _FUSED = None if fn is None else (fn, frozenset(dtypes))
+    previous, _FUSED = _FUSED, (None if fn is None else (fn, frozenset(dtypes)))
+    return previous
+
+
+def restore_fused_statistics(previous: "tuple[Callable, frozenset] | None") -> None:
+    """Put back what ``install_fused_statistics`` returned (a session ending inside another)."""
+    global _FUSED
+    _FUSED = previous
 
 
 def _use_fused(out: torch.Tensor, dtype: torch.dtype, scale: float) -> bool:
