@@ -3,10 +3,10 @@ rows can sum, from the exact rounding of softmax(logits) where the logits are gi
 output's own rounding (``properties``' docstring has what it was measured on)."""
 from __future__ import annotations
 
-import math
 
 import torch
 
+from .numerics.budgets import sum_chain
 from .numerics.formats import format_of, ulp
 
 __all__ = ["row_sum_budget"]
@@ -31,20 +31,12 @@ def _finer(a: torch.dtype, b: torch.dtype) -> bool:
     return format_of(a).mantissa_bits > format_of(b).mantissa_bits
 
 
-def _sum_chain(n: int) -> int:
-    """Longest chain of additions in a sum of n terms, which bounds its rounding error (chain x u
-    for positive terms): the whole row when short; else a quarter of it (every SIMD and GPU
-    reduction keeps at least 4 partial sums) plus 20 (up to 16 leftover elements added one by
-    one, and 4 levels combining the partial sums)."""
-    return max(min(n - 1, math.ceil(n / 4) + 20), 0)
-
-
 def row_sum_budget(probs: torch.Tensor, logits: torch.Tensor | None, dtype: torch.dtype,
                 work: torch.dtype) -> tuple[torch.Tensor, str]:
     """Per row, how far from 1 a correct softmax's row sum can be (float64, absolute)."""
     n = probs.shape[-1]
     u_w = _unit_roundoff(work)
-    normalizer = (_sum_chain(n) + 4) * u_w
+    normalizer = (sum_chain(n) + 4) * u_w
     measuring = n * 2.0 ** -53  # the float64 sum taken here
     if logits is not None and _finer(work, dtype):
         # Each output is the working value q_i = p_i (1 + d_i) rounded once to probs' dtype, with

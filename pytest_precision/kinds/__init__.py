@@ -11,8 +11,8 @@ holds them to it) imports what it needs from this package's namespace, never fro
   :func:`declared_dtypes`, :func:`declared_flag`); :class:`Target` and :class:`TargetError`;
 - judging: :class:`OutputRule` (a :class:`ComparisonSpec`, the one the golden keeps, with the peer
   budget's factor and floors) read from a :class:`MeasureContext`; the budgets' factors and
-  floors (``PEER_FACTOR``, ``GRAD_PEER_FACTOR``, ``ULP_FLOOR``, :func:`abs_floor`); formats
-  (:func:`format_of`, :func:`ulp`), :func:`compare`, :func:`float32_as_float64`; inputs
+  floors (``PEER_FACTOR``, ``GRAD_PEER_FACTOR``, ``ULP_FLOOR``, :func:`abs_floor`,
+  :func:`sum_chain`); formats (:func:`format_of`, :func:`ulp`), :func:`compare`, :func:`float32_as_float64`; inputs
   (:func:`seeded_normal`, :func:`portable_normal_draws`);
 - results: :class:`Outcome`, :class:`Evidence`, :class:`Problem`, :class:`PrecisionFailure`,
   :func:`baseline_problems`, the summary tables (:class:`SummaryTable`, ``ABS_ERROR_TABLE``,
@@ -49,7 +49,7 @@ from ..baselines.lifecycle import BaselineCheck
 from ..baselines.store import file_component, name_problem
 from ..explain.faults import Fault, first_fault
 from ..explain.tracing import OpTracer, tracing
-from ..numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR, abs_floor
+from ..numerics.budgets import GRAD_PEER_FACTOR, PEER_FACTOR, ULP_FLOOR, abs_floor, sum_chain
 from ..numerics.formats import format_of, ulp
 from ..numerics.inputs import portable_normal_draws, seeded_normal
 from ..numerics.metrics import compare
@@ -78,7 +78,7 @@ __all__ = [
     "Case", "Regime", "DrawnRegime", "Variant", "NO_VARIANT", "Plan", "Declaration", "declared_dtypes",
     "declared_flag", "Target", "TargetError",
     # judging
-    "OutputRule", "ComparisonSpec", "MeasureContext", "PEER_FACTOR", "GRAD_PEER_FACTOR", "ULP_FLOOR", "abs_floor", "format_of", "ulp",
+    "OutputRule", "ComparisonSpec", "MeasureContext", "PEER_FACTOR", "GRAD_PEER_FACTOR", "ULP_FLOOR", "abs_floor", "sum_chain", "format_of", "ulp",
     "compare", "float32_as_float64", "seeded_normal", "portable_normal_draws",
     # results
     "Outcome", "Evidence", "Problem", "PrecisionFailure", "baseline_problems", "SummaryTable", "ABS_ERROR_TABLE", "fmt",

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, replace
 from .formats import format_of
 from .metrics import Comparison
 
-__all__ = ["Budget", "abs_floor", "PEER_FACTOR", "GRAD_PEER_FACTOR", "REGRESSION_SLACK", "ULP_FLOOR", "MEAN_ULP_FLOOR", "PEER_TYPICAL_FLOOR",
+__all__ = ["Budget", "abs_floor", "sum_chain", "PEER_FACTOR", "GRAD_PEER_FACTOR", "REGRESSION_SLACK", "ULP_FLOOR", "MEAN_ULP_FLOOR", "PEER_TYPICAL_FLOOR",
            "MACHINE_SPREAD", "peer_budget", "regression_budget", "violations"]
 
 PEER_FACTOR = 2.0  # FlashAttention's forward rule: error <= 2 x the same-precision peer's
@@ -121,6 +121,14 @@ def _measured(value: float) -> float:
     """An accepted error, 0 where nothing was measured (NaN: no element finite on both sides), so
     the floors set the budget rather than a NaN limit that nothing can meet."""
     return 0.0 if math.isnan(value) else value
+
+
+def sum_chain(n: int) -> int:
+    """Longest chain of additions in a sum of n terms, which bounds its rounding error (chain x u
+    x the sum of the terms' magnitudes): the whole row when short; else a quarter of it (every SIMD
+    and GPU reduction keeps at least 4 partial sums) plus 20 (up to 16 leftover elements added one
+    by one, and 4 levels combining the partial sums)."""
+    return max(min(n - 1, math.ceil(n / 4) + 20), 0)
 
 
 def abs_floor(ref_max_abs: float, dtype, ulps: float = ULP_FLOOR) -> float:
