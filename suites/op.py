@@ -42,8 +42,9 @@ What a target declares (``OpKind.declarations``), and the decisions behind it:
 Budgets on absolute error: the peer factor x the peer's max error plus ``ULP_FLOOR`` ULPs of the
 dtype at the output's largest magnitude, and the peer factor x its RMS error plus
 ``RMS_FLOOR_ULPS`` ULPs at the output's RMS magnitude (a sum kept in 16 bits shows there first).
-Both grow by the peer factor x how far the exact result moves when the floating inputs move as the
-config's arithmetic may move them (``moved_inputs``): rounded to the autocast dtype (a float32 peer never
+Both grow by the peer factor x how far the exact result moves when the floating inputs (and, for
+gradients, the upstream gradient the backward sums: a bias's gradient is its sum over the batch)
+move as the config's arithmetic may move them (``moved_inputs``): rounded to the autocast dtype (a float32 peer never
 sees that rounding, and no implementation under autocast escapes it) or to TF32, elsewhere by a
 few float32 ULPs (the backward error of float32 arithmetic, which the exact-result peer of fp32
 lacks). The golden's typical-error floor is ``ULP_FLOOR`` float32 ULPs at the RMS magnitude plus
@@ -337,11 +338,16 @@ class OpKind(TensorKind):
         far that takes the exact result is a floor of the budgets (``output_rule``)."""
         config, grads = ctx.case.config, self.case_grad_inputs(ctx.case, ctx.inputs)
         move = moved_inputs(config, ctx.grad_seed + 7)
-        facts = self.reference_outputs({n: move(e) for n, e in ctx.exact.items()}, ctx.inputs, ctx.grad_seed, grads)
+        # the upstream gradient moves as the inputs do: it is data the backward's arithmetic sums (a
+        # bias's gradient is its sum over the batch, which moving the inputs leaves where it was)
+        upstream = moved_inputs(config, ctx.grad_seed + 11)
+        facts = self.reference_outputs({n: move(e) for n, e in ctx.exact.items()}, ctx.inputs, ctx.grad_seed, grads,
+                                       upstream)
         plain = getattr(config, "autocast_dtype", None) is None and not getattr(config, "tf32", False)
         if grads and plain and self.peer_is_exact(ctx.case, ctx.inputs):  # FLOAT32_GRAD_MOVE_ULPS
             move = moved_inputs(config, ctx.grad_seed + 7, FLOAT32_GRAD_MOVE_ULPS)
-            wider = self.reference_outputs({n: move(e) for n, e in ctx.exact.items()}, ctx.inputs, ctx.grad_seed, grads)
+            wider = self.reference_outputs({n: move(e) for n, e in ctx.exact.items()}, ctx.inputs, ctx.grad_seed, grads,
+                                           upstream)
             facts.update({n: t for n, t in wider.items() if n != self.forward_output})
         return facts
 

@@ -332,13 +332,15 @@ class TensorKind(DrawnInputs, BatchInvariance, Conventions, GoldenInputs, Kind):
 
     @final
     def reference_outputs(self, exact: dict[str, torch.Tensor], inputs: Any, grad_seed: int,
-                          grads: tuple[str, ...]) -> dict[str, torch.Tensor]:
-        """The oracle: ``reference`` in float64 on the rounded inputs, with the same upstream gradient."""
+                          grads: tuple[str, ...], move_upstream: Callable | None = None) -> dict[str, torch.Tensor]:
+        """The oracle: ``reference`` in float64 on the rounded inputs, with the same upstream gradient
+        (moved by ``move_upstream``, as a kind's floor may move the inputs too)."""
         leaves = {n: t.detach().clone().requires_grad_(n in grads) for n, t in exact.items()}
         out = self.invoke(self.reference, leaves, inputs, "cpu")
         refs = {self.forward_output: out.detach()}
         if grads:
-            out.backward(upstream_gradient(out.shape, grad_seed))
+            upstream = upstream_gradient(out.shape, grad_seed)
+            out.backward(upstream if move_upstream is None else move_upstream(upstream))
             refs.update({f"d{n}": leaves[n].grad for n in grads})
         return refs
 
