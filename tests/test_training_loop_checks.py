@@ -523,6 +523,29 @@ def test_a_later_step_is_judged_against_the_careful_loops_drift_and_names_its_pa
     assert judge_run(m, config, None, None, peer=drifted(float("-inf"))).problems[0].sentence == alone[0]
 
 
+def test_no_step_is_held_tighter_than_its_groups_first_step_floor():
+    """A group whose conditioning leaves bf16 less than the later-step floor (12.1 dB): its first step,
+    and the steps after, are held to its first-step floor (8 dB here) where the later-step check read
+    the format's floor at every step, the first included (a correct step at 10 dB was red there while
+    the first-step check passed it). Below the group's floor it stays red."""
+    import dataclasses
+
+    from pytest_precision.training.verdicts import judge_run
+
+    m, config, _ = _later_step_case()
+    group = "all parameters"
+
+    def at(db_by_step, floor=8.0):
+        by_step = {i: {group: db_by_step.get(i, v[group])} for i, v in m.grad_sqnr_by_step.items()}
+        return judge_run(dataclasses.replace(m, grad_sqnr_by_step=by_step, group_grad_sqnr_db={group: db_by_step[0]},
+                                             group_floor_db={group: floor}), config, None, None).problems
+
+    assert at({0: 10.0, 2: 10.0}) == []
+    assert at({0: 10.0, 2: 10.0}, floor=40.0)  # the format's floors where the group's are higher
+    [below] = at({0: 10.0, 2: 6.0})
+    assert below.sentence.startswith("gradient SQNR 6 dB in all parameters at step 2 < 8")
+
+
 def test_a_group_with_nothing_to_judge_at_the_first_step_is_not_judged_later():
     import dataclasses
 

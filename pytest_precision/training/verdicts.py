@@ -3,8 +3,10 @@ float64 step, with floors from the compute format's mantissa bits (``limits``) a
 conditioning (``compare.group_floors``). A later step's limit grows by the larger of two drifts
 (``LaterSteps``): fp32's own from the float64 run (``drift``), and, for a ``step_fn``, the careful
 loop's own from its fp32 run (``peer``): what the model's dynamics make of the config's rounding on
-the same steps. A group with nothing left to judge at the first step (``TrainMetrics.unresolved``)
-is judged at no later step: its error only grows from noise. Each verdict is a ``Problem``; a config that exists to show a failure mode (its
+the same steps; and no step's limit on a group is tighter than the group's first-step floor (its
+conditioning can leave the format less than the later-step floor: the first step is held to what
+it keeps, and the steps after it too). A group with nothing left to judge at the first step
+(``TrainMetrics.unresolved``) is judged at no later step: its error only grows from noise. Each verdict is a ``Problem``; a config that exists to show a failure mode (its
 ``shows``: amp-fp16 without a scaler shows underflow, pure bf16 lost updates) reports it as a detail
 instead, and the regression budget holds it where it was accepted.
 """
@@ -253,7 +255,10 @@ def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: r
             if g in m.unresolved:  # noise at the first step (the module docstring)
                 continue
             widen, source = later_steps.allowance(i, lambda d: d.grad_allowance(i, g))
-            allowed = db_to_error(later) + widen
+            # never held tighter than the group's first step: where the model's own conditioning leaves
+            # the format less than the later-step floor (fp32 itself far from the float64 step), its
+            # first-step floor is what a correct step keeps, then and after
+            allowed = max(db_to_error(later), db_to_error(floors[g])) + widen
             if allowed >= 1.0 and source is later_steps.careful:
                 gross.setdefault(i, []).append(g)
             if not math.isnan(db) and db_to_error(db) > allowed:
