@@ -546,6 +546,28 @@ def test_no_step_is_held_tighter_than_its_groups_first_step_floor():
     assert below.sentence.startswith("gradient SQNR 6 dB in all parameters at step 2 < 8")
 
 
+def test_the_gradient_norm_band_is_never_narrower_than_the_models_least_first_step_floor():
+    """A norm is off by at most the gradient's relative error: where a group's floor (8 dB, an error of
+    0.4) is below bf16's later-step floor (12.1 dB, 0.25), a norm 1.3 x fp32's is within what a correct
+    step keeps; 1.5 x is not."""
+    import dataclasses
+
+    from pytest_precision.training.verdicts import judge_run
+
+    m, config, _ = _later_step_case()
+    group = "all parameters"
+
+    def norm(ratio, floor):
+        ratios = [ratio if i == 0 else r for i, r in enumerate(m.grad_norm_ratio)]
+        return [p.sentence for p in judge_run(dataclasses.replace(m, grad_norm_ratio=ratios, group_floor_db={group: floor},
+                                                                  group_grad_sqnr_db={group: 20.0}),
+                                              config, None, None).problems]
+
+    assert norm(1.3, 8.0) == []
+    assert norm(1.3, 40.0)[0].startswith("gradient norm 1.3 x fp32's at step 0 (a correct step stays within 0.802 to 1.25 in bfloat16)")
+    assert norm(1.5, 8.0)[0].startswith("gradient norm 1.5 x fp32's at step 0 (a correct step stays within 0.715 to 1.4")
+
+
 def test_a_group_with_nothing_to_judge_at_the_first_step_is_not_judged_later():
     import dataclasses
 

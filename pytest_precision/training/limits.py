@@ -143,9 +143,12 @@ def later_step_floor_db(precision: torch.dtype | int) -> float:
     return sqnr_floor_db(precision, LATER_STEP_MARGIN_DB)
 
 
-def grad_norm_band(precision: torch.dtype | int) -> tuple[float, float]:
-    """The gradient-norm ratio a correct step stays within: 1 -/+ the later-step floor's error."""
-    eps = min(1.0, db_to_error(later_step_floor_db(precision)))
+def grad_norm_band(precision: torch.dtype | int, floor_db: float | None = None) -> tuple[float, float]:
+    """The gradient-norm ratio a correct step stays within: 1 -/+ the later-step floor's error, or
+    the error of ``floor_db`` (the model's least first-step floor) where that is lower: a norm is
+    off by at most the gradient's relative error."""
+    least = later_step_floor_db(precision) if floor_db is None else min(floor_db, later_step_floor_db(precision))
+    eps = min(1.0, db_to_error(least))
     return (max(0.5, 1 / (1 + eps)), min(2.0, 1 + eps))
 
 

@@ -226,7 +226,8 @@ def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: r
     underflow reports them."""
     bits, name = c.mantissa_bits, c.precision_name
     first, later = first_step_floor_db(bits), later_step_floor_db(bits)
-    low, high = grad_norm_band(bits)
+    floors = {g: min(first, m.group_floor_db.get(g, first)) for g in m.group_grad_sqnr_db}
+    low, high = grad_norm_band(bits, min(floors.values(), default=None))
     norm_over = []
     for i, r in enumerate(m.grad_norm_ratio):
         if i not in judged:
@@ -244,7 +245,6 @@ def _judge_gradients(m: TrainMetrics, c: TrainConfig, shown_or_failed, judged: r
                 f"{low * math.exp(-widen):.3g} to {high * math.exp(widen):.3g} in {name}{clause}")
         shown_or_failed("underflow", "accuracy", f"gradient norm {ratio:.3g} x fp32's at step {step} (a correct step "
                         f"stays within {band}){_clip_cause(m, ratio)}", "the band")
-    floors = {g: min(first, m.group_floor_db.get(g, first)) for g in m.group_grad_sqnr_db}
     bad = {g: v for g, v in m.group_grad_sqnr_db.items() if not v >= floors[g]}
     later_over = []  # (excess error, step, group, SQNR, the least SQNR allowed there, widening, its drift)
     gross: dict[int, list[str]] = {}  # step -> groups where the careful loop kept nothing of the gradient
