@@ -395,8 +395,7 @@ class AttentionKind(TensorKind):
             scores = attention_scores(exact["q"], exact["k"], a.causal, a.key_padding_mask, lower_right)
         logit_top = float(scores[torch.isfinite(scores)].abs().max())
         upstream = ctx.upstream(exact["q"].shape)
-        return logit_top, cancelled_terms(exact["q"], exact["k"], exact["v"], upstream, a.causal, a.key_padding_mask,
-                                          lower_right, a.fully_masked)
+        return logit_top, cancelled_terms(scores, exact["q"], exact["k"], exact["v"], upstream, a.fully_masked)
 
     def output_rule(self, ctx, name, out, peer, ref) -> OutputRule:
         rule = super().output_rule(ctx, name, out, peer, ref)

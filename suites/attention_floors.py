@@ -20,7 +20,7 @@ import torch
 
 from pytest_precision.kinds import ULP_FLOOR, format_of
 
-from .attention_masks import allowed_keys, expand_kv
+from .attention_masks import expand_kv
 
 __all__ = ["error_floor", "cancelled_terms", "CancelledTerms"]
 
@@ -57,21 +57,17 @@ class CancelledTerms:
         return 0.0 if t is None or not t.numel() else ULP_FLOOR * FP32_UNIT * float(t.pow(2).mean().sqrt())
 
 
-def cancelled_terms(q, k, v, upstream, causal: bool, key_padding_mask=None, lower_right: bool = False,
-                    fully_masked: str = "zero") -> CancelledTerms:
-    """``CancelledTerms`` of attention on float64 ``q``, ``k``, ``v`` under the upstream gradient
-    ``upstream`` (the oracle's mask; a fully masked row's probabilities as its convention gives them:
-    none for ``zero``, uniform for ``mean``; NaN rows count nothing)."""
+def cancelled_terms(scores, q, k, v, upstream, fully_masked: str = "zero") -> CancelledTerms:
+    """``CancelledTerms`` of attention on float64 ``q``, ``k``, ``v`` and their ``scores``
+    (``attention_scores``: -inf where masked) under the upstream gradient ``upstream`` (a fully masked
+    row's probabilities as its convention gives them: none for ``zero``, uniform for ``mean``; NaN rows
+    count nothing)."""
     scale = 1.0 / math.sqrt(q.shape[-1])
     ke, ve = expand_kv(q, k), expand_kv(q, v)
     with torch.no_grad():
-        s = (q @ ke.transpose(-1, -2)) * scale
-        allowed = allowed_keys(*s.shape[-2:], causal, key_padding_mask, lower_right, s.device)
-        dead = ~allowed.any(-1, keepdim=True)
-        masked = s.masked_fill(~allowed, float("-inf"))
         if fully_masked == "mean":  # every score of the row equal (reference_attention): uniform
-            masked = masked.masked_fill(dead, 0.0)
-        p = torch.softmax(masked, -1).nan_to_num(0.0)
+            scores = scores.masked_fill(torch.isneginf(scores).all(-1, keepdim=True), 0.0)
+        p = torch.softmax(scores, -1).nan_to_num(0.0)
         out = p @ ve
         dot_v = upstream.abs() @ ve.abs().transpose(-1, -2)  # |dO_i| . |v_j|: the terms of dP_ij
         dot_out = (upstream * out).abs().sum(-1, keepdim=True)  # |dO_i|.|O_i|: the terms of D_i

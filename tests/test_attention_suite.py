@@ -320,10 +320,11 @@ def test_fp32_gradients_whose_terms_cancel_pass_with_correct_sdpa_and_a_scale_of
 def test_the_cancelled_terms_of_a_query_that_sees_one_key_are_its_dot_products():
     """Row 0 of a causal mask: P = 1 on key 0 and O_0 = v_0, so dq's terms are scale 2 |dO_0|.|v_0| |k_0|."""
     from pytest_precision.suites.attention_floors import cancelled_terms
+    from pytest_precision.suites.attention_masks import attention_scores
 
     g = torch.Generator().manual_seed(0)
     q, k, v, d_out = (torch.randn(1, 2, 5, 8, generator=g, dtype=torch.float64) for _ in range(4))
-    terms = cancelled_terms(q, k, v, d_out, causal=True)
+    terms = cancelled_terms(attention_scores(q, k, causal=True), q, k, v, d_out)
     scale = 8 ** -0.5
     expected = scale * 2 * (d_out[..., 0, :] * v[..., 0, :]).abs().sum(-1, keepdim=True) * k[..., 0, :].abs()
     torch.testing.assert_close(terms.sizes["dq"][..., 0, :], expected)
@@ -334,12 +335,13 @@ def test_the_cancelled_terms_of_a_query_that_sees_one_key_are_its_dot_products()
 def test_the_cancelled_terms_of_a_fully_masked_row_follow_its_convention():
     """Every key padded: no terms under "zero"; under "mean" (every score equal) P is uniform, O the mean of v."""
     from pytest_precision.suites.attention_floors import cancelled_terms
+    from pytest_precision.suites.attention_masks import attention_scores
 
     g = torch.Generator().manual_seed(1)
     q, k, v, d_out = (torch.randn(1, 2, 4, 8, generator=g, dtype=torch.float64) for _ in range(4))
-    padding = torch.ones(1, 4, dtype=torch.bool)
-    assert float(cancelled_terms(q, k, v, d_out, False, padding).sizes["dq"].abs().max()) == 0.0
-    mean = cancelled_terms(q, k, v, d_out, False, padding, fully_masked="mean")
+    scores = attention_scores(q, k, key_padding_mask=torch.ones(1, 4, dtype=torch.bool))
+    assert float(cancelled_terms(scores, q, k, v, d_out).sizes["dq"].abs().max()) == 0.0
+    mean = cancelled_terms(scores, q, k, v, d_out, fully_masked="mean")
     out = v.mean(-2, keepdim=True)
     weight = ((d_out.abs() @ v.abs().transpose(-1, -2)) + (d_out * out).abs().sum(-1, keepdim=True)) / 4 * 8 ** -0.5
     torch.testing.assert_close(mean.sizes["dq"], weight @ k.abs())
