@@ -91,6 +91,11 @@ def _visible() -> list[Registry]:
     return [_current()] if len(_SESSIONS) == 1 else [_current(), _SESSIONS[0]]
 
 
+def _visible_targets() -> dict[str, Target]:
+    """The targets a session sees: the process's own, then its own, in registration order."""
+    return {n: t for r in reversed(_visible()) for n, t in r.targets.items()}
+
+
 def _known(name: str) -> Kind | None:
     return next((r.kinds[name] for r in _visible() if name in r.kinds), None) or _LOADED.get(name)
 
@@ -253,7 +258,7 @@ def register(name: str, fn: Callable | None = None, *, kind: str = "softmax", **
         k.check_target(name, f)
         supports = k.declare(name, declared)
         targets = _current().targets
-        visible = {n: t for r in reversed(_visible()) for n, t in r.targets.items()}
+        visible = _visible_targets()
         old = visible.get(name)
         if old is not None and old.kind != kind:
             raise ValueError(f"target {name!r} is already registered as a {old.kind} target (by {old.origin}); a name "
@@ -284,8 +289,7 @@ def _caller() -> str:
 
 def registered(kind: str | None = None) -> list[Target]:
     """Registered targets, in registration order, optionally of one kind."""
-    visible = {n: t for r in reversed(_visible()) for n, t in r.targets.items()}
-    return [t for t in visible.values() if kind is None or t.kind == kind]
+    return [t for t in _visible_targets().values() if kind is None or t.kind == kind]
 
 
 def clear() -> None:
